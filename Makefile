@@ -1,0 +1,34 @@
+# Two commands for a fresh machine:  `make run`  (set up + main job)   `make test`  (set up + tests)
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.tidal-installed
+
+.PHONY: setup run test test-fast bench clean-venv
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first and pinned: 2.13.0 is a CPU build on disk here; anything else pulls CUDA.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev,postgres]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# Main job. Until `tidal run` lands (issue 5) this is the simulator on the seed's 32-GPU preset,
+# comparing every static split with the dynamic setups; outputs go to runs/sim/.
+run: $(STAMP)
+	$(VENV)/bin/tidal simulate sim/qwen35-35b-dynamic --compare --json runs/sim/result.json --plot runs/sim
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_sim.py
+
+clean-venv:
+	rm -rf $(VENV)

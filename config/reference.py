@@ -1,0 +1,53 @@
+"""The config reference (every key, default, limits, meaning) rendered from the schema itself."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from config.schema import TidalConfig
+
+
+def _limits(field: FieldInfo) -> str:
+    parts = []
+    for meta in field.metadata:
+        for attr, sym in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
+            value = getattr(meta, attr, None)
+            if value is not None:
+                parts.append(f"{sym} {value}")
+    return ", ".join(parts)
+
+
+def _default(field: FieldInfo) -> str:
+    if field.default is PydanticUndefined:
+        return "(section)" if field.default_factory else "(required)"
+    value = field.default
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "null" if value is None else repr(value).replace("'", "")
+
+
+def _is_section(field: FieldInfo) -> bool:
+    ann = field.annotation
+    return isinstance(ann, type) and issubclass(ann, BaseModel)
+
+
+def iter_fields(model: type[BaseModel] = TidalConfig, prefix: str = "") -> Iterator[tuple[str, FieldInfo]]:
+    """(dotted key, field) for every leaf of the schema, in declaration order."""
+    for name, field in model.model_fields.items():
+        if _is_section(field):
+            yield from iter_fields(field.annotation, f"{prefix}{name}.")  # type: ignore[arg-type]
+        else:
+            yield f"{prefix}{name}", field
+
+
+def markdown_reference() -> str:
+    """A markdown table: key | default | limits | meaning."""
+    rows = ["| key | default | limits | meaning |", "|---|---|---|---|"]
+    for key, field in iter_fields():
+        meaning = " ".join((field.description or "").split()).replace("|", "\\|")
+        rows.append(f"| `{key}` | `{_default(field)}` | {_limits(field)} | {meaning} |")
+    return "\n".join(rows) + "\n"

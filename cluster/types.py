@@ -21,6 +21,9 @@ class SamplingSpec:
     top_p: float = 1.0
     seed: int | None = None
     """Seeds the request's sampler; None = engine's own generator."""
+    ignore_eos: bool = False
+    """Keep generating after EOS until the budget is spent (EOS is then an ordinary token), so a
+    response always finishes by ``length``: for tests and benchmarks that need fixed lengths."""
 
 
 @dataclass(frozen=True)

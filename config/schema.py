@@ -269,9 +269,74 @@ class RaySection(_Section):
 
 
 class SimSection(_Section):
-    """`sim.*`: cost model of the discrete-event twin (see `sim/`). Times in seconds."""
+    """`sim.*`: cost model of the discrete-event twin (see `sim/` and docs/simulator.md).
 
-    model_config = ConfigDict(extra="allow", validate_assignment=True, use_attribute_docstrings=True)
+    Times are seconds, lengths are tokens. A rollout replica decodes its batch one iteration at a
+    time; an iteration over ``b`` sequences takes ``decode_step_base_s + decode_step_per_seq_s × b``
+    (divided by ``hybrid_throughput_factor`` on a hybrid replica), so a replica's throughput grows
+    with its batch and each sequence slows down. Response lengths are log-normal, clipped to
+    ``actor_rollout_ref.rollout.response_length``, with a mean that drifts linearly over the run.
+    """
+
+    prompt_tokens: int = Field(256, ge=0, le=1_000_000)
+    """Prompt tokens of every sample (prefilled once per sample; trained once per response)."""
+
+    response_len_mean_start: float = Field(1024.0, gt=0.0, le=1e7)
+    """Mean response tokens (before clipping) of samples started at the first param version."""
+
+    response_len_mean_end: float = Field(1024.0, gt=0.0, le=1e7)
+    """Mean response tokens of samples started at the last step's param version (linear drift)."""
+
+    response_len_sigma: float = Field(0.6, ge=0.0, le=5.0)
+    """Log-normal shape of one response around its prompt's mean (0 = every response alike)."""
+
+    prompt_len_sigma: float = Field(0.5, ge=0.0, le=5.0)
+    """Log-normal shape of a prompt's difficulty, shared by its ``n`` responses (0 = none)."""
+
+    decode_step_base_s: float = Field(0.02, gt=0.0, le=60.0)
+    """Seconds of one decode iteration of a standalone replica with an empty batch (weights read)."""
+
+    decode_step_per_seq_s: float = Field(1e-4, ge=0.0, le=60.0)
+    """Extra seconds per iteration for each sequence in the batch (KV reads, sampling)."""
+
+    max_num_seqs: int = Field(256, ge=1, le=1_000_000)
+    """Sequences one replica decodes at once; further ones wait in the replica's own queue."""
+
+    prefill_tokens_per_s: float = Field(50_000.0, gt=0.0, le=1e9)
+    """Prefill speed of a standalone replica; decoding stalls while it prefills a new sample's
+    prompt (once per sample) or a retried sample's prompt plus the tokens generated so far."""
+
+    hybrid_throughput_factor: float = Field(0.8, gt=0.0, le=1.0)
+    """A hybrid replica's speed relative to a standalone one (less KV memory next to training)."""
+
+    train_tokens_per_gpu_s: float = Field(5000.0, gt=0.0, le=1e9)
+    """Tokens (prompt + response, every response) one trainer GPU trains per second."""
+
+    train_step_overhead_s: float = Field(0.0, ge=0.0, le=3600.0)
+    """Fixed seconds per micro-step on top of the token-proportional time (launch, optimizer)."""
+
+    broadcast_sync_s: float = Field(5.0, ge=0.0, le=3600.0)
+    """Weight sync trainer → standalone replicas, every step; generation pauses meanwhile."""
+
+    hybrid_sync_s: float = Field(3.0, ge=0.0, le=3600.0)
+    """Wake the sleeping hybrid replicas and load the new weights (only when activating)."""
+
+    activate_s: float = Field(0.5, ge=0.0, le=3600.0)
+    """Add the hybrid replicas to the load balancer and resume them."""
+
+    deactivate_s: float = Field(3.0, ge=0.0, le=3600.0)
+    """Remove, abort and sleep the hybrid replicas (free KV cache, offload weights)."""
+
+    rebalance_s: float = Field(0.5, ge=0.0, le=3600.0)
+    """Clear sticky sessions, abort everything in flight and resume it spread least-loaded;
+    generation pauses meanwhile."""
+
+    step_overhead_s: float = Field(0.0, ge=0.0, le=3600.0)
+    """Fixed control-plane seconds per step (e.g. ~1 s per Prefect flow run in Tidal; 0 in verl)."""
+
+    initial_hybrid_active: bool = False
+    """Start with the hybrid replicas lent to rollout (at version 0, no activation cost); only-hybrid
+    runs always start so. Tidal's controller starts STANDALONE_ONLY."""
 
 
 # --------------------------------------------------------------------------------------------

@@ -135,6 +135,80 @@ def simulate(
     raise typer.Exit(code)
 
 
+@app.command("run")
+def run(
+    config: Annotated[str, typer.Argument(help="Preset name or YAML file.")],
+    set_: SetOption = None,
+) -> None:
+    """Train: one Prefect flow run per step over the Ray data plane; the store keeps every step."""
+    load_checked(config, set_)
+    from flows.training_run import training_run
+
+    result = training_run(config=config, overrides=list(set_ or []))
+    typer.echo(f"run {result['run']} finished: {result['output_dir']}")
+
+
+@app.command("resume")
+def resume(
+    run_id: Annotated[str, typer.Argument(help="Run id (see `tidal runs`).")],
+    storage: Annotated[str | None, typer.Option(help="Store URL (default: the preset's).")] = None,
+) -> None:
+    """Continue a run from its last committed step, with its own resolved config."""
+    from flows.training_run import training_run
+
+    config_path = _run_config_path(run_id, storage)
+    result = training_run(config=str(config_path), overrides=[], resume=run_id)
+    typer.echo(f"run {result['run']} finished: {result['output_dir']}")
+
+
+@app.command("runs")
+def runs(storage: Annotated[str | None, typer.Option(help="Store URL.")] = None) -> None:
+    """List the runs in the store."""
+    from storage import make_engine, run_summaries, session_scope
+
+    with session_scope(make_engine(_store_url(storage))) as session:
+        rows = run_summaries(session)
+    if not rows:
+        typer.echo("no runs")
+    for r in rows:
+        typer.echo(f"{r.uid}  {r.status:<8}  policy {r.policy:<18}  steps {r.steps:>4}  wall {r.wall_s:8.1f}s")
+
+
+@app.command("report")
+def report(
+    run_id: Annotated[str, typer.Argument(help="Run id.")],
+    storage: Annotated[str | None, typer.Option(help="Store URL.")] = None,
+) -> None:
+    """Write the run's markdown report and plots again and print the markdown."""
+    from pathlib import Path
+
+    from flows.report import write_report
+
+    cfg = load_checked(str(_run_config_path(run_id, storage)), [])
+    out = write_report(cfg, run_id, Path(cfg.trainer.default_local_dir) / run_id)
+    typer.echo(Path(out["markdown"]).read_text(encoding="utf-8"), nl=False)
+
+
+def _store_url(storage: str | None) -> str:
+    return storage or load_config("tiny-cpu").storage.url
+
+
+def _run_config_path(run_id: str, storage: str | None):
+    from pathlib import Path
+
+    from config.loader import RESOLVED_FILENAME
+    from storage import get_run, make_engine, session_scope
+
+    with session_scope(make_engine(_store_url(storage))) as session:
+        row = get_run(session, run_id)
+        if row is None:
+            raise BadInput(f"run {run_id!r}: no such run in {_store_url(storage)}")
+        path = Path(row.output_dir) / RESOLVED_FILENAME
+    if not path.is_file():
+        raise BadInput(f"run {run_id!r}: its resolved config {path} is missing")
+    return path
+
+
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 

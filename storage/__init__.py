@@ -1,7 +1,56 @@
-"""The SQL store (to be built; see issue 5): SQLAlchemy 2 models, store functions, migrations.
+"""Tidal's SQL store: SQLAlchemy 2 models, store functions and Alembic migrations.
 
-Will own: runs, steps, policy states, metrics, switch events, checkpoints and consumed prompts;
-SQLite (WAL, busy timeout) by default and PostgreSQL by URL. Store functions take a Session,
-flush and never commit: the caller owns the transaction.
+Owns: the tables (runs, steps, policy states, metrics, switch events, decisions, checkpoints,
+consumed prompts), their migrations, opening a store (SQLite with WAL and a busy timeout by
+default, PostgreSQL by URL) and reading back what a resumed run needs. Store functions take a
+Session, flush and never commit: the caller owns the transaction (``session_scope``), so one
+step's rows commit together or not at all. Migrations own the schema (no ``create_all``).
 May import: config. Must not: import Ray, torch, cluster, tasks or flows.
 """
+
+from storage.engine import StoreError, make_engine, session_scope, sqlite_url
+from storage.migrate import current_revision, downgrade, head_revision, migrate
+from storage.models import Base, RunStatus
+from storage.store import (
+    CheckpointInfo,
+    ResumeState,
+    RunSummary,
+    StepRecord,
+    consumed_prompts,
+    create_run,
+    get_run,
+    latest_step,
+    list_runs,
+    load_resume_state,
+    record_step,
+    run_summaries,
+    set_run_status,
+    step_metrics,
+)
+
+__all__ = [
+    "Base",
+    "CheckpointInfo",
+    "ResumeState",
+    "RunStatus",
+    "RunSummary",
+    "StepRecord",
+    "StoreError",
+    "consumed_prompts",
+    "create_run",
+    "current_revision",
+    "downgrade",
+    "get_run",
+    "head_revision",
+    "latest_step",
+    "list_runs",
+    "load_resume_state",
+    "make_engine",
+    "migrate",
+    "record_step",
+    "run_summaries",
+    "session_scope",
+    "set_run_status",
+    "sqlite_url",
+    "step_metrics",
+]

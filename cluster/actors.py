@@ -1,0 +1,433 @@
+"""The Ray actors of the data plane, each a thin shell around a plain class of this package.
+
+- ``ReplicaActor``: one standalone rollout replica (an engine on its own emulated/real GPU).
+- ``TrainerActor``: the train backend *and* the hybrid replicas' engines, in one process, so
+  lending the trainer's GPU to rollout really time-shares the same device (or core).
+- ``RolloutService``: load balancer + message queue + rollouter in one event loop (they call
+  each other synchronously).
+- ``ControllerActor``: the ``DynamicResourceController`` with adapters that drive the actors
+  above; every Prefect task talks to it (or to the others) by actor name.
+
+Actors are named ``{role}`` inside the run's Ray namespace, so any process (a Prefect task on a
+Ray worker included) finds them with ``ray.get_actor(name, namespace=run_uid)``. Constructors take
+plain values and factories, never the whole config (the builders in ``cluster.builders`` make
+them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import ray
+
+from cluster.controller import DynamicResourceController
+from cluster.load_balancer import LoadBalancer
+from cluster.message_queue import MessageQueue
+from cluster.rollouter import Rollouter
+from cluster.types import GenerationRequest, GenerationResult, Sample, SamplingSpec
+
+ROLLOUT_SERVICE = "rollout"
+TRAINER = "trainer"
+CONTROLLER = "controller"
+
+
+def replica_name(replica_id: str) -> str:
+    return f"replica:{replica_id}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Standalone replica
+
+
+class _EngineHost:
+    """The engine verbs shared by standalone replicas and the trainer's hybrid engines."""
+
+    engine: Any
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        return await self.engine.generate(request)
+
+    async def abort_all(self) -> int:
+        return await self.engine.abort_all()
+
+    async def pause(self) -> None:
+        await self.engine.pause()
+
+    async def resume(self) -> None:
+        await self.engine.resume()
+
+    async def sleep(self) -> None:
+        await self.engine.sleep()
+
+    async def wake_up(self) -> None:
+        await self.engine.wake_up()
+
+    async def load_weights(self, state: Mapping[str, Any], version: int) -> float:
+        t0 = time.perf_counter()
+        await self.engine.load_weights(state, version)
+        return time.perf_counter() - t0
+
+    def engine_stats(self) -> dict[str, float]:
+        return dict(self.engine.stats())
+
+    def ping(self) -> str:
+        return "ok"
+
+
+@ray.remote(num_cpus=0, max_concurrency=1000)
+class ReplicaActor(_EngineHost):
+    """One standalone replica. ``engine_factory()`` builds its engine inside this process."""
+
+    def __init__(self, replica_id: str, engine_factory: Callable[[], Any]):
+        self.replica_id = replica_id
+        self.engine = engine_factory()
+
+
+# ------------------------------------------------------------------------------------------------
+# Trainer (+ hybrid engines in the same process)
+
+
+@ray.remote(num_cpus=0, max_concurrency=1000)
+class TrainerActor:
+    """The train backend and, beside it, the engines of the hybrid replicas it can lend."""
+
+    def __init__(
+        self,
+        backend_factory: Callable[[], Any],
+        hybrid_factories: Mapping[str, Callable[[], Any]],
+        *,
+        namespace: str,
+        required_samples: int,
+    ):
+        self.backend = backend_factory()
+        self.hybrids = {rid: make() for rid, make in hybrid_factories.items()}
+        self.namespace = namespace
+        self.required_samples = required_samples
+        self._train_lock = asyncio.Lock()
+
+    # -- training ---------------------------------------------------------------------------
+
+    async def train_micro_step(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """Pull ``required_samples`` from the queue (timed) and run one update.
+
+        Returns the micro-step report: wait seconds and wait samples (for the policy), the
+        trained samples' identities and versions (for the store and staleness checks), the
+        backend's metrics and timings, and the queue size right after the pull.
+        """
+        rollout = ray.get_actor(ROLLOUT_SERVICE, namespace=self.namespace)
+        async with self._train_lock:
+            t0 = time.perf_counter()
+            pulled = await rollout.get_batch.remote(self.required_samples, timeout_s)
+            samples: list[Sample] = pulled["samples"]
+            waited = time.perf_counter() - t0
+            if not samples:
+                return {"samples": [], "wait_s": waited, "wait_samples": pulled["wait_samples"],
+                        "mq_size": pulled["mq_size"], "exhausted": True, "allocated_s": waited}
+            result = await asyncio.to_thread(self.backend.train_step, samples)
+            return {
+                "samples": [(s.epoch, s.prompt_index, s.min_version, s.max_version) for s in samples],
+                "wait_s": waited,
+                "wait_samples": pulled["wait_samples"],
+                "mq_size": pulled["mq_size"],
+                "exhausted": False,
+                "metrics": dict(result.metrics),
+                "timing_s": dict(result.timing_s),
+                "compute_s": result.compute_s,
+                "allocated_s": time.perf_counter() - t0,
+            }
+
+    def weights(self) -> dict[str, Any]:
+        """Current weights for the broadcast (Ray puts the return value in the object store)."""
+        return self.backend.state_dict_for_rollout()
+
+    async def save_checkpoint(self, path: str) -> dict[str, Any]:
+        info = await asyncio.to_thread(self.backend.save_checkpoint, path)
+        return {"path": info.path, "sha256": info.sha256, "size_bytes": info.size_bytes}
+
+    async def load_checkpoint(self, path: str, sha256: str | None = None) -> int:
+        await asyncio.to_thread(self.backend.load_checkpoint, path, expected_sha256=sha256)
+        return self.backend.updates
+
+    # -- hybrid engines (same process: the weights never leave it) ----------------------------
+
+    async def hybrid_generate(self, replica_id: str, request: GenerationRequest) -> GenerationResult:
+        return await self.hybrids[replica_id].generate(request)
+
+    async def hybrid(self, op: str, replica_ids: Sequence[str]) -> int:
+        """Run an engine verb (abort_all, pause, resume, sleep, wake_up) on hybrid engines."""
+        if op not in {"abort_all", "pause", "resume", "sleep", "wake_up"}:
+            raise ValueError(f"unknown hybrid op {op!r}")
+        results = await asyncio.gather(*(getattr(self.hybrids[rid], op)() for rid in replica_ids))
+        return int(sum(r or 0 for r in results))
+
+    async def hybrid_load_weights(self, replica_ids: Sequence[str], version: int) -> float:
+        t0 = time.perf_counter()
+        state = self.backend.state_dict_for_rollout()
+        for rid in replica_ids:
+            await self.hybrids[rid].load_weights(state, version)
+        return time.perf_counter() - t0
+
+    def hybrid_stats(self) -> dict[str, dict[str, float]]:
+        return {rid: dict(engine.stats()) for rid, engine in self.hybrids.items()}
+
+    def ping(self) -> str:
+        return "ok"
+
+
+# ------------------------------------------------------------------------------------------------
+# Rollout service: load balancer + queue + rollouter
+
+
+def _actor_is_dead(exc: BaseException) -> bool:
+    """Only a dead actor takes a replica out of the balancer; other errors are retried."""
+    return isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError,
+                            ray.exceptions.ActorUnavailableError))
+
+
+class _RemoteEngine:
+    """What the rollouter calls ``generate`` on: a standalone actor or a hybrid in the trainer."""
+
+    def __init__(self, replica_id: str, handle: Any, hybrid: bool):
+        self.replica_id, self.handle, self.hybrid = replica_id, handle, hybrid
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        if self.hybrid:
+            return await self.handle.hybrid_generate.remote(self.replica_id, request)
+        return await self.handle.generate.remote(request)
+
+
+@ray.remote(num_cpus=0, max_concurrency=10000)
+class RolloutService:
+    """The data plane's hub; see the module docstring of ``cluster.rollouter`` for the rules."""
+
+    def __init__(
+        self,
+        *,
+        standalone: Mapping[str, Any],
+        trainer: Any,
+        hybrid_ids: Sequence[str],
+        max_required_samples: int,
+        concurrent_samples_per_replica: int,
+        n: int,
+        sampling: SamplingSpec,
+        partial_rollout: bool,
+        seed: int,
+        param_version: int,
+    ):
+        self.lb = LoadBalancer()
+        self.queue = MessageQueue(max_required_samples)
+        engines = {rid: _RemoteEngine(rid, h, False) for rid, h in standalone.items()}
+        engines.update({rid: _RemoteEngine(rid, trainer, True) for rid in hybrid_ids})
+        self._engines = engines
+        self._rollouter_args = dict(
+            n=n, sampling=sampling, lb=self.lb, engine_for=engines.__getitem__, queue=self.queue,
+            max_required_samples=max_required_samples,
+            concurrent_samples_per_replica=concurrent_samples_per_replica,
+            partial_rollout=partial_rollout, seed=seed, param_version=param_version,
+            replica_is_dead=_actor_is_dead,
+        )
+        self.rollouter: Rollouter | None = None
+        self.lb.add_replicas(list(standalone))
+
+    async def start(self, prompts: list[tuple[int, int, list[int]]]) -> None:
+        """Begin feeding ``prompts`` (already filtered for resume) to the replicas."""
+        self.rollouter = Rollouter(prompts, **self._rollouter_args)
+        self.rollouter.start()
+
+    async def stop(self) -> list[str]:
+        """Stop generating; returns the uids that were in flight (they will be generated again)."""
+        if self.rollouter is None:
+            return []
+        await self.rollouter.stop()
+        return self.rollouter.in_flight_uids()
+
+    # -- the trainer's side ---------------------------------------------------------------------
+
+    async def get_batch(self, k: int, timeout_s: float | None = None) -> dict[str, Any]:
+        size_at_start = self.queue.size()
+        samples = await self.queue.get_batch(k, timeout_s)
+        return {
+            "samples": samples,
+            "wait_samples": max(0, k - size_at_start),
+            "mq_size": self.queue.size(),
+        }
+
+    async def wait_for_queue(self, k: int, timeout_s: float | None = None) -> dict[str, Any]:
+        """Wait until ``k`` samples are queued or no more will come (the wait-for-samples phase)."""
+        assert self.rollouter is not None, "start() first"
+        rollouter = self.rollouter
+        t0 = time.perf_counter()
+        await asyncio.wait_for(
+            rollouter.wait_until(lambda: self.queue.size() >= k or rollouter.exhausted or self.queue.closed),
+            timeout_s,
+        )
+        return {"waited_s": time.perf_counter() - t0, "mq_size": self.queue.size(),
+                "exhausted": rollouter.exhausted}
+
+    def queue_size(self) -> int:
+        return self.queue.size()
+
+    # -- the controller's side (LoadBalancer protocol) ----------------------------------------
+
+    def lb_add(self, ids: Sequence[str]) -> None:
+        self.lb.add_replicas(list(ids))
+
+    def lb_remove(self, ids: Sequence[str]) -> None:
+        self.lb.remove_replicas(list(ids))
+
+    def lb_clear_sticky(self) -> int:
+        return self.lb.clear_sticky()
+
+    def lb_in_flight(self, ids: Sequence[str] | None = None) -> int:
+        return self.lb.in_flight(None if ids is None else list(ids))
+
+    def on_weight_sync(self, version: int) -> dict[str, float]:
+        assert self.rollouter is not None, "start() first"
+        return self.rollouter.on_weight_sync(version)
+
+    def stats(self) -> dict[str, Any]:
+        base = {"queue_size": self.queue.size(), "active_replicas": list(self.lb.active_ids())}
+        if self.rollouter is not None:
+            base.update(self.rollouter.stats())
+            base["failed_replicas"] = self.rollouter.failed_replicas
+            base["exhausted"] = self.rollouter.exhausted
+            error = self.rollouter.error
+            base["error"] = None if error is None else repr(error)
+        return base
+
+    def in_flight_uids(self) -> list[str]:
+        return [] if self.rollouter is None else self.rollouter.in_flight_uids()
+
+    def ping(self) -> str:
+        return "ok"
+
+
+# ------------------------------------------------------------------------------------------------
+# Controller
+
+
+class _BalancerAdapter:
+    """The controller's ``LoadBalancer`` protocol, spoken to the rollout service."""
+
+    def __init__(self, service: Any):
+        self.service = service
+
+    def add_replicas(self, ids: Sequence[str]) -> None:
+        ray.get(self.service.lb_add.remote(list(ids)))
+
+    def remove_replicas(self, ids: Sequence[str]) -> None:
+        ray.get(self.service.lb_remove.remote(list(ids)))
+
+    def clear_sticky(self) -> int:
+        return ray.get(self.service.lb_clear_sticky.remote())
+
+    def in_flight(self, ids: Sequence[str] | None = None) -> int:
+        return ray.get(self.service.lb_in_flight.remote(None if ids is None else list(ids)))
+
+
+class _PoolAdapter:
+    """The controller's ``ReplicaPool`` protocol over standalone actors and the trainer's hybrids."""
+
+    def __init__(self, standalone: Mapping[str, Any], trainer: Any, hybrid_ids: Sequence[str]):
+        self.standalone, self.trainer, self.hybrid_ids = dict(standalone), trainer, set(hybrid_ids)
+
+    def _split(self, ids: Sequence[str]) -> tuple[list[str], list[str]]:
+        hyb = [i for i in ids if i in self.hybrid_ids]
+        return hyb, [i for i in ids if i not in self.hybrid_ids]
+
+    def _run(self, op: str, ids: Sequence[str]) -> int:
+        hyb, std = self._split(ids)
+        refs = [getattr(self.standalone[i], op).remote() for i in std]
+        if hyb:
+            refs.append(self.trainer.hybrid.remote(op, hyb))
+        return int(sum(r or 0 for r in ray.get(refs)))
+
+    def abort(self, ids: Sequence[str]) -> int:
+        self._run("pause", ids)
+        return self._run("abort_all", ids)
+
+    def sleep(self, ids: Sequence[str]) -> None:
+        self._run("sleep", ids)
+
+    def wake_up(self, ids: Sequence[str]) -> None:
+        self._run("wake_up", ids)
+
+    def resume(self, ids: Sequence[str]) -> None:
+        self._run("resume", ids)
+
+    def load_weights(self, ids: Sequence[str], version: int) -> None:
+        hyb, std = self._split(ids)
+        if std:  # not used by the controller (hybrids only), but keep the protocol whole
+            weights = self.trainer.weights.remote()
+            ray.get([self.standalone[i].load_weights.remote(weights, version) for i in std])
+        if hyb:
+            ray.get(self.trainer.hybrid_load_weights.remote(hyb, version))
+
+
+@ray.remote(num_cpus=0)
+class ControllerActor:
+    """Holds the policy and the controller; the Prefect tasks call it by name."""
+
+    def __init__(
+        self,
+        policy_factory: Callable[[], Any],
+        *,
+        namespace: str,
+        standalone_ids: Sequence[str],
+        hybrid_ids: Sequence[str],
+        enable_rebalance: bool,
+        only_hybrid: bool,
+    ):
+        service = ray.get_actor(ROLLOUT_SERVICE, namespace=namespace)
+        trainer = ray.get_actor(TRAINER, namespace=namespace)
+        standalone = {rid: ray.get_actor(replica_name(rid), namespace=namespace) for rid in standalone_ids}
+        self.policy = policy_factory()
+        self.standalone = standalone
+        self.trainer = trainer
+        self.service = service
+        self.ctl = DynamicResourceController(
+            self.policy, list(hybrid_ids), _BalancerAdapter(service), _PoolAdapter(standalone, trainer, hybrid_ids),
+            standalone_ids=list(standalone_ids), enable_rebalance=enable_rebalance, only_hybrid=only_hybrid,
+            clock=time.time,
+        )
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call a controller method by name (decisions, switches, context, state)."""
+        return getattr(self.ctl, method)(*args, **kwargs)
+
+    def broadcast(self, version: int) -> dict[str, float]:
+        """Trainer → every standalone replica at ``version``; returns timings."""
+        t0 = time.perf_counter()
+        weights = self.trainer.weights.remote()
+        per_replica = ray.get([h.load_weights.remote(weights, version) for h in self.standalone.values()])
+        return {"broadcast_s": time.perf_counter() - t0, "max_replica_load_s": max(per_replica, default=0.0)}
+
+    def hybrid_active(self) -> bool:
+        return self.ctl.is_hybrid_active
+
+    def controller_state(self) -> dict[str, Any]:
+        return self.ctl.state_dict()
+
+    def drain_records(self) -> dict[str, list[dict[str, Any]]]:
+        """This step's decisions and switch timings (for the store), cleared afterwards."""
+        return {
+            "decisions": [dataclasses.asdict(d) for d in self.ctl.drain_decisions()],
+            "switch_events": [dataclasses.asdict(s) for s in self.ctl.drain_switch_log()],
+        }
+
+    def policy_state(self) -> dict[str, Any]:
+        return self.policy.state_dict()
+
+    def load_policy_state(self, state: dict[str, Any]) -> None:
+        self.policy.load_state_dict(state)
+
+    def deactivate_ratio(self) -> float | None:
+        value = getattr(self.policy, "deactivate_ratio", None)
+        return None if value is None else float(value)
+
+    def ping(self) -> str:
+        return "ok"

@@ -1,0 +1,155 @@
+"""The train-backend interface (torch, DeepSpeed, simulated) and the checkpoint file they share.
+
+A backend is a plain object that the trainer actor drives: one ``train_step`` per micro-step on
+``required_samples`` samples, ``state_dict_for_rollout`` for weight sync, checkpoints for resume.
+It knows nothing of Ray, the queue or param versions (the caller owns the version).
+
+Checkpoint file (one file, written atomically: temp file in the same folder → fsync → rename):
+a dict of tensors and plain Python values only, so it loads with ``torch.load(weights_only=True)``::
+
+    {"format": "tidal-train/1", "backend": str, "updates": int,
+     "model": {name: tensor},                                # full fp32 weights
+     "optim": {"hparams": {...}, "state": {name: {"step", "exp_avg", "exp_avg_sq"}}},
+     "rng": {"torch": ByteTensor, "python": tuple}, "extra": {...}}
+
+Optimizer state is keyed by parameter name, not by position, so a checkpoint written by the torch
+backend loads into the DeepSpeed backend and back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from cluster.types import Sample
+
+CHECKPOINT_FORMAT = "tidal-train/1"
+
+TIMING_KEYS = ("reward", "old_log_prob", "ref", "adv", "update_actor")
+"""The reference's training-compute timing keys a backend may report (§4.1 of the reference);
+``values``/``update_critic`` never occur (no critic). ``old_log_prob`` is absent when the rollout
+log-probs are used, ``ref`` is absent without a KL loss: missing keys count as 0."""
+
+
+@dataclass
+class StepResult:
+    """What one ``train_step`` did."""
+
+    metrics: dict[str, float]
+    """At least: loss, pg_loss, reward_mean, reward_std, kl, approx_kl, grad_norm, clip_frac,
+    response_length_mean, tokens (prompt + response tokens trained on), response_tokens,
+    samples, responses, updates (optimizer updates so far)."""
+    timing_s: dict[str, float] = field(default_factory=dict)
+    """Seconds per phase, keys from ``TIMING_KEYS``; their sum is the step's training compute."""
+
+    @property
+    def compute_s(self) -> float:
+        return float(sum(self.timing_s.get(k, 0.0) for k in TIMING_KEYS))
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: str
+    sha256: str
+    size_bytes: int
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that is not ours, is corrupt, or does not match the backend."""
+
+
+@runtime_checkable
+class TrainBackend(Protocol):
+    """One trainer's model, optimizer and GRPO update."""
+
+    @property
+    def updates(self) -> int:
+        """Optimizer updates applied so far (restored by ``load_checkpoint``)."""
+        ...
+
+    def train_step(self, samples: Sequence[Sample]) -> StepResult: ...
+
+    def state_dict_for_rollout(self) -> dict[str, torch.Tensor]:
+        """Detached CPU copies of the current weights (never aliased with the live ones)."""
+        ...
+
+    def save_checkpoint(self, path: str | os.PathLike[str]) -> CheckpointInfo: ...
+
+    def load_checkpoint(self, path: str | os.PathLike[str], *, expected_sha256: str | None = None) -> None: ...
+
+    def close(self) -> None:
+        """Release what the backend holds (engine buffers); it is unusable afterwards."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoint file helpers shared by every backend
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_checkpoint(payload: Mapping[str, Any], path: str | os.PathLike[str]) -> CheckpointInfo:
+    """``torch.save`` to a temp file beside ``path``, fsync, rename over ``path``: a reader sees
+    either the old file or the complete new one, never a partial one."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(dict(payload), fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    try:  # make the rename itself durable
+        dir_fd = os.open(target.parent, os.O_RDONLY)
+    except OSError:
+        pass
+    else:
+        try:
+            os.fsync(dir_fd)
+        except OSError:
+            pass
+        finally:
+            os.close(dir_fd)
+    return CheckpointInfo(str(target), sha256_file(target), target.stat().st_size)
+
+
+def read_checkpoint(path: str | os.PathLike[str], *, expected_sha256: str | None = None) -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True`` (no arbitrary pickled objects) and check it."""
+    if expected_sha256 is not None:
+        got = sha256_file(path)
+        if got != expected_sha256:
+            raise CheckpointError(f"{path}: sha256 {got} does not match the expected {expected_sha256}")
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path}: not a {CHECKPOINT_FORMAT} checkpoint")
+    return payload
+
+
+def rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    if "torch" in state:
+        torch.set_rng_state(state["torch"])
+    if "python" in state:
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))

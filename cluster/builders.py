@@ -1,0 +1,193 @@
+"""Config → the data plane: plain constructor arguments and factories, then the named actors.
+
+The only module of ``cluster`` that reads a ``TidalConfig``. ``DataPlane.build`` starts the
+actors of one run inside the run's Ray namespace; ``DataPlane.attach`` finds them again from any
+process (a Prefect task on a Ray worker, say).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from cluster.actors import (
+    CONTROLLER,
+    ROLLOUT_SERVICE,
+    TRAINER,
+    ControllerActor,
+    ReplicaActor,
+    RolloutService,
+    TrainerActor,
+    replica_name,
+)
+from cluster.model import TinyLMConfig
+from cluster.problems import CharTokenizer, Problem, make_problems, prompt_stream
+from cluster.ray_cluster import GPU_RESOURCE
+from cluster.types import SamplingSpec
+from config import TidalConfig
+
+
+def tokenizer_and_problems(cfg: TidalConfig) -> tuple[CharTokenizer, list[Problem]]:
+    return CharTokenizer(), make_problems(cfg.task.name, cfg.task.num_prompts, cfg.task.seed)
+
+
+def model_config(cfg: TidalConfig, tokenizer: CharTokenizer) -> TinyLMConfig:
+    m = cfg.model
+    return TinyLMConfig(tokenizer.vocab_size, m.n_layer, m.n_head, m.n_embd, m.max_seq_len)
+
+
+def requests_per_replica(cfg: TidalConfig) -> int:
+    """A replica serves up to ``concurrent_samples_per_replica`` samples of ``n`` responses each."""
+    return cfg.async_training.concurrent_samples_per_replica * cfg.actor_rollout_ref.rollout.n
+
+
+def _torch_engine(model_cfg: TinyLMConfig, max_batch: int, device: str, threads: int, eos: int, seed: int) -> Any:
+    from cluster.engines.torch_engine import TorchEngine
+
+    return TorchEngine(model_cfg, max_batch=max_batch, device="cpu" if device == "auto" else device,
+                       threads=threads, eos_id=eos, seed=seed)
+
+
+def _simulated_engine(base_s: float, per_seq_s: float, prefill_s_per_token: float, max_batch: int,
+                      mean_len: float, sigma: float, max_len: int, eos: int, seed: int, vocab: int) -> Any:
+    from cluster.engines.simulated import SimulatedEngine
+
+    def length(rng: random.Random) -> int:
+        return max(1, min(max_len, int(rng.lognormvariate(0.0, sigma) * mean_len))) if sigma else int(mean_len)
+
+    return SimulatedEngine(decode_step_s=(base_s, per_seq_s), prefill_s_per_token=prefill_s_per_token,
+                           max_batch=max_batch, length_sampler=length, eos_id=eos, seed=seed, vocab_size=vocab)
+
+
+def engine_factory(cfg: TidalConfig, tokenizer: CharTokenizer, *, hybrid: bool, seed: int) -> Callable[[], Any]:
+    """A picklable zero-argument callable that builds one replica's engine where it is called."""
+    kind = cfg.engines.rollout
+    if kind == "torch":
+        return functools.partial(_torch_engine, model_config(cfg, tokenizer), requests_per_replica(cfg),
+                                 cfg.engines.device, cfg.engines.torch_threads_per_actor, tokenizer.eos_id, seed)
+    if kind == "simulated":
+        s = cfg.sim
+        slow = 1.0 / s.hybrid_throughput_factor if hybrid else 1.0
+        return functools.partial(
+            _simulated_engine, s.decode_step_base_s * slow, s.decode_step_per_seq_s * slow,
+            slow / s.prefill_tokens_per_s, min(requests_per_replica(cfg), s.max_num_seqs),
+            s.response_len_mean_start, s.response_len_sigma, cfg.actor_rollout_ref.rollout.response_length,
+            tokenizer.eos_id, seed, tokenizer.vocab_size,
+        )
+    raise ValueError(f"engines.rollout={kind!r} is not available in this build")
+
+
+def backend_factory(cfg: TidalConfig) -> Callable[[], Any]:
+    from cluster.backends import build_backend
+
+    def make() -> Any:
+        tokenizer, problems = tokenizer_and_problems(cfg)
+        return build_backend(cfg, tokenizer, problems)
+
+    return make
+
+
+def policy_factory(cfg: TidalConfig) -> Callable[[], Any]:
+    from policies import policy_from_config
+
+    return functools.partial(policy_from_config, cfg)
+
+
+def sampling_spec(cfg: TidalConfig) -> SamplingSpec:
+    r = cfg.actor_rollout_ref.rollout
+    return SamplingSpec(max_new_tokens=r.response_length, temperature=r.temperature, top_p=r.top_p)
+
+
+def prompt_budget(cfg: TidalConfig) -> int | None:
+    """Prompts the run trains on: `rollout.total_rollout_steps`, capped by the step budget."""
+    limit = cfg.rollout.total_rollout_steps
+    if cfg.trainer.total_training_steps is not None:
+        by_steps = cfg.trainer.total_training_steps * cfg.step_required_samples
+        limit = by_steps if limit is None else min(limit, by_steps)
+    return limit
+
+
+def prompts_for(cfg: TidalConfig, consumed: Iterable[tuple[int, int]] = ()) -> list[tuple[int, int, list[int]]]:
+    """The run's prompt order (seeded), minus what was already trained on (resume)."""
+    tokenizer, problems = tokenizer_and_problems(cfg)
+    return list(prompt_stream(problems, tokenizer, epochs=cfg.rollout.total_epochs, seed=cfg.trainer.seed,
+                              skip=consumed, limit=prompt_budget(cfg)))
+
+
+def standalone_ids(cfg: TidalConfig) -> list[str]:
+    return [f"standalone-{i}" for i in range(cfg.standalone_replicas)]
+
+
+def hybrid_ids(cfg: TidalConfig) -> list[str]:
+    return [f"hybrid-{i}" for i in range(cfg.hybrid_replicas)]
+
+
+@dataclass
+class DataPlane:
+    """Handles to one run's actors (all named inside ``namespace``)."""
+
+    namespace: str
+    trainer: Any
+    rollout: Any
+    controller: Any
+    standalone: dict[str, Any]
+
+    @classmethod
+    def build(cls, cfg: TidalConfig, namespace: str, *, consumed: Iterable[tuple[int, int]] = (),
+              param_version: int = 0) -> DataPlane:
+        """Start every actor of a run; the rollout service is built but not yet started."""
+        tokenizer, _ = tokenizer_and_problems(cfg)
+        tp = cfg.gpus_per_replica
+        seed = cfg.trainer.seed
+        hyb = hybrid_ids(cfg)
+        opts = dict(namespace=namespace, lifetime=None)
+        trainer = TrainerActor.options(name=TRAINER, resources={GPU_RESOURCE: cfg.trainer_gpus}, **opts).remote(
+            backend_factory(cfg),
+            {rid: engine_factory(cfg, tokenizer, hybrid=True, seed=seed * 1000 + 500 + i) for i, rid in enumerate(hyb)},
+            namespace=namespace,
+            required_samples=cfg.required_samples,
+        )
+        standalone = {
+            rid: ReplicaActor.options(name=replica_name(rid), resources={GPU_RESOURCE: tp}, **opts).remote(
+                rid, engine_factory(cfg, tokenizer, hybrid=False, seed=seed * 1000 + i)
+            )
+            for i, rid in enumerate(standalone_ids(cfg))
+        }
+        a = cfg.async_training
+        rollout = RolloutService.options(name=ROLLOUT_SERVICE, **opts).remote(
+            standalone=standalone, trainer=trainer, hybrid_ids=hyb,
+            max_required_samples=cfg.max_required_samples,
+            concurrent_samples_per_replica=a.concurrent_samples_per_replica,
+            n=cfg.actor_rollout_ref.rollout.n, sampling=sampling_spec(cfg),
+            partial_rollout=a.partial_rollout, seed=seed, param_version=param_version,
+        )
+        ray.get([trainer.ping.remote(), rollout.ping.remote(), *(h.ping.remote() for h in standalone.values())])
+        controller = ControllerActor.options(name=CONTROLLER, **opts).remote(
+            policy_factory(cfg), namespace=namespace, standalone_ids=list(standalone), hybrid_ids=hyb,
+            enable_rebalance=a.dynamic_schedule_enable_rebalance, only_hybrid=cfg.only_hybrid,
+        )
+        ray.get(controller.ping.remote())
+        return cls(namespace, trainer, rollout, controller, standalone)
+
+    @classmethod
+    def attach(cls, namespace: str, standalone: Iterable[str] = ()) -> DataPlane:
+        get = functools.partial(ray.get_actor, namespace=namespace)
+        return cls(namespace, get(TRAINER), get(ROLLOUT_SERVICE), get(CONTROLLER),
+                   {rid: get(replica_name(rid)) for rid in standalone})
+
+    def shutdown(self) -> None:
+        """Stop generation and end this run's actors (only these)."""
+        try:
+            ray.get(self.rollout.stop.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+        for handle in (self.controller, self.rollout, self.trainer, *self.standalone.values()):
+            try:
+                ray.kill(handle, no_restart=True)
+            except Exception:  # noqa: BLE001
+                pass

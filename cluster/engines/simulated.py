@@ -1,0 +1,300 @@
+"""The simulated rollout engine: the engine contract with time spent by a cost model, no compute.
+
+It lets the real replicas, load balancer, rollouter and controller run with many emulated GPUs
+on two cores. It imports neither torch nor Ray.
+
+Scheduler: the same continuous batching as the torch engine. Each iteration admits waiting
+requests while fewer than ``max_batch`` run, then sleeps (``asyncio.sleep``) for
+
+    prefill_s_per_token × (prompt tokens admitted this iteration) + decode_step_s(running)
+
+where ``decode_step_s(b)`` defaults to ``base_s + per_seq_s × b``, and every running request
+gains one token. ``sleep``, ``wake_up`` and ``load_weights`` sleep for their configured seconds.
+Iterations and those three calls take turns on one emulated device (an asyncio lock), like the
+torch engine's single worker thread. ``stats()["busy_s"]`` sums modelled seconds, not wall time.
+
+Tokens: a response is a pure function of ``(seed, request_id)``. A ``random.Random`` seeded with
+both draws the response length L (``length_sampler(rng)``, or a fixed int), then L − 1
+pseudo-random non-EOS ids followed by EOS (``ignore_eos`` keeps drawing non-EOS ids instead);
+temperature, top-p and the request seed are ignored. A re-submitted request (same id, prompt = prompt + partial tokens,
+remaining budget) finds its partial tokens at the end of the prompt and continues the *same*
+response, on any engine with the same seed, so aborts and retries leave the length distribution
+unchanged. (A fresh prompt whose tail happens to equal the response's first tokens is read as a
+partial one; with the default 32768 ids that costs a token about once in 30k requests.) Each
+token's log-prob is ``-log(vocab_size)``, that of a uniform policy. There is no context limit,
+so budgets are never clamped; pause, abort, sleep and version semantics are the torch engine's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cluster.types import FinishReason, GenerationRequest, GenerationResult
+
+
+class SimulatedEngine:
+    """A rollout engine that sleeps instead of computing (see the module docstring).
+
+    Like the torch engine it starts awake without weights: ``load_weights`` (any mapping; the
+    content is ignored) must run before the first ``generate`` and after every ``wake_up``.
+    """
+
+    def __init__(
+        self,
+        *,
+        decode_step_s: Callable[[int], float] | tuple[float, float] = (0.02, 1e-4),
+        prefill_s_per_token: float = 0.0,
+        max_batch: int = 256,
+        length_sampler: Callable[[random.Random], int] | int = 16,
+        eos_id: int = 2,
+        seed: int = 0,
+        vocab_size: int = 32768,
+        sleep_s: float = 0.0,
+        wake_up_s: float = 0.0,
+        load_weights_s: float = 0.0,
+    ):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if vocab_size < 2 or not 0 <= eos_id < vocab_size:
+            raise ValueError(f"need vocab_size >= 2 and 0 <= eos_id < vocab_size, got {vocab_size=} {eos_id=}")
+        if isinstance(decode_step_s, tuple):
+            base_s, per_seq_s = decode_step_s
+            decode_step_s = lambda batch: base_s + per_seq_s * batch  # noqa: E731
+        if isinstance(length_sampler, int):
+            fixed = length_sampler
+            length_sampler = lambda rng: fixed  # noqa: E731
+        self._decode_step_s = decode_step_s
+        self._length_sampler = length_sampler
+        self.prefill_s_per_token = prefill_s_per_token
+        self.max_batch = max_batch
+        self.eos_id = eos_id
+        self.seed = seed
+        self.vocab_size = vocab_size
+        self.sleep_s, self.wake_up_s, self.load_weights_s = sleep_s, wake_up_s, load_weights_s
+        self._logprob = -math.log(vocab_size)
+        self._weights_loaded = False
+        self._version = 0
+        self._sleeping = False
+        self._paused = False
+        self._closed = False
+        self._waiting: deque[_Sequence] = deque()
+        self._running: list[_Sequence] = []
+        self._work: asyncio.Event | None = None
+        self._scheduler: asyncio.Task | None = None
+        self._lock: asyncio.Lock | None = None
+        self._lock_loop: asyncio.AbstractEventLoop | None = None
+        self._stats = {
+            "generated_tokens": 0,
+            "prefill_tokens": 0,
+            "finished_requests": 0,
+            "aborted_requests": 0,
+            "decode_steps": 0,
+            "busy_s": 0.0,
+        }
+
+    # ---------------------------------------------------------------- state
+
+    @property
+    def param_version(self) -> int:
+        return self._version
+
+    @property
+    def is_sleeping(self) -> bool:
+        return self._sleeping
+
+    @property
+    def is_paused(self) -> bool:
+        return self._paused
+
+    @property
+    def weights_loaded(self) -> bool:
+        return self._weights_loaded
+
+    def stats(self) -> dict[str, float]:
+        return {**self._stats, "running_requests": len(self._running), "waiting_requests": len(self._waiting)}
+
+    def response_tokens(self, request_id: str, count: int, *, ignore_eos: bool = False) -> list[int]:
+        """The first ``count`` tokens of request ``request_id``'s response (ends early at EOS)."""
+        rng = random.Random(f"{self.seed}:{request_id}")
+        length = max(1, int(self._length_sampler(rng)))
+        tokens = []
+        while len(tokens) < count:
+            if len(tokens) == length - 1 and not ignore_eos:
+                tokens.append(self.eos_id)
+                break
+            token = rng.randrange(self.vocab_size - 1)
+            tokens.append(token + (token >= self.eos_id))  # every id but EOS
+        return tokens
+
+    # ---------------------------------------------------------------- requests
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        if self._closed:
+            raise RuntimeError("engine is shut down")
+        if self._sleeping:
+            raise RuntimeError("engine is asleep: call wake_up() and load_weights() first")
+        if not self._weights_loaded:
+            raise RuntimeError("no weights loaded: call load_weights() first")
+        if self._paused:
+            return _result(request, [], "abort", self._version, 0, self._logprob)
+        spec = request.sampling
+        if not request.prompt_tokens or spec.max_new_tokens < 0:
+            raise ValueError(f"{request.request_id}: empty prompt or negative budget")
+        plan = self._plan(request)
+        if not plan:
+            return _result(request, [], "length", self._version, 0, self._logprob)
+        seq = _Sequence(request, plan, asyncio.get_running_loop().create_future())
+        self._ensure_scheduler()
+        self._waiting.append(seq)
+        self._work.set()
+        return await seq.future
+
+    async def abort(self, request_ids: Sequence[str]) -> int:
+        wanted = set(request_ids)
+        return self._abort_where(lambda seq: seq.request.request_id in wanted)
+
+    async def abort_all(self) -> int:
+        return self._abort_where(lambda seq: True)
+
+    async def pause(self) -> None:
+        self._paused = True
+
+    async def resume(self) -> None:
+        self._paused = False
+
+    # ---------------------------------------------------------------- memory and weights
+
+    async def sleep(self) -> None:
+        """Abort everything in flight, then spend ``sleep_s``; weights are gone afterwards."""
+        if self._sleeping:
+            return
+        self._sleeping = True
+        self._abort_where(lambda seq: True)
+        async with self._device():
+            await asyncio.sleep(self.sleep_s)
+            self._weights_loaded = False
+
+    async def wake_up(self) -> None:
+        if not self._sleeping:
+            return
+        async with self._device():
+            await asyncio.sleep(self.wake_up_s)
+        self._sleeping = False
+
+    async def load_weights(self, state: Mapping[str, Any], version: int) -> None:
+        if self._sleeping or self._closed:
+            raise RuntimeError("engine is asleep: call wake_up() before load_weights()")
+        async with self._device():
+            await asyncio.sleep(self.load_weights_s)
+            self._version = version
+            self._weights_loaded = True
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._abort_where(lambda seq: True)
+        if self._scheduler is not None and self._scheduler.get_loop() is asyncio.get_running_loop():
+            self._scheduler.cancel()
+            try:
+                await self._scheduler
+            except asyncio.CancelledError:
+                pass
+
+    # ---------------------------------------------------------------- scheduler
+
+    def _plan(self, request: GenerationRequest) -> list[int]:
+        """The tokens this call will produce: the response's continuation after the partial
+        tokens found at the end of the prompt, cut to the budget."""
+        prompt, spec = request.prompt_tokens, request.sampling
+        stream = self.response_tokens(request.request_id, len(prompt) - 1 + spec.max_new_tokens, ignore_eos=spec.ignore_eos)
+        done = 0
+        for k in range(min(len(prompt) - 1, len(stream)), 0, -1):  # longest partial response first
+            if prompt[-k] == stream[0] and prompt[-k:] == stream[:k]:
+                done = k
+                break
+        return stream[done : done + spec.max_new_tokens]
+
+    def _device(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock_loop is not loop:
+            self._lock, self._lock_loop = asyncio.Lock(), loop
+        return self._lock
+
+    def _ensure_scheduler(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._scheduler is not None and not self._scheduler.done() and self._scheduler.get_loop() is loop:
+            return
+        if self._scheduler is not None and self._scheduler.get_loop() is not loop:
+            self._waiting.clear()
+            self._running.clear()
+        self._work = asyncio.Event()
+        self._scheduler = loop.create_task(self._schedule(), name="simulated-engine-scheduler")
+
+    async def _schedule(self) -> None:
+        while True:
+            self._waiting = deque(seq for seq in self._waiting if not seq.future.done())
+            self._running = [seq for seq in self._running if not seq.future.done()]
+            admitted = []
+            while self._waiting and len(self._running) < self.max_batch:
+                seq = self._waiting.popleft()
+                seq.prefilled = len(seq.request.prompt_tokens)
+                self._running.append(seq)
+                admitted.append(seq)
+            if not self._running:
+                self._work.clear()
+                await self._work.wait()
+                continue
+            prefill = sum(seq.prefilled for seq in admitted)
+            self._stats["prefill_tokens"] += prefill
+            cost = self.prefill_s_per_token * prefill + self._decode_step_s(len(self._running))
+            stepping = list(self._running)
+            async with self._device():
+                await asyncio.sleep(cost)
+            self._stats["busy_s"] += cost
+            self._stats["decode_steps"] += 1
+            for seq in stepping:
+                self._append(seq)
+
+    def _append(self, seq: _Sequence) -> None:
+        if seq.future.done():  # aborted during the iteration: its token is dropped
+            return
+        seq.generated += 1
+        if seq.version is None:
+            seq.version = self._version
+        self._stats["generated_tokens"] += 1
+        if seq.generated == len(seq.plan):
+            last = seq.plan[-1]
+            self._finish(seq, "stop" if last == self.eos_id and not seq.request.sampling.ignore_eos else "length")
+
+    def _abort_where(self, match: Callable[[_Sequence], bool]) -> int:
+        hits = [seq for seq in (*self._waiting, *self._running) if not seq.future.done() and match(seq)]
+        for seq in hits:
+            self._finish(seq, "abort")
+        return len(hits)
+
+    def _finish(self, seq: _Sequence, reason: FinishReason) -> None:
+        version = self._version if seq.version is None else seq.version
+        seq.future.set_result(_result(seq.request, seq.plan[: seq.generated], reason, version, seq.prefilled, self._logprob))
+        self._stats["aborted_requests" if reason == "abort" else "finished_requests"] += 1
+
+
+@dataclass(eq=False)
+class _Sequence:
+    request: GenerationRequest
+    plan: list[int]
+    """Every token this call would produce if not aborted."""
+    future: asyncio.Future
+    generated: int = 0
+    prefilled: int = 0
+    version: int | None = None
+
+
+def _result(request, tokens, reason: FinishReason, version: int, prefilled: int, logprob: float) -> GenerationResult:
+    return GenerationResult(request.request_id, list(tokens), [logprob] * len(tokens), reason, version, prefilled)

@@ -1,0 +1,182 @@
+"""`tidal simulate`: run the discrete-event twin on a config, print, save JSON and plots.
+
+Parse → build → run → report. With ``compare`` it also runs every static split of the same GPUs
+(in replica-size steps) and the dynamic setups on the config's own split, prints them side by side
+with each one's fluid lower bound, and names the best static split. Bad input raises
+``config.ConfigError`` with a one-line message (the CLI maps it to exit code 2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from config import ConfigError, TidalConfig, load_config
+from policies import UnknownPolicyError, resolve_policy_class
+from sim import SimResult, SimulationStalled, simulate, static_splits, with_policy
+
+DYNAMIC_POLICIES = ("default", "fixed_ratio")
+"""Policies a ``--compare`` runs on the config's own split when ``--policy`` is not given."""
+
+
+@dataclass
+class Setup:
+    """One compared configuration and its simulated run."""
+
+    label: str
+    cfg: TidalConfig
+    result: SimResult | None = None
+
+
+def describe(cfg: TidalConfig) -> str:
+    """``dynamic 16+16 default`` / ``static 8+24``: kind, trainer + standalone GPUs, policy."""
+    split = f"{cfg.trainer_gpus}+{cfg.standalone_gpus}"
+    if cfg.hybrid_replicas:
+        return f"dynamic {split} {cfg.async_training.dynamic_schedule_policy}"
+    return f"static {split}"
+
+
+def build_setups(cfg: TidalConfig, policy: str | None) -> list[Setup]:
+    """The static splits, then the dynamic policies on ``cfg``'s own split."""
+    setups = [Setup(label, c) for label, c in static_splits(cfg)]
+    if cfg.trainer_gpus % cfg.gpus_per_replica == 0:
+        for name in (policy,) if policy else DYNAMIC_POLICIES:
+            dyn = with_policy(cfg, name, dynamic=True)
+            setups.append(Setup(describe(dyn), dyn))
+    return setups
+
+
+def _run(cfg: TidalConfig, steps: int | None, seed: int) -> SimResult:
+    try:
+        return simulate(cfg, seed=seed, steps=steps)
+    except SimulationStalled as exc:
+        raise ConfigError(f"simulation stalled: {exc}") from None
+
+
+def _table(setups: list[Setup], title: str) -> Table:
+    table = Table(title=title)
+    for name in ("setup", "wall clock h", "bound h", "× bound", "samples/s", "train U", "rollout U",
+                 "cluster U", "switches", "aborted tok", "re-prefill tok", "switch s"):
+        table.add_column(name, justify="left" if name == "setup" else "right")
+    for s in setups:
+        r = s.result
+        assert r is not None
+        table.add_row(
+            s.label,
+            f"{r.wall_clock_s / 3600:.3f}",
+            f"{r.fluid_bound_s / 3600:.3f}",
+            f"{r.wall_clock_s / r.fluid_bound_s:.2f}" if r.fluid_bound_s > 0 else "-",
+            f"{r.samples_per_s:.3f}",
+            f"{r.mean('train_util'):.3f}",
+            f"{r.mean('rollout_util'):.3f}",
+            f"{r.mean('cluster_util'):.3f}",
+            str(r.switches),
+            f"{r.waste.aborted_tokens:,}",
+            f"{r.waste.reprefilled_tokens:,}",
+            f"{r.waste.switch_s:.0f}",
+        )
+    return table
+
+
+def _summary(setup: Setup) -> dict:
+    assert setup.result is not None
+    return {"setup": setup.label, **setup.result.to_json()}
+
+
+def write_plots(setups: list[Setup], plot_dir: str | os.PathLike[str]) -> list[Path]:
+    """PNGs of mq_size, the three utilizations and step time over steps; one line per setup."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(plot_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    panels = {
+        "mq_size.png": [("mq_size", "samples in queue after the last micro-step")],
+        "utilization.png": [
+            ("train_util", "train utilization"),
+            ("rollout_util", "rollout utilization"),
+            ("cluster_util", "cluster utilization"),
+        ],
+        "step_time.png": [("step_time_s", "step time (s)")],
+    }
+    written = []
+    for filename, rows in panels.items():
+        fig, axes = plt.subplots(len(rows), 1, figsize=(9, 3.2 * len(rows)), sharex=True, squeeze=False)
+        for ax, (attr, ylabel) in zip(axes[:, 0], rows):
+            for s in setups:
+                assert s.result is not None
+                ax.plot([st.step for st in s.result.steps], [getattr(st, attr) for st in s.result.steps],
+                        label=s.label, linewidth=1)
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+        axes[-1, 0].set_xlabel("step")
+        axes[0, 0].legend(fontsize=7, loc="best")
+        fig.tight_layout()
+        path = out / filename
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def simulate_main(
+    config: str,
+    overrides: list[str],
+    policy: str | None,
+    steps: int | None,
+    seed: int,
+    json_path: str | None,
+    plot_dir: str | None,
+    compare: bool,
+) -> int:
+    """Simulate ``config`` (and, with ``compare``, its alternatives); print, save, plot. Returns 0."""
+    if seed < 0:
+        raise ConfigError(f"--seed: must be >= 0 (got {seed})")
+    if steps is not None and steps < 1:
+        raise ConfigError(f"--steps: must be >= 1 (got {steps})")
+    cfg = load_config(config, overrides)
+    if policy is not None:
+        try:
+            resolve_policy_class(policy)
+        except UnknownPolicyError as exc:
+            raise ConfigError(f"--policy: {exc}") from None
+        cfg = with_policy(cfg, policy)
+
+    main = Setup(describe(cfg), cfg, _run(cfg, steps, seed))
+    shown = [main]
+    best_static: Setup | None = None
+    if compare:
+        others = build_setups(cfg, policy)
+        if not any(s.label.startswith("static") for s in others):
+            raise ConfigError("--compare: the config has too few GPUs for two rollout replicas' worth of splits")
+        for s in others:
+            s.result = main.result if s.cfg == cfg else _run(s.cfg, steps, seed)
+        shown = others if any(s.cfg == cfg for s in others) else [main, *others]
+        statics = [s for s in others if s.label.startswith("static")]
+        best_static = min(statics, key=lambda s: s.result.wall_clock_s)  # type: ignore[union-attr]
+
+    console = Console()
+    n_steps = len(main.result.steps)  # type: ignore[union-attr]
+    console.print(_table(shown, f"tidal simulate {config} — {n_steps} steps, seed {seed}"))
+    if best_static is not None:
+        assert best_static.result is not None
+        console.print(f"best static split: {best_static.label} ({best_static.result.wall_clock_s / 3600:.3f} h)")
+
+    if json_path:
+        data = _summary(main)
+        if compare:
+            data["compare"] = [_summary(s) for s in shown]
+            data["best_static"] = best_static.label if best_static else None
+        path = Path(json_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    if plot_dir:
+        write_plots(shown, plot_dir)
+    return 0

@@ -1,0 +1,131 @@
+"""The `training_run` flow: validate → open the store → create or resume → Ray → actors → steps → report."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import ray
+from prefect import flow, get_run_logger
+
+from cluster.builders import DataPlane, prompts_for
+from cluster.ray_cluster import init_ray
+from config import TidalConfig, to_plain, write_resolved
+from flows.progress import StepPrinter
+from flows.report import write_report
+from flows.training_step import training_step
+from storage import RunStatus, create_run, load_resume_state, migrate, session_scope, set_run_status
+from tasks.commit import engine_for
+from tasks.run_ref import RunRef
+
+
+def _open_run(cfg: TidalConfig, resume_uid: str | None) -> tuple[str, Path, Any]:
+    """Create a run row (fresh) or load the last committed step (resume)."""
+    engine = engine_for(cfg.storage.url, cfg.storage.busy_timeout_ms)
+    migrate(engine)
+    with session_scope(engine, immediate=True) as session:
+        if resume_uid is not None:
+            state = load_resume_state(session, resume_uid)
+            from storage import get_run
+
+            row = get_run(session, resume_uid)
+            if row is None:
+                raise ValueError(f"run {resume_uid!r} is not in the store at {cfg.storage.url}")
+            set_run_status(session, resume_uid, RunStatus.RUNNING)
+            return resume_uid, Path(row.output_dir), state
+        uid = f"{cfg.trainer.experiment_name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        out = Path(cfg.trainer.default_local_dir) / uid
+        write_resolved(cfg, out)
+        create_run(session, uid=uid, name=cfg.trainer.experiment_name, project=cfg.trainer.project_name,
+                   policy=cfg.async_training.dynamic_schedule_policy, seed=cfg.trainer.seed,
+                   config=to_plain(cfg), output_dir=str(out))
+        return uid, out, None
+
+
+def _restore(plane: DataPlane, cfg: TidalConfig, state: Any) -> tuple[int, int]:
+    """Put the actors where the last committed step left them; returns (next step, consumed)."""
+    if state is None:
+        return 1, 0
+    if state.checkpoint is not None:
+        ray.get(plane.trainer.load_checkpoint.remote(state.checkpoint.path, state.checkpoint.sha256))
+    ray.get(plane.controller.load_policy_state.remote(state.policy_state))
+    controller_state = dict(state.controller_state)
+    controller_state["state"] = "STANDALONE_ONLY"  # the actors are new: the hybrids start asleep
+    ray.get(plane.controller.call.remote("load_state_dict", controller_state))
+    return state.step + 1, len(state.consumed)
+
+
+def _warm_up(plane: DataPlane, run: RunRef, version: int, was_active: bool, prompts: list) -> None:
+    """Load the weights everywhere, start generating, and lend the hybrids if the run had them
+    lent before it stopped or the policy wants them lent now."""
+    from tasks.phases import build_context
+
+    ray.get(plane.controller.broadcast.remote(version))
+    ray.get(plane.rollout.start.remote(prompts))
+    if not run.hybrid_replicas:
+        return
+    ctx = build_context(run, version, [])
+    if was_active or ray.get(plane.controller.call.remote("should_activate", version, ctx)):
+        ray.get(plane.controller.call.remote("hybrid_sync", version))
+        ray.get(plane.controller.call.remote("activate"))
+
+
+@flow(name="training-run", log_prints=True, validate_parameters=False)
+def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, resume: str | None = None) -> dict[str, Any]:
+    from flows.cli import load_checked  # the same validation as the CLI
+
+    cfg = load_checked(config, overrides or [])
+    logger = get_run_logger()
+    uid, out_dir, state = _open_run(cfg, resume)
+    owns_ray = init_ray(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus,
+                        gpus=cfg.trainer_gpus + cfg.standalone_gpus, memory_gb=cfg.ray.memory_gb,
+                        object_store_memory_gb=cfg.ray.object_store_memory_gb, temp_dir=cfg.ray.temp_dir,
+                        namespace=uid)
+    consumed_set = state.consumed if state else frozenset()
+    version = state.param_version if state else 0
+    plane = DataPlane.build(cfg, uid, consumed=consumed_set, param_version=version)
+    printer = StepPrinter(uid, cfg)
+    try:
+        next_step, consumed = _restore(plane, cfg, state)
+        run = RunRef(
+            uid=uid, namespace=uid, ray_address=ray.get_runtime_context().gcs_address,
+            storage_url=cfg.storage.url, busy_timeout_ms=cfg.storage.busy_timeout_ms, output_dir=str(out_dir),
+            required_samples=cfg.required_samples,
+            trigger_parameter_sync_step=cfg.async_training.trigger_parameter_sync_step,
+            buffer_samples=cfg.buffer_samples, only_hybrid=cfg.only_hybrid,
+            standalone_replicas=cfg.standalone_replicas, hybrid_replicas=cfg.hybrid_replicas,
+            trainer_gpus=cfg.trainer_gpus, standalone_gpus=cfg.standalone_gpus,
+            policy=cfg.async_training.dynamic_schedule_policy,
+            consumed_before=consumed, generated_before=consumed,
+        )
+        _warm_up(plane, run, version, bool(state and state.hybrid_active), prompts_for(cfg, consumed_set))
+        logger.info("run %s: %s steps from step %d", uid, cfg.trainer.total_training_steps or "all", next_step)
+        step = next_step
+        while cfg.trainer.total_training_steps is None or step <= cfg.trainer.total_training_steps:
+            result = training_step(run, step)
+            printer.step(step, result)
+            consumed += result["trained"]
+            run = run.model_copy(update={"consumed_before": consumed})
+            if result["exhausted"] or result["trained"] == 0:
+                break
+            step += 1
+        report = write_report(cfg, uid, out_dir)
+        with session_scope(engine_for(cfg.storage.url, cfg.storage.busy_timeout_ms)) as session:
+            set_run_status(session, uid, RunStatus.FINISHED)
+        printer.done(report)
+        return {"run": uid, "steps": step, "output_dir": str(out_dir), "report": report}
+    except BaseException:
+        try:
+            with session_scope(engine_for(cfg.storage.url, cfg.storage.busy_timeout_ms)) as session:
+                set_run_status(session, uid, RunStatus.FAILED)
+        except Exception:  # noqa: BLE001 - the original error matters more
+            pass
+        raise
+    finally:
+        plane.shutdown()
+        if owns_ray:
+            ray.shutdown()
+
+

@@ -1,0 +1,226 @@
+"""The simulated data plane: rollouter, load balancer and message queue.
+
+Staleness rules (DESIGN §5): ``max_required_samples`` is both the queue capacity and the cap on
+samples started per param version; the rollouter starts a sample only while
+``in flight < max_concurrent_samples``, the per-version cap is not reached, the queue is not full
+and prompts are left. ``max_concurrent_samples = min(routable replicas × per-replica, max_required)``
+changes whenever replicas are added or removed. Every weight sync resets the started-count to
+``in flight + queued``.
+
+The load balancer routes a new sample, and every retry of an aborted one, to the routable replica
+with the fewest samples (ties: lowest index, standalones first). A sample's responses stay on one
+replica (sticky session); a retry goes elsewhere only when its replica left the balancer or a
+rebalance cleared the sticky cache. Aborted samples with nowhere to go wait in ``pending``.
+
+The rollouter records ``(t, in flight, capacity)`` at every change for the rollout utilization.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from sim.events import DATA_PLANE, Event
+from sim.replica import Replica, Sample
+from sim.spec import SimSpec
+from sim.workload import ResponseLengths
+
+TraceFn = Callable[..., None]
+
+
+class Rollouter:
+    """Starts samples under the staleness rules, routes them, and queues the finished ones."""
+
+    def __init__(
+        self,
+        spec: SimSpec,
+        lengths: ResponseLengths,
+        clock: Callable[[], float],
+        trace: TraceFn,
+    ):
+        self.spec = spec
+        self.lengths = lengths
+        self._clock = clock
+        self._trace = trace
+        speed_h = spec.hybrid_throughput_factor
+        self.replicas = [
+            Replica(
+                i,
+                hybrid=i >= spec.standalone_replicas,
+                base_s=spec.decode_step_base_s,
+                per_seq_s=spec.decode_step_per_seq_s,
+                speed=speed_h if i >= spec.standalone_replicas else 1.0,
+                max_num_seqs=spec.max_num_seqs,
+                prefill_tokens_per_s=spec.prefill_tokens_per_s,
+                prompt_tokens=spec.prompt_tokens,
+            )
+            for i in range(spec.standalone_replicas + spec.hybrid_replicas)
+        ]
+        self.standalones = [r for r in self.replicas if not r.hybrid]
+        self.hybrids = [r for r in self.replicas if r.hybrid]
+        self.routable: list[Replica] = list(self.standalones)
+        for rep in self.hybrids:
+            rep.paused = True  # asleep until activated
+        self.queue: deque[Sample] = deque()
+        self.pending: list[Sample] = []
+        self.accepting = True
+        """False while a sync without partial rollout drains the in-flight samples."""
+        self.version = 0
+        self.started_in_version = 0
+        self.total_started = 0
+        self.total_generated = 0
+        self.step_generated = 0
+        self.history: list[tuple[float, int, int]] = [(0.0, 0, self.capacity())]
+        self.aborted_requests = 0
+        self.aborted_tokens = 0
+        self.reprefilled_tokens = 0
+        self.on_generated: Callable[[], list[Event]] = lambda: []
+        """Called after samples land in the queue or leave flight; returns control-plane events."""
+        self._dirty: dict[int, Replica] = {}
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def in_flight(self) -> int:
+        return self.total_started - self.total_generated
+
+    def capacity(self) -> int:
+        """max_concurrent_samples = min(routable replicas × per-replica, max_required_samples)."""
+        s = self.spec
+        return min(len(self.routable) * s.concurrent_samples_per_replica, s.max_required_samples)
+
+    def _record(self) -> None:
+        now, point = self._clock(), (self._clock(), self.in_flight, self.capacity())
+        if self.history[-1][0] == now:
+            self.history[-1] = point
+        elif self.history[-1][1:] != point[1:]:
+            self.history.append(point)
+
+    # -------------------------------------------------------------- starting
+
+    def try_start(self) -> None:
+        """Start samples while the staleness rules allow (see the module docstring)."""
+        s, now = self.spec, self._clock()
+        started = False
+        while (
+            self.accepting
+            and self.in_flight < self.capacity()
+            and self.started_in_version < s.max_required_samples
+            and len(self.queue) < s.max_required_samples
+            and self.total_started < s.total_samples
+        ):
+            sample = Sample(self.total_started, self.lengths.draw(self.version), s.prompt_tokens, self.version, now)
+            self.total_started += 1
+            self.started_in_version += 1
+            self._route(sample, resubmit=False)
+            started = True
+        if started:
+            self._record()
+
+    def _route(self, sample: Sample, *, resubmit: bool) -> None:
+        if not self.routable:
+            self.pending.append(sample)
+            return
+        rep = min(self.routable, key=lambda r: r.samples)  # first minimum = lowest index
+        self.reprefilled_tokens += rep.add(sample, self._clock(), resubmit=resubmit)
+        self._dirty[rep.index] = rep
+        self._trace("route", sample.id, rep.name)
+
+    # -------------------------------------------------------------- handlers
+
+    def tick(self, rep: Replica, epoch: int) -> list[Event]:
+        """Handler: ``rep``'s next sequence completion (stale when ``epoch`` moved on)."""
+        if epoch != rep.epoch:
+            return []
+        finished = rep.pop_finished(self._clock())
+        self._dirty[rep.index] = rep
+        events: list[Event] = []
+        if finished:
+            for sample in finished:
+                self.queue.append(sample)
+                self._trace("generated", sample.id)
+            self.total_generated += len(finished)
+            self.step_generated += len(finished)
+            self.try_start()
+            self._record()
+            events = self.on_generated()
+        return events + self.flush()
+
+    def flush(self) -> list[Event]:
+        """Re-schedule the next completion of every replica changed since the last flush."""
+        events = []
+        for rep in self._dirty.values():
+            rep.epoch += 1
+            t = rep.next_completion()
+            if t is not None:
+                events.append(Event(t, DATA_PLANE, self.tick, (rep, rep.epoch)))
+        self._dirty.clear()
+        return events
+
+    # ---------------------------------------------------- control-plane verbs
+
+    def pause(self, reps: list[Replica]) -> list[tuple[Sample, Replica]]:
+        """Abort everything on ``reps`` and stop them; returns (aborted sample, its replica) by id."""
+        now, aborted = self._clock(), []
+        for rep in reps:
+            samples, requests, tokens = rep.abort(now, partial=self.spec.partial_rollout)
+            rep.paused = True
+            self.aborted_requests += requests
+            self.aborted_tokens += tokens
+            self._dirty[rep.index] = rep
+            aborted.extend((sample, rep) for sample in samples)
+            for sample in samples:
+                self._trace("abort", sample.id, rep.name)
+        aborted.sort(key=lambda pair: pair[0].id)
+        return aborted
+
+    def resume(self, reps: list[Replica], aborted: list[tuple[Sample, Replica]], *, sticky: bool) -> None:
+        """Restart ``reps`` and retry ``aborted``: on their own replica when ``sticky`` (and it is
+        still routable), else least-loaded."""
+        now = self._clock()
+        for rep in reps:
+            rep.advance(now)
+            rep.paused = False
+            self._dirty[rep.index] = rep
+        for sample, home in aborted:
+            if sticky and home in self.routable:
+                self.reprefilled_tokens += home.add(sample, now, resubmit=True)
+                self._dirty[home.index] = home
+                self._trace("route", sample.id, home.name)
+            else:
+                self._route(sample, resubmit=True)
+        self.try_start()
+
+    def remove(self, reps: list[Replica]) -> None:
+        """Deactivate: remove from the balancer → abort (retries go elsewhere) → sleep."""
+        self.routable = [r for r in self.routable if r not in reps]
+        for sample, _ in self.pause(reps):
+            self._route(sample, resubmit=True)
+        self._record()
+
+    def add(self, reps: list[Replica]) -> None:
+        """Activate: add to the balancer → resume; pending retries and new samples flow in."""
+        now = self._clock()
+        self.routable = [r for r in self.replicas if r in self.routable or r in reps]
+        for rep in reps:
+            rep.advance(now)
+            rep.paused = False
+            self._dirty[rep.index] = rep
+        pending, self.pending = self.pending, []
+        for sample in pending:
+            self._route(sample, resubmit=True)
+        self.try_start()
+        self._record()
+
+    def reset_staleness(self) -> None:
+        """After a weight sync: new version; started-count = in flight + queued."""
+        self.version += 1
+        self.started_in_version = self.in_flight + len(self.queue)
+        self.step_generated = 0
+        self.try_start()
+
+    def take(self, k: int) -> list[Sample]:
+        """The trainer pulls ``k`` samples (FIFO); the rollouter may start more."""
+        batch = [self.queue.popleft() for _ in range(k)]
+        self.try_start()
+        return batch

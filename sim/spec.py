@@ -1,0 +1,141 @@
+"""What the simulator needs from a config, as one flat dataclass of plain numbers.
+
+``spec_from_config`` is the only place that reads a ``TidalConfig``; the simulator itself is built
+from a ``SimSpec`` (so tests vary it with ``dataclasses.replace``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from config import ConfigError, TidalConfig
+
+
+@dataclass(frozen=True)
+class SimSpec:
+    """One simulated run: sizes, staleness rules and the cost model (seconds, tokens)."""
+
+    steps: int
+    """Tidal steps (weight syncs) to simulate."""
+    prompts: int = 0
+    """Prompts the rollouter may start (the data budget); at least what ``steps`` steps train
+    on. 0 = exactly that."""
+    required_samples: int = 16
+    """Samples per micro-step."""
+    trigger_parameter_sync_step: int = 4
+    """Micro-steps per step."""
+    max_required_samples: int = 96
+    """Queue capacity and the cap on samples started per param version."""
+    buffer_samples: int = 32
+    """step_required_samples × staleness_threshold (a policy input)."""
+    n: int = 8
+    """Responses per sample."""
+    concurrent_samples_per_replica: int = 8
+    """Rollouter concurrency per active replica."""
+    standalone_replicas: int = 1
+    hybrid_replicas: int = 0
+    gpus_per_replica: int = 1
+    trainer_gpus: int = 1
+    standalone_gpus: int = 1
+    partial_rollout: bool = True
+    enable_rebalance: bool = True
+    only_hybrid: bool = False
+    initial_hybrid_active: bool = False
+    prompt_tokens: int = 256
+    response_length: int = 4096
+    """Hard cap on response tokens."""
+    response_len_mean_start: float = 1024.0
+    response_len_mean_end: float = 1024.0
+    response_len_sigma: float = 0.6
+    prompt_len_sigma: float = 0.5
+    decode_step_base_s: float = 0.02
+    decode_step_per_seq_s: float = 1e-4
+    max_num_seqs: int = 256
+    prefill_tokens_per_s: float = 50000.0
+    hybrid_throughput_factor: float = 0.8
+    train_tokens_per_gpu_s: float = 5000.0
+    train_step_overhead_s: float = 0.0
+    broadcast_sync_s: float = 5.0
+    hybrid_sync_s: float = 3.0
+    activate_s: float = 0.5
+    deactivate_s: float = 3.0
+    rebalance_s: float = 0.5
+    step_overhead_s: float = 0.0
+
+    @property
+    def step_required_samples(self) -> int:
+        return self.required_samples * self.trigger_parameter_sync_step
+
+    @property
+    def total_gpus(self) -> int:
+        return self.trainer_gpus + self.standalone_gpus
+
+    @property
+    def total_samples(self) -> int:
+        """Prompts the rollouter may start: the data budget, never less than the steps need."""
+        return max(self.prompts, self.steps * self.step_required_samples)
+
+
+def data_budget(cfg: TidalConfig) -> int:
+    """Prompts in the run: ``rollout.total_rollout_steps``, else the task's prompts × epochs."""
+    return cfg.rollout.total_rollout_steps or cfg.task.num_prompts * cfg.rollout.total_epochs
+
+
+def resolve_steps(cfg: TidalConfig, steps: int | None = None) -> int:
+    """``steps``, else ``trainer.total_training_steps``, else the data budget in whole steps."""
+    if steps is not None:
+        if steps < 1:
+            raise ConfigError(f"steps: must be >= 1 (got {steps})")
+        return steps
+    if cfg.trainer.total_training_steps is not None:
+        return cfg.trainer.total_training_steps
+    prompts = data_budget(cfg)
+    if prompts < cfg.step_required_samples:
+        raise ConfigError(
+            f"rollout.total_rollout_steps: {prompts} prompts do not fill one step of "
+            f"{cfg.step_required_samples} samples"
+        )
+    return prompts // cfg.step_required_samples
+
+
+def spec_from_config(cfg: TidalConfig, steps: int | None = None) -> SimSpec:
+    """Flatten a config into a ``SimSpec``; ``steps`` overrides the config's step budget."""
+    a, s, r = cfg.async_training, cfg.sim, cfg.actor_rollout_ref.rollout
+    return SimSpec(
+        steps=resolve_steps(cfg, steps),
+        prompts=data_budget(cfg),
+        required_samples=cfg.required_samples,
+        trigger_parameter_sync_step=a.trigger_parameter_sync_step,
+        max_required_samples=cfg.max_required_samples,
+        buffer_samples=cfg.buffer_samples,
+        n=r.n,
+        concurrent_samples_per_replica=a.concurrent_samples_per_replica,
+        standalone_replicas=cfg.standalone_replicas,
+        hybrid_replicas=cfg.hybrid_replicas,
+        gpus_per_replica=cfg.gpus_per_replica,
+        trainer_gpus=cfg.trainer_gpus,
+        standalone_gpus=cfg.standalone_gpus,
+        partial_rollout=a.partial_rollout,
+        enable_rebalance=a.dynamic_schedule_enable_rebalance,
+        only_hybrid=cfg.only_hybrid,
+        initial_hybrid_active=s.initial_hybrid_active,
+        prompt_tokens=s.prompt_tokens,
+        response_length=r.response_length,
+        response_len_mean_start=s.response_len_mean_start,
+        response_len_mean_end=s.response_len_mean_end,
+        response_len_sigma=s.response_len_sigma,
+        prompt_len_sigma=s.prompt_len_sigma,
+        decode_step_base_s=s.decode_step_base_s,
+        decode_step_per_seq_s=s.decode_step_per_seq_s,
+        max_num_seqs=s.max_num_seqs,
+        prefill_tokens_per_s=s.prefill_tokens_per_s,
+        hybrid_throughput_factor=s.hybrid_throughput_factor,
+        train_tokens_per_gpu_s=s.train_tokens_per_gpu_s,
+        train_step_overhead_s=s.train_step_overhead_s,
+        broadcast_sync_s=s.broadcast_sync_s,
+        hybrid_sync_s=s.hybrid_sync_s,
+        activate_s=s.activate_s,
+        deactivate_s=s.deactivate_s,
+        rebalance_s=s.rebalance_s,
+        step_overhead_s=s.step_overhead_s,
+    )

@@ -1,0 +1,177 @@
+"""Opening the store: engines for SQLite and PostgreSQL, and the transaction helper.
+
+SQLite is the default (one file, WAL journal, a busy timeout so that several writers wait for
+each other instead of failing, foreign keys on). PostgreSQL is used when the URL says so, through
+psycopg 3. Either way the caller owns the transaction: ``session_scope`` commits on success and
+rolls back on any error, so a block of store calls is all or nothing.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.orm import Session
+
+__all__ = ["StoreError", "make_engine", "session_scope", "sqlite_url"]
+
+# Connection execution option that makes the SQLite "begin" hook emit BEGIN IMMEDIATE.
+_BEGIN_IMMEDIATE = "tidal_begin_immediate"
+# Seconds a PostgreSQL connection attempt may take before the store counts as unreachable.
+PG_CONNECT_TIMEOUT_S = 10
+# The busy timeout each SQLite engine was made with, for error messages.
+_BUSY_TIMEOUT_MS: weakref.WeakKeyDictionary[sa.Engine, int] = weakref.WeakKeyDictionary()
+
+
+class StoreError(RuntimeError):
+    """The store refused or could not do something; the message is one line, fit for a CLI."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(str(message).split()))
+
+
+def first_line(exc: BaseException) -> str:
+    """The first non-empty line of an exception's text (driver errors span several lines)."""
+    orig = getattr(exc, "orig", None) or exc
+    for line in str(orig).splitlines():
+        if line.strip():
+            return line.strip()
+    return type(orig).__name__
+
+
+def sqlite_url(path: str | Path) -> str:
+    """The SQLAlchemy URL of a SQLite file at ``path`` (``~`` expanded, made absolute)."""
+    return f"sqlite:///{Path(path).expanduser().resolve()}"
+
+
+def _parse_url(url: str | sa.URL) -> sa.URL:
+    try:
+        parsed = sa.make_url(url)
+    except (sa.exc.ArgumentError, ValueError):
+        raise StoreError(f"not a database URL: {str(url)!r}") from None
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    backend = parsed.get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        raise StoreError(
+            f"unsupported store backend {backend!r} in {_shown(parsed)}; "
+            "use sqlite:///PATH or postgresql://USER@HOST/DB"
+        )
+    return parsed
+
+
+def _shown(url: sa.URL) -> str:
+    return url.render_as_string(hide_password=True)
+
+
+def _sqlite_file(url: sa.URL) -> Path | None:
+    """The file behind a SQLite URL, or None for an in-memory or URI-style database."""
+    database = url.database or ""
+    if database in ("", ":memory:") or database.startswith("file:") or url.query.get("uri"):
+        return None
+    return Path(database).expanduser()
+
+
+def _make_sqlite_engine(url: sa.URL, busy_timeout_ms: int) -> sa.Engine:
+    path = _sqlite_file(url)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise StoreError(f"cannot create the store's folder {path.parent}: {reason}") from exc
+        url = url.set(database=str(path))
+    # The pool hands one connection to one thread at a time, so sharing across threads is safe.
+    engine = sa.create_engine(url, connect_args={"check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _configure(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy emit BEGIN itself (see _begin): the sqlite3 module's own transaction
+        # handling skips BEGIN before SELECT and cannot say BEGIN IMMEDIATE.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            cursor.execute("PRAGMA foreign_keys = ON")
+            cursor.execute("PRAGMA journal_mode = WAL")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection: sa.Connection) -> None:
+        immediate = connection.get_execution_options().get(_BEGIN_IMMEDIATE, False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    _BUSY_TIMEOUT_MS[engine] = int(busy_timeout_ms)
+    return engine
+
+
+def make_engine(url: str | sa.URL, *, busy_timeout_ms: int = 30_000) -> sa.Engine:
+    """Open the store at ``url`` and check that it answers.
+
+    ``sqlite:///PATH`` creates PATH's folder and sets WAL, ``busy_timeout_ms`` and foreign keys
+    on every connection. ``postgresql://`` (or ``postgres://``) is served by psycopg 3.
+    Raises ``StoreError`` with a one-line reason for a malformed, unsupported or unreachable URL.
+    """
+    parsed = _parse_url(url)
+    try:
+        if parsed.get_backend_name() == "sqlite":
+            engine = _make_sqlite_engine(parsed, busy_timeout_ms)
+        else:
+            engine = sa.create_engine(
+                parsed, pool_pre_ping=True, connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S}
+            )
+    except (ImportError, sa.exc.NoSuchModuleError) as exc:
+        raise StoreError(
+            f"no driver for {_shown(parsed)} ({first_line(exc)}); install tidal[postgres]"
+        ) from exc
+    try:
+        with engine.connect():
+            pass
+    except sa.exc.SQLAlchemyError as exc:
+        engine.dispose()
+        raise StoreError(f"cannot open the store at {_shown(parsed)}: {first_line(exc)}") from exc
+    return engine
+
+
+@contextmanager
+def session_scope(engine: sa.Engine, *, immediate: bool = False) -> Iterator[Session]:
+    """One transaction: commit if the block succeeds, roll back if it raises.
+
+    ``immediate=True`` takes SQLite's write lock at the start (BEGIN IMMEDIATE), waiting up to the
+    busy timeout for other writers; use it for read-modify-write blocks, where a plain BEGIN can
+    fail when the read lock cannot be upgraded. On PostgreSQL it changes nothing (row locks and
+    unique keys already keep concurrent writers apart). A lock that stays busy past the timeout
+    surfaces as ``StoreError``; other errors propagate unchanged after the rollback.
+    """
+    session = Session(engine, expire_on_commit=False)
+    try:
+        if immediate and engine.dialect.name == "sqlite":
+            session.connection(execution_options={_BEGIN_IMMEDIATE: True})
+        yield session
+        session.commit()
+    except sa.exc.OperationalError as exc:
+        session.rollback()
+        raise StoreError(_operational_message(engine, exc)) from exc
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def _operational_message(engine: sa.Engine, exc: sa.exc.OperationalError) -> str:
+    reason = first_line(exc)
+    if engine.dialect.name == "sqlite" and "locked" in reason:
+        timeout_ms = _BUSY_TIMEOUT_MS.get(engine, "?")
+        return (
+            f"the store at {_shown(engine.url)} is locked by another writer (waited up to the "
+            f"busy timeout of {timeout_ms} ms; a read-then-write block needs immediate=True): "
+            f"{reason}"
+        )
+    return f"the store at {_shown(engine.url)} failed: {reason}"

@@ -1,0 +1,100 @@
+"""Running the store's Alembic migrations from code (no alembic.ini).
+
+The migrations own the schema: the application calls ``migrate`` when it opens a store and never
+``create_all``. Each call runs in one transaction (on SQLite under BEGIN IMMEDIATE, so two
+processes opening a fresh store at once do not both try to create it).
+
+A new revision, for whoever changes ``storage/models.py``::
+
+    from alembic import command
+    from storage import make_engine, migrate
+    from storage.migrate import alembic_config
+    engine = make_engine("sqlite:////tmp/dev.db"); migrate(engine)
+    with engine.begin() as conn:
+        command.revision(alembic_config(conn), "what changed", autogenerate=True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError
+
+from storage.engine import _BEGIN_IMMEDIATE, StoreError, first_line, make_engine
+
+__all__ = ["MIGRATIONS_DIR", "alembic_config", "current_revision", "downgrade", "head_revision",
+           "migrate"]
+
+MIGRATIONS_DIR = Path(__file__).resolve().with_name("migrations")
+
+
+def alembic_config(connection: sa.Connection | None = None) -> Config:
+    """An Alembic config pointing at ``storage/migrations``, bound to ``connection`` if given."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    """The single head revision; Alembic raises if the history has forked into several."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    if head is None:
+        raise StoreError(f"no migrations found in {MIGRATIONS_DIR}")
+    return head
+
+
+@contextmanager
+def _engine(engine_or_url: sa.Engine | str | sa.URL) -> Iterator[sa.Engine]:
+    if isinstance(engine_or_url, sa.Engine):
+        yield engine_or_url
+        return
+    engine = make_engine(engine_or_url)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def _run(engine_or_url: sa.Engine | str | sa.URL, verb: str, revision: str) -> None:
+    with _engine(engine_or_url) as engine:
+        try:
+            with engine.connect() as connection:
+                connection.execution_options(**{_BEGIN_IMMEDIATE: True})
+                with connection.begin():
+                    config = alembic_config(connection)
+                    if verb == "upgrade":
+                        command.upgrade(config, revision)
+                    else:
+                        command.downgrade(config, revision)
+        except CommandError as exc:
+            hint = " (was it written by a newer Tidal?)" if "locate revision" in str(exc) else ""
+            raise StoreError(
+                f"cannot {verb} the store to {revision!r}: {first_line(exc)}{hint}"
+            ) from exc
+        except sa.exc.SQLAlchemyError as exc:
+            raise StoreError(f"cannot {verb} the store to {revision!r}: {first_line(exc)}") from exc
+
+
+def migrate(engine_or_url: sa.Engine | str | sa.URL, revision: str = "head") -> None:
+    """Upgrade the store's schema to ``revision`` (default: the latest). Idempotent."""
+    _run(engine_or_url, "upgrade", revision)
+
+
+def downgrade(engine_or_url: sa.Engine | str | sa.URL, revision: str) -> None:
+    """Downgrade the store's schema to ``revision``; ``"base"`` drops every table (tests only)."""
+    _run(engine_or_url, "downgrade", revision)
+
+
+def current_revision(engine: sa.Engine) -> str | None:
+    """The revision the store's schema is at, or None for an empty database."""
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()

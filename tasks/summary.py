@@ -1,0 +1,79 @@
+"""Fold one step's phase results into the metrics the store keeps and the artifact shows (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from metrics import (
+    MQ_SIZE,
+    RESOURCE_UTILIZATION,
+    ROLLOUT_RESOURCE_UTILIZATION,
+    STEP_S,
+    TRAIN_ALLOCATED_TIME_S,
+    TRAIN_COMPUTE_TIME_S,
+    TRAIN_RESOURCE_UTILIZATION,
+    WAIT_FOR_ENOUGH_SAMPLES_S,
+    WASTE_SWITCH_S,
+    aggregate_cycle,
+    cluster_resource_utilization,
+    train_resource_utilization,
+)
+from tasks.run_ref import MicroReport, RunRef
+
+
+def step_metrics(
+    run: RunRef,
+    *,
+    micro: list[MicroReport],
+    wait: dict[str, Any] | None,
+    sync: dict[str, Any],
+    activation: dict[str, Any] | None,
+    hybrid: dict[str, Any] | None,
+    step_s: float,
+    version: int,
+) -> dict[str, float]:
+    """The step's metrics under the reference's names (plus Tidal's own)."""
+    per_micro = [
+        {f"train/{k}": v for k, v in m.metrics.items()}
+        | {f"timing_s/{k}": v for k, v in m.timing_s.items()}
+        | {MQ_SIZE: float(m.mq_size), "timing_s/wait_for_samples_in_train": m.wait_s}
+        for m in micro
+    ]
+    out = aggregate_cycle(per_micro) if per_micro else {}
+    switch_s = sum(
+        part.get("duration_s", 0.0)
+        for part in [(wait or {}).get("deactivate", {}), hybrid or {}, *(activation or {}).values()]
+    )
+    compute = [m.compute_s for m in micro]
+    allocated = [m.allocated_s for m in micro]
+    if allocated:  # the reference counts param sync and activation inside the training turn
+        allocated[-1] += sync["broadcast_s"] + (hybrid or {}).get("duration_s", 0.0) + sum(
+            part.get("duration_s", 0.0) for part in (activation or {}).values()
+        )
+    u_train = train_resource_utilization(compute, allocated) if compute else 0.0
+    wait_s = (wait or {}).get("wait_for_enough_samples_s", 0.0)
+    u_rollout = sync["window"].get(ROLLOUT_RESOURCE_UTILIZATION, 0.0)
+    out.update(sync["window"])
+    out.update({
+        TRAIN_COMPUTE_TIME_S: sum(compute),
+        TRAIN_ALLOCATED_TIME_S: sum(allocated),
+        TRAIN_RESOURCE_UTILIZATION: u_train,
+        WAIT_FOR_ENOUGH_SAMPLES_S: wait_s,
+        STEP_S: step_s,
+        RESOURCE_UTILIZATION: cluster_resource_utilization(
+            u_train, u_rollout, wait_s, step_s, run.trainer_gpus, run.standalone_gpus
+        ),
+        WASTE_SWITCH_S: switch_s,
+        "timing_s/param_sync": sync["broadcast_s"],
+        "fully_async/param_version": float(version),
+        "fully_async/trained_samples": float(sum(m.samples for m in micro)),
+        "fully_async/max_staleness": float(max((version - 1 - lo for lo, _ in _versions(micro)), default=0)),
+        "dynamic_resource/hybrid_active": 1.0 if activation else 0.0,
+    })
+    if micro:
+        out[MQ_SIZE] = float(micro[-1].mq_size)
+    return out
+
+
+def _versions(micro: list[MicroReport]) -> list[tuple[int, int]]:
+    return [v for m in micro for v in m.versions]

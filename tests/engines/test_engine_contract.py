@@ -1,0 +1,235 @@
+"""Every rollout engine keeps the contract written in ``cluster/engines/base.py``.
+
+Each test runs once per entry of ``ENGINES``: a name → factory that builds a fresh engine and the
+inputs it needs. Adding an engine is one line there; a factory that cannot build its engine on
+this machine (no GPU, package missing) calls ``pytest.skip`` with the reason.
+
+Test-only knob: ``SamplingSpec(ignore_eos=True)`` keeps generating past EOS, so a response
+always ends by ``length`` and the partial-rollout arithmetic is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from cluster.engines import RolloutEngine, SimulatedEngine
+from cluster.problems import CharTokenizer
+from cluster.types import GenerationRequest, GenerationResult, SamplingSpec
+
+pytestmark = pytest.mark.timeout(20)  # a scheduler bug hangs rather than fails
+
+TOK = CharTokenizer()
+PROMPTS = [TOK.encode(text) for text in ("a3=", "copy:abc=", "12+7=", "e6=", "copy:fdeca=")]
+BUDGET = 40  # fits in every engine's context next to the longest prompt
+
+
+@dataclass
+class EngineCase:
+    engine: RolloutEngine
+    weights: Mapping[str, Any]
+    """Loaded as version 1 before each test."""
+    other_weights: Mapping[str, Any]
+    """Different weights of the same shapes."""
+    eos_id: int
+    weights_change_tokens: bool = True
+    """False for engines whose tokens do not depend on the weights (the simulated one)."""
+
+
+def _torch_case() -> EngineCase:
+    import torch
+
+    from cluster.engines.torch_engine import TorchEngine
+    from cluster.model import TinyLM, TinyLMConfig
+
+    cfg = TinyLMConfig(vocab_size=TOK.vocab_size, n_layer=2, n_head=4, n_embd=32, max_seq_len=64)
+
+    def weights(seed: int) -> dict[str, torch.Tensor]:
+        torch.manual_seed(seed)
+        model = TinyLM(cfg)
+        torch.nn.init.normal_(model.head.weight, std=0.5)  # peaked logits: greedy is unambiguous
+        return model.state_dict()
+
+    engine = TorchEngine(cfg, max_batch=4, eos_id=TOK.eos_id, seed=0)
+    return EngineCase(engine, weights(0), weights(1), TOK.eos_id)
+
+
+def _simulated_case() -> EngineCase:
+    engine = SimulatedEngine(
+        decode_step_s=(0.0005, 0.0001),
+        max_batch=4,
+        length_sampler=lambda rng: rng.randint(4, 30),
+        eos_id=TOK.eos_id,
+        vocab_size=TOK.vocab_size,
+    )
+    return EngineCase(engine, {}, {}, TOK.eos_id, weights_change_tokens=False)
+
+
+ENGINES: dict[str, Callable[[], EngineCase]] = {
+    "torch": _torch_case,
+    "simulated": _simulated_case,
+}
+
+
+@pytest.fixture(params=sorted(ENGINES))
+def case(request) -> EngineCase:
+    return ENGINES[request.param]()
+
+
+def drive(case: EngineCase, scenario: Callable[[RolloutEngine], Awaitable[None]]) -> None:
+    """Load ``case.weights`` as version 1, run ``scenario``, always shut the engine down."""
+
+    async def main() -> None:
+        try:
+            await case.engine.load_weights(case.weights, 1)
+            await scenario(case.engine)
+        finally:
+            await case.engine.shutdown()
+
+    asyncio.run(main())
+
+
+def request(rid: str, prompt: list[int], budget: int = BUDGET, **sampling) -> GenerationRequest:
+    sampling.setdefault("temperature", 0.0)
+    return GenerationRequest(rid, prompt, SamplingSpec(max_new_tokens=budget, **sampling))
+
+
+async def wait_for_tokens(engine: RolloutEngine, count: int) -> None:
+    """Yield to the engine until its counter shows ``count`` generated tokens."""
+    while engine.stats()["generated_tokens"] < count:
+        await asyncio.sleep(0)
+
+
+def check_shape(result: GenerationResult, budget: int, eos_id: int) -> None:
+    assert len(result.logprobs) == len(result.tokens) <= budget
+    if result.finish_reason == "stop":
+        assert result.tokens[-1] == eos_id and eos_id not in result.tokens[:-1]
+    else:
+        assert result.finish_reason == "length" and len(result.tokens) == budget
+
+
+def test_a_request_returns_within_its_budget_with_a_finish_reason(case):
+    async def scenario(engine):
+        results = [await engine.generate(request(f"r{i}", p, budget=12)) for i, p in enumerate(PROMPTS)]
+        for i, result in enumerate(results):
+            assert result.request_id == f"r{i}"
+            assert result.param_version == 1
+            check_shape(result, 12, case.eos_id)
+        fixed = await engine.generate(request("fixed", PROMPTS[0], budget=12, ignore_eos=True))
+        assert (fixed.finish_reason, len(fixed.tokens)) == ("length", 12)
+
+    drive(case, scenario)
+
+
+def test_an_aborted_request_resubmitted_with_its_partial_tokens_ends_at_the_original_budget(case):
+    async def scenario(engine):
+        whole = await engine.generate(request("r", PROMPTS[1], ignore_eos=True))
+        before = engine.stats()["generated_tokens"]
+        task = asyncio.create_task(engine.generate(request("r", PROMPTS[1], ignore_eos=True)))
+        await wait_for_tokens(engine, before + 3)
+        assert await engine.abort(["r"]) == 1
+        first = await task
+        assert first.finish_reason == "abort"
+        assert 0 < len(first.tokens) < BUDGET and len(first.logprobs) == len(first.tokens)
+
+        rest = await engine.generate(request("r", PROMPTS[1] + first.tokens, BUDGET - len(first.tokens), ignore_eos=True))
+        assert rest.finish_reason == "length"
+        assert len(first.tokens) + len(rest.tokens) == BUDGET
+        assert rest.prefill_tokens == len(PROMPTS[1]) + len(first.tokens)
+        # Greedy decoding continues exactly where the aborted call stopped.
+        assert first.tokens + rest.tokens == whole.tokens
+
+    drive(case, scenario)
+
+
+def test_abort_all_returns_every_request_in_flight_and_abort_of_an_unknown_id_returns_zero(case):
+    async def scenario(engine):
+        before = engine.stats()
+        tasks = [asyncio.create_task(engine.generate(request(f"r{i}", PROMPTS[i], ignore_eos=True))) for i in range(3)]
+        await wait_for_tokens(engine, before["generated_tokens"] + 3)
+        assert await engine.abort(["nobody"]) == 0
+        assert await engine.abort_all() == 3
+        results = await asyncio.gather(*tasks)
+        assert [r.finish_reason for r in results] == ["abort"] * 3
+        assert [r.request_id for r in results] == ["r0", "r1", "r2"]
+        assert engine.stats()["aborted_requests"] == before["aborted_requests"] + 3
+
+    drive(case, scenario)
+
+
+def test_results_carry_the_version_of_the_weights_last_loaded(case):
+    async def scenario(engine):
+        assert engine.param_version == 1
+        await engine.load_weights(case.other_weights, 2)
+        assert engine.param_version == 2
+        result = await engine.generate(request("r", PROMPTS[0]))
+        assert result.param_version == 2
+
+    drive(case, scenario)
+
+
+def test_loading_other_weights_changes_the_greedy_output(case):
+    if not case.weights_change_tokens:
+        pytest.skip("this engine's tokens do not depend on its weights")
+
+    async def greedy_tokens(engine) -> list[list[int]]:
+        reqs = [request(f"r{i}", p, ignore_eos=True) for i, p in enumerate(PROMPTS)]
+        return [r.tokens for r in await asyncio.gather(*(engine.generate(r) for r in reqs))]
+
+    async def scenario(engine):
+        before = await greedy_tokens(engine)
+        await engine.load_weights(case.other_weights, 2)
+        assert await greedy_tokens(engine) != before
+        await engine.load_weights(case.weights, 3)
+        assert await greedy_tokens(engine) == before
+
+    drive(case, scenario)
+
+
+def test_a_sleeping_engine_refuses_work_and_wake_plus_load_restores_its_greedy_output(case):
+    async def scenario(engine):
+        before = await engine.generate(request("r", PROMPTS[2]))
+        await engine.sleep()
+        assert engine.is_sleeping
+        with pytest.raises(RuntimeError):
+            await engine.generate(request("r", PROMPTS[2]))
+        await engine.wake_up()
+        assert not engine.is_sleeping
+        with pytest.raises(RuntimeError):  # weights must be loaded again after a wake-up
+            await engine.generate(request("r", PROMPTS[2]))
+        await engine.load_weights(case.weights, 3)
+        after = await engine.generate(request("r", PROMPTS[2]))
+        assert (after.tokens, after.param_version) == (before.tokens, 3)
+
+    drive(case, scenario)
+
+
+def test_a_paused_engine_rejects_requests_and_a_resumed_one_accepts_them(case):
+    async def scenario(engine):
+        await engine.pause()
+        refused = await engine.generate(request("r", PROMPTS[0]))
+        assert (refused.finish_reason, refused.tokens, refused.prefill_tokens) == ("abort", [], 0)
+        await engine.resume()
+        accepted = await engine.generate(request("r", PROMPTS[0], ignore_eos=True))
+        assert (accepted.finish_reason, len(accepted.tokens)) == ("length", BUDGET)
+
+    drive(case, scenario)
+
+
+def test_eight_concurrent_requests_all_complete_with_their_own_ids(case):
+    async def scenario(engine):
+        ids = [f"req-{i}" for i in range(8)]
+        reqs = [request(rid, PROMPTS[i % len(PROMPTS)], temperature=1.0, seed=i) for i, rid in enumerate(ids)]
+        results = await asyncio.gather(*(engine.generate(r) for r in reqs))
+        assert [r.request_id for r in results] == ids
+        for result in results:
+            check_shape(result, BUDGET, case.eos_id)
+        stats = engine.stats()
+        assert stats["finished_requests"] == 8
+        assert stats["generated_tokens"] == sum(len(r.tokens) for r in results)
+
+    drive(case, scenario)

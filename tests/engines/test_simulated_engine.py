@@ -1,0 +1,128 @@
+"""The simulated engine spends exactly its cost model's time and replays the same responses.
+
+Durations are checked on ``stats()["busy_s"]`` (the modelled seconds) and, loosely, on the event
+loop's clock; costs are a few milliseconds so the whole file runs in well under a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+from cluster.engines.simulated import SimulatedEngine
+from cluster.types import GenerationRequest, SamplingSpec
+
+pytestmark = pytest.mark.timeout(20)  # a scheduler bug hangs rather than fails
+
+EOS = 2
+PROMPT = [1, 5, 6, 7]
+
+
+def request(rid: str, budget: int, prompt: list[int] = PROMPT, **sampling) -> GenerationRequest:
+    return GenerationRequest(rid, prompt, SamplingSpec(max_new_tokens=budget, **sampling))
+
+
+def run(engine: SimulatedEngine, scenario) -> None:
+    async def main() -> None:
+        try:
+            await engine.load_weights({}, 1)
+            await scenario(engine)
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(main())
+
+
+def test_an_iteration_costs_base_plus_per_sequence_times_batch_plus_prefill():
+    engine = SimulatedEngine(decode_step_s=(0.004, 0.001), prefill_s_per_token=0.0005, max_batch=8, eos_id=EOS)
+
+    async def scenario(engine):
+        start = asyncio.get_running_loop().time()
+        results = await asyncio.gather(*(engine.generate(request(f"r{i}", 5, ignore_eos=True)) for i in range(3)))
+        elapsed = asyncio.get_running_loop().time() - start
+        assert [len(r.tokens) for r in results] == [5, 5, 5]
+        modelled = 5 * (0.004 + 3 * 0.001) + 3 * len(PROMPT) * 0.0005
+        assert engine.stats()["busy_s"] == pytest.approx(modelled)
+        assert engine.stats()["decode_steps"] == 5
+        assert modelled <= elapsed < modelled + 0.5
+
+    run(engine, scenario)
+
+
+def test_the_decode_cost_function_sees_each_iterations_batch_and_extra_requests_wait():
+    batches: list[int] = []
+    engine = SimulatedEngine(decode_step_s=lambda b: batches.append(b) or 0.0, max_batch=2, eos_id=EOS)
+
+    async def scenario(engine):
+        budgets = [3, 5, 4]
+        await asyncio.gather(*(engine.generate(request(f"r{i}", b, ignore_eos=True)) for i, b in enumerate(budgets)))
+        # r0 and r1 start together; r2 takes r0's place after r0's third token and ends alone.
+        assert batches == [2, 2, 2, 2, 2, 1, 1]
+
+    run(engine, scenario)
+
+
+def test_a_response_ends_with_eos_at_its_sampled_length_and_never_earlier():
+    engine = SimulatedEngine(
+        decode_step_s=(0.0, 0.0), length_sampler=lambda rng: rng.choice([3, 9]), eos_id=EOS, vocab_size=5
+    )
+
+    async def scenario(engine):
+        results = await asyncio.gather(*(engine.generate(request(f"r{i}", 20)) for i in range(20)))
+        assert {len(r.tokens) for r in results} == {3, 9}
+        for r in results:
+            assert (r.finish_reason, r.tokens[-1]) == ("stop", EOS) and EOS not in r.tokens[:-1]
+        cut = await engine.generate(request("r0", 2))
+        assert (cut.finish_reason, cut.tokens) == ("length", results[0].tokens[:2])
+        endless = await engine.generate(request("r0", 20, ignore_eos=True))
+        assert (endless.finish_reason, len(endless.tokens), EOS in endless.tokens) == ("length", 20, False)
+
+    run(engine, scenario)
+
+
+def test_a_partial_response_continues_on_another_engine_with_the_same_seed():
+    def make(seed: int) -> SimulatedEngine:
+        return SimulatedEngine(decode_step_s=(0.001, 0.0), length_sampler=30, eos_id=EOS, seed=seed)
+
+    async def scenario(first: SimulatedEngine) -> None:
+        whole = await first.generate(request("r", 40))
+        task = asyncio.create_task(first.generate(request("r", 40)))
+        while first.stats()["generated_tokens"] < len(whole.tokens) + 4:
+            await asyncio.sleep(0)
+        await first.abort_all()
+        partial = await task
+        second, stranger = make(seed=0), make(seed=1)
+        for engine in (second, stranger):
+            await engine.load_weights({}, 1)
+        rest = await second.generate(request("r", 40 - len(partial.tokens), PROMPT + partial.tokens))
+        assert partial.finish_reason == "abort" and 0 < len(partial.tokens) < 30
+        assert (rest.finish_reason, partial.tokens + rest.tokens) == ("stop", whole.tokens)
+        assert (await stranger.generate(request("r", 40))).tokens != whole.tokens
+
+    run(make(seed=0), scenario)
+
+
+def test_sleep_wake_up_and_load_weights_take_their_configured_seconds():
+    engine = SimulatedEngine(eos_id=EOS, sleep_s=0.03, wake_up_s=0.02, load_weights_s=0.01)
+
+    async def timed(call) -> float:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await call
+        return loop.time() - start
+
+    async def scenario(engine):
+        durations = [await timed(engine.sleep()), await timed(engine.wake_up()), await timed(engine.load_weights({}, 2))]
+        for took, configured in zip(durations, (0.03, 0.02, 0.01)):
+            assert configured <= took < configured + 0.2
+        assert (engine.is_sleeping, engine.param_version) == (False, 2)
+
+    run(engine, scenario)
+
+
+def test_importing_the_engines_package_and_the_simulated_engine_does_not_load_torch():
+    code = "import sys, cluster.engines, cluster.engines.simulated; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

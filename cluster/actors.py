@@ -334,17 +334,31 @@ class _PoolAdapter:
 
     def __init__(self, standalone: Mapping[str, Any], trainer: Any, hybrid_ids: Sequence[str]):
         self.standalone, self.trainer, self.hybrid_ids = dict(standalone), trainer, set(hybrid_ids)
+        self.dead: set[str] = set()
+        """Standalone replicas whose actor died: skipped from then on (the run goes on without them)."""
 
     def _split(self, ids: Sequence[str]) -> tuple[list[str], list[str]]:
         hyb = [i for i in ids if i in self.hybrid_ids]
-        return hyb, [i for i in ids if i not in self.hybrid_ids]
+        return hyb, [i for i in ids if i not in self.hybrid_ids and i not in self.dead]
+
+    def get_alive(self, refs: Mapping[str, Any]) -> dict[str, Any]:
+        """``ray.get`` each standalone replica's result; a dead actor is noted and left out."""
+        out = {}
+        for rid, ref in refs.items():
+            try:
+                out[rid] = ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - only actor death is tolerated
+                if not _actor_is_dead(exc):
+                    raise
+                self.dead.add(rid)
+        return out
 
     def _run(self, op: str, ids: Sequence[str]) -> int:
         hyb, std = self._split(ids)
-        refs = [getattr(self.standalone[i], op).remote() for i in std]
+        total = sum(r or 0 for r in self.get_alive({i: getattr(self.standalone[i], op).remote() for i in std}).values())
         if hyb:
-            refs.append(self.trainer.hybrid.remote(op, hyb))
-        return int(sum(r or 0 for r in ray.get(refs)))
+            total += ray.get(self.trainer.hybrid.remote(op, hyb)) or 0
+        return int(total)
 
     def abort(self, ids: Sequence[str]) -> int:
         self._run("pause", ids)
@@ -363,7 +377,7 @@ class _PoolAdapter:
         hyb, std = self._split(ids)
         if std:  # not used by the controller (hybrids only), but keep the protocol whole
             weights = self.trainer.weights.remote()
-            ray.get([self.standalone[i].load_weights.remote(weights, version) for i in std])
+            self.get_alive({i: self.standalone[i].load_weights.remote(weights, version) for i in std})
         if hyb:
             ray.get(self.trainer.hybrid_load_weights.remote(hyb, version))
 
@@ -389,8 +403,9 @@ class ControllerActor:
         self.standalone = standalone
         self.trainer = trainer
         self.service = service
+        self.pool = _PoolAdapter(standalone, trainer, hybrid_ids)
         self.ctl = DynamicResourceController(
-            self.policy, list(hybrid_ids), _BalancerAdapter(service), _PoolAdapter(standalone, trainer, hybrid_ids),
+            self.policy, list(hybrid_ids), _BalancerAdapter(service), self.pool,
             standalone_ids=list(standalone_ids), enable_rebalance=enable_rebalance, only_hybrid=only_hybrid,
             clock=time.time,
         )
@@ -403,8 +418,15 @@ class ControllerActor:
         """Trainer → every standalone replica at ``version``; returns timings."""
         t0 = time.perf_counter()
         weights = self.trainer.weights.remote()
-        per_replica = ray.get([h.load_weights.remote(weights, version) for h in self.standalone.values()])
-        return {"broadcast_s": time.perf_counter() - t0, "max_replica_load_s": max(per_replica, default=0.0)}
+        alive = {rid: h for rid, h in self.standalone.items() if rid not in self.pool.dead}
+        per_replica = self.pool.get_alive({rid: h.load_weights.remote(weights, version) for rid, h in alive.items()})
+        return {"broadcast_s": time.perf_counter() - t0, "max_replica_load_s": max(per_replica.values(), default=0.0),
+                "replicas": float(len(per_replica))}
+
+    def standalone_alive(self) -> int:
+        """Standalone replicas still alive and routable (a killed actor drops out of both counts)."""
+        failed = set(ray.get(self.service.stats.remote()).get("failed_replicas", []))
+        return len(set(self.standalone) - self.pool.dead - failed)
 
     def hybrid_active(self) -> bool:
         return self.ctl.is_hybrid_active

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import random
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -127,6 +128,21 @@ def hybrid_ids(cfg: TidalConfig) -> list[str]:
     return [f"hybrid-{i}" for i in range(cfg.hybrid_replicas)]
 
 
+def _kill_leftovers(namespace: str, standalone: Iterable[str]) -> None:
+    """A resumed run reuses its namespace: end actors a killed driver may have left behind."""
+    for name in (CONTROLLER, ROLLOUT_SERVICE, TRAINER, *(replica_name(r) for r in standalone)):
+        try:
+            ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+        except ValueError:  # no such actor: the usual case
+            continue
+    for _ in range(100):  # names are freed asynchronously
+        try:
+            ray.get_actor(TRAINER, namespace=namespace)
+        except ValueError:
+            return
+        time.sleep(0.1)
+
+
 @dataclass
 class DataPlane:
     """Handles to one run's actors (all named inside ``namespace``)."""
@@ -141,6 +157,7 @@ class DataPlane:
     def build(cls, cfg: TidalConfig, namespace: str, *, consumed: Iterable[tuple[int, int]] = (),
               param_version: int = 0) -> DataPlane:
         """Start every actor of a run; the rollout service is built but not yet started."""
+        _kill_leftovers(namespace, standalone_ids(cfg))
         tokenizer, _ = tokenizer_and_problems(cfg)
         tp = cfg.gpus_per_replica
         seed = cfg.trainer.seed

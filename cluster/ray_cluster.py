@@ -52,6 +52,8 @@ class LocalRayCluster:
     object_store_memory_gb: float = 0.5
     temp_dir: str | None = None
     port: int = field(default_factory=free_port)
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment for the head (its workers inherit it), e.g. PYTHONPATH."""
     _proc: subprocess.Popen | None = None
     _owns_temp: bool = False
 
@@ -77,7 +79,8 @@ class LocalRayCluster:
             "--min-worker-port=0", "--max-worker-port=0",
         ]
         log = open(Path(self.temp_dir) / "head.log", "w")  # noqa: SIM115 - closed with the process
-        self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_ray_env(), start_new_session=True)
+        self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**_ray_env(), **self.env},
+                                      start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

@@ -88,8 +88,20 @@ def _summary(setup: Setup) -> dict:
     return {"setup": setup.label, **setup.result.to_json()}
 
 
-def write_plots(setups: list[Setup], plot_dir: str | os.PathLike[str]) -> list[Path]:
-    """PNGs of mq_size, the three utilizations and step time over steps; one line per setup."""
+def rolling_mean(values: list[float], window: int) -> list[float]:
+    """Mean of the last ``window`` values at every position (fewer at the start)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def write_plots(setups: list[Setup], plot_dir: str | os.PathLike[str], window: int | None = None) -> list[Path]:
+    """PNGs of mq_size, the three utilizations and step time over steps; one line per setup.
+
+    Lines are rolling means over ``window`` steps (default: 1/50 of the run, at least 1).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -106,15 +118,19 @@ def write_plots(setups: list[Setup], plot_dir: str | os.PathLike[str]) -> list[P
         ],
         "step_time.png": [("step_time_s", "step time (s)")],
     }
+    steps = max(len(s.result.steps) for s in setups if s.result is not None)
+    window = window or max(1, steps // 50)
+    note = f" (mean of {window} steps)" if window > 1 else ""
     written = []
     for filename, rows in panels.items():
         fig, axes = plt.subplots(len(rows), 1, figsize=(9, 3.2 * len(rows)), sharex=True, squeeze=False)
         for ax, (attr, ylabel) in zip(axes[:, 0], rows):
-            for s in setups:
+            for i, s in enumerate(setups):
                 assert s.result is not None
-                ax.plot([st.step for st in s.result.steps], [getattr(st, attr) for st in s.result.steps],
-                        label=s.label, linewidth=1)
-            ax.set_ylabel(ylabel)
+                values = rolling_mean([float(getattr(st, attr)) for st in s.result.steps], window)
+                ax.plot([st.step for st in s.result.steps], values, label=s.label, linewidth=1.2,
+                        linestyle=("-", "--", "-.", ":")[i // 10 % 4])
+            ax.set_ylabel(ylabel + note, fontsize=8)
             ax.grid(alpha=0.3)
         axes[-1, 0].set_xlabel("step")
         axes[0, 0].legend(fontsize=7, loc="best")
@@ -163,6 +179,13 @@ def simulate_main(
         best_static = min(statics, key=lambda s: s.result.wall_clock_s)  # type: ignore[union-attr]
 
     console = Console()
+    if not console.is_terminal:  # files and pipes get the whole table, not an 80-column squeeze
+        console = Console(width=220)
+    if policy is not None and not cfg.hybrid_replicas:
+        console.print(
+            f"note: dynamic scheduling is off in {config} (no hybrid replicas), so --policy {policy} "
+            "is never asked; add --set async_training.use_dynamic_resource_scheduling=true"
+        )
     n_steps = len(main.result.steps)  # type: ignore[union-attr]
     console.print(_table(shown, f"tidal simulate {config} — {n_steps} steps, seed {seed}"))
     if best_static is not None:

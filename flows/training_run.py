@@ -15,6 +15,7 @@ from cluster.ray_cluster import init_ray
 from config import TidalConfig, to_plain, write_resolved
 from flows.progress import StepPrinter
 from flows.report import write_report
+from flows.runners import task_runner_for
 from flows.training_step import training_step
 from storage import RunStatus, create_run, load_resume_state, migrate, session_scope, set_run_status
 from tasks.commit import engine_for
@@ -89,22 +90,14 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
     printer = StepPrinter(uid, cfg)
     try:
         next_step, consumed = _restore(plane, cfg, state)
-        run = RunRef(
-            uid=uid, namespace=uid, ray_address=ray.get_runtime_context().gcs_address,
-            storage_url=cfg.storage.url, busy_timeout_ms=cfg.storage.busy_timeout_ms, output_dir=str(out_dir),
-            required_samples=cfg.required_samples,
-            trigger_parameter_sync_step=cfg.async_training.trigger_parameter_sync_step,
-            buffer_samples=cfg.buffer_samples, only_hybrid=cfg.only_hybrid,
-            standalone_replicas=cfg.standalone_replicas, hybrid_replicas=cfg.hybrid_replicas,
-            trainer_gpus=cfg.trainer_gpus, standalone_gpus=cfg.standalone_gpus,
-            policy=cfg.async_training.dynamic_schedule_policy,
-            consumed_before=consumed, generated_before=consumed,
-        )
+        run = RunRef.from_config(cfg, uid=uid, output_dir=str(out_dir), consumed_before=consumed,
+                                 ray_address=ray.get_runtime_context().gcs_address)
         _warm_up(plane, run, version, bool(state and state.hybrid_active), prompts_for(cfg, consumed_set))
+        step_flow = training_step.with_options(task_runner=task_runner_for(cfg, run.ray_address))
         logger.info("run %s: %s steps from step %d", uid, cfg.trainer.total_training_steps or "all", next_step)
         step = next_step
         while cfg.trainer.total_training_steps is None or step <= cfg.trainer.total_training_steps:
-            result = training_step(run, step)
+            result = step_flow(run, step)
             printer.step(step, result)
             consumed += result["trained"]
             run = run.model_copy(update={"consumed_before": consumed})

@@ -7,6 +7,7 @@ from typing import Any
 
 from prefect import flow
 
+from flows.runners import run_phase
 from tasks.phases import (
     activate,
     broadcast_sync,
@@ -26,22 +27,22 @@ from tasks.summary import step_metrics
 def training_step(run: RunRef, step: int) -> dict[str, Any]:
     started = time.time()
     wait = activation = hybrid = None
-    decision = should_deactivate(run, step)
+    decision = run_phase(should_deactivate, run, step)
     if decision["deactivate"]:
-        wait = wait_for_samples(run, step, decision["wait_samples"])
-    micro = [train(run, step, i) for i in range(run.trigger_parameter_sync_step)]
+        wait = run_phase(wait_for_samples, run, step, decision["wait_samples"])
+    micro = [run_phase(train, run, step, i) for i in range(run.trigger_parameter_sync_step)]
     micro = [m for m in micro if m.samples]
     version = step  # the weights after step N are param version N
-    sync = broadcast_sync(run, step, version)
-    if should_activate(run, step, micro):
-        hybrid = hybrid_sync(run, step, version)
-        activation = activate(run, step, micro)
-    policy_state = update_policy(run, step, micro)
+    sync = run_phase(broadcast_sync, run, step, version)
+    if run_phase(should_activate, run, step, micro):
+        hybrid = run_phase(hybrid_sync, run, step, version)
+        activation = run_phase(activate, run, step, micro)
+    policy_state = run_phase(update_policy, run, step, micro)
     metrics = step_metrics(run, micro=micro, wait=wait, sync=sync, activation=activation, hybrid=hybrid,
                            step_s=time.time() - started, version=version)
     consumed = [p for m in micro for p in m.prompts]
     summary = {"started_at": started, "policy_state": policy_state, "metrics": metrics, "prompts": consumed,
                "consumed_total": run.consumed_before + len(consumed), "generated_total": 0}
-    commit = commit_step(run, step, version, summary)
+    commit = run_phase(commit_step, run, step, version, summary)
     return {**commit, "metrics": metrics, "hybrid_active": activation is not None, "trained": len(consumed),
             "exhausted": any(m.exhausted for m in micro) or len(micro) < run.trigger_parameter_sync_step}

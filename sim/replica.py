@@ -19,8 +19,11 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-# Completions within this many iterations of ``v`` count as done (float round-off of v).
-_EPS = 1e-9
+# A sequence counts as finished when ``v`` is within this many iterations of its target, or when
+# the time left is below the clock's resolution (two ulps of now): without the second rule a
+# completion a few ulps away would be re-scheduled at the same instant forever.
+_EPS = 1e-6
+_CLOCK_ULPS = 4.5e-16
 
 
 class Sample:
@@ -108,10 +111,11 @@ class Replica:
 
     def advance(self, now: float) -> None:
         """Bring ``v`` up to ``now`` at the current batch size (no progress while prefilling)."""
-        if now > self.at:
-            start = self.at if self.at > self.busy_until else self.busy_until
-            if now > start:
-                self.v += (now - start) * self.rate()
+        at = self.at
+        if now > at:
+            start = at if at > self.busy_until else self.busy_until
+            if now > start and self.running and not self.paused:
+                self.v += (now - start) * self.speed / (self.base_s + self.per_seq_s * len(self.running))
             self.at = now
 
     def next_completion(self) -> float | None:
@@ -119,7 +123,9 @@ class Replica:
         rate = self.rate()
         if rate == 0.0:
             return None
-        return max(self.at, self.busy_until) + max(0.0, self.running[0][0] - self.v) / rate
+        start = self.at if self.at > self.busy_until else self.busy_until
+        left = self.running[0][0] - self.v
+        return start + left / rate if left > 0.0 else start
 
     def prefill(self, now: float, tokens: int) -> None:
         """Stall decoding while ``tokens`` are prefilled (after any prefill already queued)."""
@@ -152,7 +158,9 @@ class Replica:
     def pop_finished(self, now: float) -> list[Sample]:
         """Retire the sequences done by ``now``; returns the samples that finished with them."""
         self.advance(now)
-        running, limit = self.running, self.v + _EPS
+        running = self.running
+        slack = self.rate() * abs(now) * _CLOCK_ULPS
+        limit = self.v + (slack if slack > _EPS else _EPS)
         finished: list[Sample] = []
         while running and running[0][0] <= limit:
             resp = heapq.heappop(running)[2]

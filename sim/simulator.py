@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from metrics import (
@@ -58,10 +59,28 @@ class UntilQueued(NamedTuple):
 
 
 class UntilIdle(NamedTuple):
-    """Until nothing is in flight (a sync without partial rollout drains first)."""
+    """Until nothing routable is in flight (a sync without partial rollout drains first)."""
 
 
 Wait = Delay | UntilQueued | UntilIdle
+
+
+@dataclass
+class _StepLog:
+    """What one step has measured so far (turned into a ``StepRecord`` at commit)."""
+
+    step: int
+    start: float
+    waste0: WastedWork
+    wait_for_samples_s: float = 0.0
+    deactivate_s: float = 0.0
+    deactivated: bool = False
+    activated: bool = False
+    rebalanced: bool = False
+    micro: list[dict[str, float]] = field(default_factory=list)
+    step_generated: int = 0
+    window_end: float = 0.0
+    history: list[tuple[float, int, int]] = field(default_factory=list)
 
 
 class Simulator:
@@ -154,7 +173,7 @@ class Simulator:
         r = self.rollouter
         if isinstance(wait, UntilQueued):
             return lambda: len(r.queue) >= wait.samples
-        return lambda: r.in_flight == 0
+        return lambda: r.in_flight == len(r.pending)  # retries with no replica cannot drain
 
     def _check_wake(self) -> list[Event]:
         if self._wake_when is not None and self._wake_when():
@@ -176,28 +195,24 @@ class Simulator:
         """DESIGN §2: should_deactivate → [wait → deactivate] → train × k → broadcast_sync →
         should_activate → [hybrid_sync → activate → rebalance] → update_policy → commit."""
         spec, r, now = self.spec, self.rollouter, lambda: self.loop.now
-        start = now()
         has_hybrids = bool(r.hybrids)
+        log = _StepLog(step=step, start=now(), waste0=self._waste())
         self._wait_sums = ([], [])
-        waste0 = (r.aborted_requests, r.aborted_tokens, r.reprefilled_tokens, self.switch_s)
-        wait_for_samples_s = deactivate_s = 0.0
-        deactivated = activated = rebalanced = False
 
-        # 1-2. take the hybrids back once enough samples are buffered
+        # 1-2. take the hybrids back once enough samples are buffered (a threshold above the
+        # queue's capacity could never be met: it is clamped to it)
         if has_hybrids and self._ask(step, "should_deactivate") and self.hybrid_active:
-            want = self._ask(step, "deactivate_wait_samples")
-            want = max(0, min(int(want), spec.max_required_samples))
+            want = min(self._ask(step, "deactivate_wait_samples"), spec.max_required_samples)
             yield UntilQueued(want)
-            wait_for_samples_s = now() - start
+            log.wait_for_samples_s = now() - log.start
             t = now()
             self._record_trace("deactivate")
             r.remove(r.hybrids)
             yield Delay(spec.deactivate_s)
-            self.hybrid_active, deactivated = False, True
-            deactivate_s = self._switched("deactivate", t)
+            self.hybrid_active, log.deactivated = False, True
+            log.deactivate_s = self._switched("deactivate", t)
 
         # 3. train: trigger_parameter_sync_step micro-steps
-        micro: list[dict[str, float]] = []
         for i in range(spec.trigger_parameter_sync_step):
             t = now()
             queued = len(r.queue)
@@ -211,8 +226,8 @@ class Simulator:
             self.trained_ids.extend(s.id for s in batch)
             self.trained_response_tokens += sum(sum(s.lengths) for s in batch)
             self.train_compute_total_s += compute_s
-            alloc = now() - t + (deactivate_s if i == 0 else 0.0)
-            micro.append({TRAIN_COMPUTE_TIME_S: compute_s, TRAIN_ALLOCATED_TIME_S: alloc, MQ_SIZE: len(r.queue)})
+            alloc = now() - t + (log.deactivate_s if i == 0 else 0.0)
+            log.micro.append({TRAIN_COMPUTE_TIME_S: compute_s, TRAIN_ALLOCATED_TIME_S: alloc, MQ_SIZE: len(r.queue)})
         last_micro_end = now()
 
         # 4. broadcast sync to the routable replicas; generation pauses (partial rollout) or
@@ -224,9 +239,8 @@ class Simulator:
         aborted = r.pause(paused_reps)
         yield Delay(spec.broadcast_sync_s)
         r.accepting = True
-        step_generated = r.step_generated
-        window_end = now()
-        history, r.history = r.history, [(window_end, r.in_flight, r.capacity())]
+        log.step_generated, log.window_end = r.step_generated, now()
+        log.history, r.history = r.history, [(now(), r.in_flight, r.capacity())]
         r.resume(paused_reps, aborted, sticky=True)
         r.reset_staleness()
         self._record_trace("sync", r.version)
@@ -237,7 +251,7 @@ class Simulator:
             yield Delay(spec.hybrid_sync_s)
             yield Delay(spec.activate_s)
             r.add(r.hybrids)
-            self.hybrid_active, activated = True, True
+            self.hybrid_active, log.activated = True, True
             self._record_trace("activate")
             self._switched("activate", t)
             if spec.enable_rebalance and self._ask(step, "request_rebalance"):
@@ -246,63 +260,70 @@ class Simulator:
                 yield Delay(spec.rebalance_s)
                 r.resume(list(r.routable), aborted, sticky=False)
                 self.switch_s += now() - t
-                rebalanced = True
+                log.rebalanced = True
                 self._record_trace("rebalance")
-        micro[-1][TRAIN_ALLOCATED_TIME_S] += now() - last_micro_end
+        log.micro[-1][TRAIN_ALLOCATED_TIME_S] += now() - last_micro_end
 
         # 6. adapt the policy, 7. commit
         if has_hybrids:
             self._ask(step, "update_after_step")
         yield Delay(spec.step_overhead_s)
         self._record_trace("commit", step)
+        self.records.append(self._step_record(log))
+
+    def _waste(self) -> WastedWork:
+        r = self.rollouter
+        return WastedWork(r.aborted_requests, r.aborted_tokens, r.reprefilled_tokens, self.switch_s)
+
+    def _step_record(self, log: _StepLog) -> StepRecord:
+        """Fold the step's micro-step metrics with the ``metrics`` package into a ``StepRecord``."""
+        spec, total, before = self.spec, self._waste(), log.waste0
         waste = WastedWork(
-            aborted_requests=r.aborted_requests - waste0[0],
-            aborted_tokens=r.aborted_tokens - waste0[1],
-            reprefilled_tokens=r.reprefilled_tokens - waste0[2],
-            switch_s=self.switch_s - waste0[3],
+            aborted_requests=total.aborted_requests - before.aborted_requests,
+            aborted_tokens=total.aborted_tokens - before.aborted_tokens,
+            reprefilled_tokens=total.reprefilled_tokens - before.reprefilled_tokens,
+            switch_s=max(0.0, total.switch_s - before.switch_s),
         )
-        micro[-1].update(
+        log.micro[-1].update(
             {
-                STEP_S: now() - start,
-                WAIT_FOR_ENOUGH_SAMPLES_S: wait_for_samples_s,
-                STEP_GENERATED_SAMPLES: step_generated,
+                STEP_S: self.loop.now - log.start,
+                WAIT_FOR_ENOUGH_SAMPLES_S: log.wait_for_samples_s,
+                STEP_GENERATED_SAMPLES: log.step_generated,
                 **waste.as_metrics(),
             }
         )
-        metrics = aggregate_cycle(micro)
+        metrics = aggregate_cycle(log.micro)
         metrics.update(
             cycle_utilizations(
                 metrics,
-                rollout_history=history,
-                window_end_t=window_end,
+                rollout_history=log.history,
+                window_end_t=log.window_end,
                 hybrid_gpus=spec.trainer_gpus,
                 standalone_gpus=spec.standalone_gpus,
             )
         )
         ratio = getattr(self.policy, "deactivate_ratio", None)
-        self.records.append(
-            StepRecord(
-                step=step,
-                start_s=start,
-                end_s=now(),
-                param_version=r.version,
-                wait_for_samples_s=wait_for_samples_s,
-                micro_wait_s=list(self._wait_sums[0]),
-                micro_wait_samples=list(self._wait_sums[1]),
-                train_compute_s=sum(m[TRAIN_COMPUTE_TIME_S] for m in micro),
-                mq_size=int(metrics[MQ_SIZE]),
-                step_generated_samples=step_generated,
-                deactivated=deactivated,
-                activated=activated,
-                rebalanced=rebalanced,
-                hybrid_active=self.hybrid_active,
-                deactivate_ratio=None if ratio is None else float(ratio),
-                train_util=metrics[TRAIN_RESOURCE_UTILIZATION],
-                rollout_util=metrics[ROLLOUT_RESOURCE_UTILIZATION],
-                cluster_util=metrics[RESOURCE_UTILIZATION],
-                waste=waste,
-                metrics=metrics,
-            )
+        return StepRecord(
+            step=log.step,
+            start_s=log.start,
+            end_s=self.loop.now,
+            param_version=self.rollouter.version,
+            wait_for_samples_s=log.wait_for_samples_s,
+            micro_wait_s=list(self._wait_sums[0]),
+            micro_wait_samples=list(self._wait_sums[1]),
+            train_compute_s=sum(m[TRAIN_COMPUTE_TIME_S] for m in log.micro),
+            mq_size=int(metrics[MQ_SIZE]),
+            step_generated_samples=log.step_generated,
+            deactivated=log.deactivated,
+            activated=log.activated,
+            rebalanced=log.rebalanced,
+            hybrid_active=self.hybrid_active,
+            deactivate_ratio=None if ratio is None else float(ratio),
+            train_util=metrics[TRAIN_RESOURCE_UTILIZATION],
+            rollout_util=metrics[ROLLOUT_RESOURCE_UTILIZATION],
+            cluster_util=metrics[RESOURCE_UTILIZATION],
+            waste=waste,
+            metrics=metrics,
         )
 
     def _train_time(self, batch: list[Sample]) -> float:
@@ -388,7 +409,7 @@ class Simulator:
             queued_ids=[sample.id for sample in r.queue],
             in_flight_ids=in_flight,
             switches=self.switches,
-            waste=WastedWork(r.aborted_requests, r.aborted_tokens, r.reprefilled_tokens, self.switch_s),
+            waste=self._waste(),
             decisions=self.decisions,
             trace=self.trace,
             events_handled=self.loop.handled,

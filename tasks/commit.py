@@ -10,6 +10,7 @@ import ray
 from cluster.actors import CONTROLLER, TRAINER
 from storage import StepRecord, make_engine, record_step, session_scope
 from storage.store import get_run
+from tasks.faults import crash_point
 from tasks.run_ref import RunRef
 
 _ENGINES: dict[str, Any] = {}
@@ -47,6 +48,7 @@ def commit(run: RunRef, step: int, version: int, summary: dict[str, Any], now: f
         checkpoint=(ckpt["path"], ckpt["sha256"], ckpt["size_bytes"]),
         consumed_prompts=[tuple(p) for p in summary["prompts"]],
     )
+    crash_point("commit_step", step)  # checkpoint on disk, step not yet committed
     with session_scope(engine_for(run.storage_url, run.busy_timeout_ms), immediate=True) as session:
         db_run = get_run(session, run.uid)
         if db_run is None:

@@ -17,6 +17,7 @@ from prefect import task
 
 from cluster.actors import CONTROLLER, ROLLOUT_SERVICE, TRAINER
 from policies import DynamicScheduleContext
+from tasks.faults import crash_point
 from tasks.run_ref import MicroReport, RunRef
 
 
@@ -53,16 +54,26 @@ def build_context(run: RunRef, step: int, micro: list[MicroReport]) -> DynamicSc
 def should_deactivate(run: RunRef, step: int) -> dict[str, Any]:
     """Ask the policy whether to take the hybrids back before training, and how many samples to wait for."""
     ctx = build_context(run, step, [])
-    active = ray.get(_actor(run, CONTROLLER).hybrid_active.remote())
+    controller = _actor(run, CONTROLLER)
+    active = ray.get(controller.hybrid_active.remote())
     answer = _controller(run, "should_deactivate", step, ctx) if active else False
     wait = _controller(run, "deactivate_wait_samples", step, ctx) if answer else 0
+    if answer and _standalone_lost(run):  # nothing else will generate while the trainer trains
+        wait = ctx.step_required_samples
     return {"deactivate": bool(answer), "wait_samples": int(wait), "hybrid_active": bool(active)}
+
+
+def _standalone_lost(run: RunRef) -> bool:
+    """Every standalone replica of a run that had some has died: behave as only-hybrid."""
+    return run.standalone_replicas > 0 and ray.get(_actor(run, CONTROLLER).standalone_alive.remote()) == 0
 
 
 @task(name="wait_for_samples")
 def wait_for_samples(run: RunRef, step: int, wait_samples: int) -> dict[str, Any]:
     """Let the hybrids generate until ``wait_samples`` are queued (or data runs out), then deactivate."""
-    waited = ray.get(_actor(run, ROLLOUT_SERVICE).wait_for_queue.remote(wait_samples, run.wait_timeout_s))
+    pending = _actor(run, ROLLOUT_SERVICE).wait_for_queue.remote(wait_samples, run.wait_timeout_s)
+    crash_point("wait_for_samples", step)
+    waited = ray.get(pending)
     timing = _controller(run, "deactivate")
     return {"wait_for_enough_samples_s": waited["waited_s"], "mq_size": waited["mq_size"],
             "deactivate": dataclasses.asdict(timing)}
@@ -71,14 +82,16 @@ def wait_for_samples(run: RunRef, step: int, wait_samples: int) -> dict[str, Any
 @task(name="train")
 def train(run: RunRef, step: int, micro_step: int) -> MicroReport:
     """One micro-step: pull ``required_samples`` from the queue and update the policy model."""
-    report = ray.get(_actor(run, TRAINER).train_micro_step.remote(run.wait_timeout_s))
-    return MicroReport.from_actor(report)
+    pending = _actor(run, TRAINER).train_micro_step.remote(run.wait_timeout_s)
+    crash_point("train", step)
+    return MicroReport.from_actor(ray.get(pending))
 
 
 @task(name="broadcast_sync")
 def broadcast_sync(run: RunRef, step: int, version: int) -> dict[str, Any]:
     """Trainer → standalone replicas at ``version``; closes the rollouter's staleness window."""
     timing = ray.get(_actor(run, CONTROLLER).broadcast.remote(version))
+    crash_point("broadcast_sync", step)
     window = ray.get(_actor(run, ROLLOUT_SERVICE).on_weight_sync.remote(version))
     return {**timing, "window": window}
 
@@ -88,7 +101,8 @@ def should_activate(run: RunRef, step: int, micro: list[MicroReport]) -> bool:
     """Ask the policy whether to lend the trainer's GPUs to rollout until the next step."""
     if run.hybrid_replicas == 0:
         return False
-    return bool(_controller(run, "should_activate", step, build_context(run, step, micro)))
+    wanted = bool(_controller(run, "should_activate", step, build_context(run, step, micro)))
+    return wanted or _standalone_lost(run)
 
 
 @task(name="hybrid_sync")

@@ -22,6 +22,7 @@ they load into either backend with ``weights_only=True``.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import os
@@ -38,11 +39,9 @@ from cluster.problems import CharTokenizer, Problem
 
 
 def deepspeed_available() -> bool:
-    try:
-        import deepspeed  # noqa: F401
-    except Exception:
-        return False
-    return True
+    """Whether DeepSpeed is installed. Does not import it: importing picks DeepSpeed's
+    accelerator once per process, which ``import_deepspeed`` must do first."""
+    return importlib.util.find_spec("deepspeed") is not None
 
 
 def _free_port() -> int:

@@ -28,7 +28,13 @@ from cluster.backends.base import (
 from cluster.problems import CharTokenizer, Problem, reward
 from cluster.types import Sample
 
-DEFAULT_PHASE_FRACTIONS: dict[str, float] = {"reward": 0.05, "old_log_prob": 0.2, "ref": 0.2, "adv": 0.01, "update_actor": 0.54}
+DEFAULT_PHASE_FRACTIONS: dict[str, float] = {
+    "reward": 0.05,
+    "old_log_prob": 0.2,
+    "ref": 0.2,
+    "adv": 0.01,
+    "update_actor": 0.54,
+}
 """Relative weights of the phases; phases that do not run (``old_log_prob`` with rollout
 log-probs, ``ref`` without KL) are dropped and the rest renormalised to sum to 1."""
 

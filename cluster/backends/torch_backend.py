@@ -283,7 +283,9 @@ class TorchBackend:
         want = set(self._param_names)
         if set(model) != want:
             missing, unexpected = sorted(want - set(model)), sorted(set(model) - want)
-            raise CheckpointError(f"{path}: weights do not match the model (missing {missing}, unexpected {unexpected})")
+            raise CheckpointError(
+                f"{path}: weights do not match the model (missing {missing}, unexpected {unexpected})"
+            )
         for name, tensor in model.items():
             shape = tuple(self._param_shape(name))
             if tuple(tensor.shape) != shape:

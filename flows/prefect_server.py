@@ -1,0 +1,101 @@
+"""A private Prefect server for tests and benchmarks: own ``PREFECT_HOME``, loopback, free port.
+
+``LocalPrefectServer`` runs ``prefect server start`` as a child in its own session (so that
+``stop()`` can end exactly it and what it started, by its process group), with its own
+``PREFECT_HOME`` (and so its own SQLite database), no UI and no analytics, and waits until
+``/api/health`` answers (~15–25 s here). ``env()`` is the environment a client, worker or
+``tidal run`` needs to talk to it. Nothing here touches another Prefect server or home.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cluster.ray_cluster import free_port
+
+
+@dataclass
+class LocalPrefectServer:
+    """``with LocalPrefectServer() as server: ...`` — ``server.api_url``, ``server.env()``."""
+
+    home: str | None = None
+    port: int = field(default_factory=free_port)
+    extra_args: tuple[str, ...] = ("--no-ui", "--analytics-off", "--no-scheduler")
+    _proc: subprocess.Popen | None = None
+    _owns_home: bool = False
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """``base`` (default: this process's environment) pointed at this server and its home."""
+        env = dict(os.environ if base is None else base)
+        env.update(PREFECT_HOME=str(self.home), PREFECT_API_URL=self.api_url,
+                   PREFECT_SERVER_ANALYTICS_ENABLED="false")
+        env.pop("PREFECT_PROFILE", None)
+        return env
+
+    def start(self, timeout_s: float = 120.0) -> LocalPrefectServer:
+        if self.home is None:
+            self.home = tempfile.mkdtemp(prefix="tidal-prefect-")
+            self._owns_home = True
+        Path(self.home).mkdir(parents=True, exist_ok=True)
+        env = self.env()
+        env.pop("PREFECT_API_URL")  # the server itself is not a client of anything
+        env["PREFECT_API_DATABASE_CONNECTION_URL"] = f"sqlite+aiosqlite:///{Path(self.home) / 'prefect.db'}"
+        cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+               "--port", str(self.port), *self.extra_args]
+        log = open(Path(self.home) / "server.log", "w")  # noqa: SIM115 - closed with the process
+        self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"prefect server exited with {self._proc.returncode}; see {log.name}")
+            if self.healthy():
+                return self
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"prefect server did not answer on {self.api_url} within {timeout_s:.0f}s; see {log.name}")
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        """End the server (its process group: the server and its children), then its home if we made it."""
+        if self._proc is not None and self._proc.poll() is None:
+            for sig, wait_s in ((signal.SIGINT, 10), (signal.SIGKILL, 5)):
+                try:
+                    os.killpg(self._proc.pid, sig)
+                    self._proc.wait(timeout=wait_s)
+                    break
+                except ProcessLookupError:
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        self._proc = None
+        if self._owns_home and self.home:
+            shutil.rmtree(self.home, ignore_errors=True)
+
+    def __enter__(self) -> LocalPrefectServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

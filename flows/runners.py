@@ -1,0 +1,81 @@
+"""Which Prefect task runner the step flow uses, and how a phase is run on it (DESIGN §8).
+
+Two paths, both tested (``tests/e2e``):
+
+- **in-process** (``ThreadPoolTaskRunner``): the default when no Prefect server is configured;
+  works with Prefect's embedded (ephemeral) API and costs ~10 ms per task.
+- **Ray** (``prefect_ray.RayTaskRunner``): when a server is configured (``prefect.api_url`` or
+  ``PREFECT_API_URL``). Each phase runs as a Ray task on a worker of the run's *own* cluster —
+  the driver has already called ``ray.init`` for the run, so the runner reuses that connection
+  and never starts or stops a cluster. Phases are light (they call the run's actors), so they
+  reserve no CPU: they can never wait behind the data plane for a slot.
+
+Ephemeral Prefect with the Ray runner is unusable (every Ray worker would start its own temporary
+API server), so ``auto`` picks Ray only when a server is configured.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, TypeVar
+
+from config import TidalConfig
+
+T = TypeVar("T")
+
+PHASE_REMOTE_OPTIONS: dict[str, Any] = {"num_cpus": 0}
+"""Ray options of every phase task: no CPU reservation (the work happens in the actors)."""
+
+
+def server_configured(cfg: TidalConfig) -> bool:
+    return bool(cfg.prefect.api_url or os.environ.get("PREFECT_API_URL"))
+
+
+def runner_kind(cfg: TidalConfig) -> str:
+    """``"ray"`` or ``"thread"``: what ``prefect.task_runner`` resolves to in this environment."""
+    choice = cfg.prefect.task_runner
+    if choice == "auto":
+        choice = "ray" if server_configured(cfg) else "thread"
+    return choice
+
+
+def task_runner_for(cfg: TidalConfig, ray_address: str | None) -> Any:
+    """`RayTaskRunner` on the run's cluster when a Prefect server is configured (or forced), else threads.
+
+    Says which in the calling flow run's log (so the choice is visible in the UI).
+    """
+    if runner_kind(cfg) == "ray":
+        from prefect_ray import RayTaskRunner
+
+        runner: Any = RayTaskRunner(address=ray_address)
+        where = f"phases run on RayTaskRunner (workers of the run's Ray cluster {ray_address})"
+    else:
+        from prefect.task_runners import ThreadPoolTaskRunner
+
+        runner = ThreadPoolTaskRunner(max_workers=4)
+        where = "phases run on ThreadPoolTaskRunner (in the flow's process)"
+    _log(where)
+    return runner
+
+
+def _log(message: str) -> None:
+    from prefect.exceptions import MissingContextError
+    from prefect.logging import get_run_logger
+
+    try:
+        get_run_logger().info(message)
+    except MissingContextError:  # called outside a flow run: nothing to attach the line to
+        pass
+
+
+def run_phase(phase: Any, *args: Any) -> Any:
+    """Run one phase task on the flow's task runner (a Ray worker or a thread) and wait for its result.
+
+    Calling a Prefect task directly would run it inline in the flow's thread whatever the runner;
+    ``submit`` is what hands it to the runner. Failures raise here, like a direct call.
+    """
+    from prefect_ray.context import remote_options
+
+    with remote_options(**PHASE_REMOTE_OPTIONS):  # read only by the Ray runner
+        future = phase.submit(*args)
+    return future.result()

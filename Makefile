@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.tidal-installed
 
-.PHONY: setup run test test-fast bench clean-venv
+.PHONY: setup run simulate test test-fast bench clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,9 +16,13 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# Main job. Until `tidal run` lands (issue 5) this is the simulator on the seed's 32-GPU preset,
-# comparing every static split with the dynamic setups; outputs go to runs/sim/.
+# Main job: train the tiny LM on CPU with the hybrid lent and reclaimed every step (a Prefect
+# flow run per step over Ray actors); the run lands in runs/ (store, checkpoints, report, plots).
 run: $(STAMP)
+	$(VENV)/bin/tidal run tiny-cpu
+
+# The simulator on the seed's 32-GPU preset, every static split against the dynamic setups.
+simulate: $(STAMP)
 	$(VENV)/bin/tidal simulate sim/qwen35-35b-dynamic --compare --json runs/sim/result.json --plot runs/sim
 
 test: $(STAMP)

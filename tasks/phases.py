@@ -130,6 +130,15 @@ def update_policy(run: RunRef, step: int, micro: list[MicroReport]) -> dict[str,
 @task(name="commit_step")
 def commit_step(run: RunRef, step: int, version: int, summary: dict[str, Any]) -> dict[str, Any]:
     """Checkpoint the trainer, then write the step's rows in one transaction."""
+    from prefect.artifacts import create_markdown_artifact
+
+    from tasks.artifact import artifact_key, step_markdown
     from tasks.commit import commit
 
-    return commit(run, step, version, summary, time.time())
+    result = commit(run, step, version, summary, time.time())
+    create_markdown_artifact(
+        key=artifact_key(run.uid, step),
+        markdown=step_markdown(step, result["decisions"], result["switch_events"], summary["metrics"]),
+        description=f"Tidal run {run.uid}: step {step} decisions, switches and metrics",
+    )
+    return result

@@ -74,3 +74,8 @@ def test_plots_smooth_each_line_with_a_rolling_mean():
 
     assert rolling_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
     assert rolling_mean([2.0, 4.0], 1) == [2.0, 4.0]
+
+
+def test_a_policy_for_a_config_without_hybrids_is_flagged_as_never_asked(tmp_path, capsys):
+    run(tmp_path, config="sim/qwen35-35b-static-16-16", policy="default", steps=2)
+    assert "dynamic scheduling is off" in capsys.readouterr().out

@@ -54,6 +54,14 @@ def _torch_engine(model_cfg: TinyLMConfig, max_batch: int, device: str, threads:
                        threads=threads, eos_id=eos, seed=seed)
 
 
+def _vllm_engine(model_cfg: TinyLMConfig, max_batch: int, threads: int, eos: int, seed: int) -> Any:
+    # vLLM lives in its own venv (README, "vLLM"); importing it here, where the engine is built
+    # (inside a Ray actor), keeps every other kind free of it.
+    from cluster.engines.vllm_engine import VLLMEngine
+
+    return VLLMEngine(model_cfg, max_batch=max_batch, eos_id=eos, seed=seed, threads=threads)
+
+
 def _simulated_engine(base_s: float, per_seq_s: float, prefill_s_per_token: float, max_batch: int,
                       mean_len: float, sigma: float, max_len: int, eos: int, seed: int, vocab: int) -> Any:
     from cluster.engines.simulated import SimulatedEngine
@@ -71,6 +79,9 @@ def engine_factory(cfg: TidalConfig, tokenizer: CharTokenizer, *, hybrid: bool, 
     if kind == "torch":
         return functools.partial(_torch_engine, model_config(cfg, tokenizer), requests_per_replica(cfg),
                                  cfg.engines.device, cfg.engines.torch_threads_per_actor, tokenizer.eos_id, seed)
+    if kind == "vllm":
+        return functools.partial(_vllm_engine, model_config(cfg, tokenizer), requests_per_replica(cfg),
+                                 cfg.engines.torch_threads_per_actor, tokenizer.eos_id, seed)
     if kind == "simulated":
         s = cfg.sim
         slow = 1.0 / s.hybrid_throughput_factor if hybrid else 1.0

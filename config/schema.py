@@ -446,7 +446,7 @@ class TidalConfig(_Section):
                 f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} to host hybrid replicas"
             )
         r = self.actor_rollout_ref.rollout
-        if self.engines.rollout == "torch" and r.prompt_length + r.response_length > self.model.max_seq_len:
+        if self.engines.rollout in ("torch", "vllm") and r.prompt_length + r.response_length > self.model.max_seq_len:
             raise ValueError(
                 f"actor_rollout_ref.rollout.prompt_length + response_length "
                 f"({r.prompt_length}+{r.response_length}) exceeds model.max_seq_len={self.model.max_seq_len}"

@@ -11,31 +11,51 @@ Two paths, both tested (``tests/e2e``):
   reserve no CPU: they can never wait behind the data plane for a slot.
 
 Ephemeral Prefect with the Ray runner is unusable (every Ray worker would start its own temporary
-API server), so ``auto`` picks Ray only when a server is configured.
+API server), so ``auto`` picks Ray only when this process really talks to a server: the effective
+``PREFECT_API_URL`` (environment, profile, or ``prefect.api_url`` applied with
+``prefect_settings_for`` before the run flow starts — a flow cannot change its API mid-run).
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from config import TidalConfig
-
-T = TypeVar("T")
 
 PHASE_REMOTE_OPTIONS: dict[str, Any] = {"num_cpus": 0}
 """Ray options of every phase task: no CPU reservation (the work happens in the actors)."""
 
 
-def server_configured(cfg: TidalConfig) -> bool:
-    return bool(cfg.prefect.api_url or os.environ.get("PREFECT_API_URL"))
+def server_configured() -> bool:
+    """Whether this process's Prefect client talks to a server (not the embedded one)."""
+    from prefect.settings import PREFECT_API_URL
+
+    return bool(PREFECT_API_URL.value())
+
+
+@contextmanager
+def prefect_settings_for(cfg: TidalConfig) -> Iterator[None]:
+    """Point this process's Prefect client at ``prefect.api_url`` when the config names one.
+
+    Enter it *before* calling the ``training_run`` flow (the CLI does): the flow run, its step flow
+    runs and, through Prefect's serialized settings, the phases on Ray workers then all use it.
+    """
+    if not cfg.prefect.api_url:
+        yield
+        return
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: cfg.prefect.api_url}):
+        yield
 
 
 def runner_kind(cfg: TidalConfig) -> str:
     """``"ray"`` or ``"thread"``: what ``prefect.task_runner`` resolves to in this environment."""
     choice = cfg.prefect.task_runner
     if choice == "auto":
-        choice = "ray" if server_configured(cfg) else "thread"
+        choice = "ray" if server_configured() else "thread"
     return choice
 
 

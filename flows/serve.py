@@ -1,8 +1,14 @@
 """Serve the `training-run` deployments without a work pool: ``python -m flows.serve``.
 
 The deployments (names, parameters, tags, descriptions) are read from ``deployments/prefect.yaml``
-so that both ways of deploying offer the same ones. Needs a Prefect server (``PREFECT_API_URL``).
-Stop it with Ctrl-C (SIGINT): Prefect's runner then cancels its in-flight runs and exits 0.
+so that both ways of deploying offer the same ones. Needs a Prefect server (``PREFECT_API_URL``);
+runs start 5–12 s after ``prefect deployment run`` (the runner polls). Stop it with one Ctrl-C
+(SIGINT): runs in flight are cancelled and it exits 0. SIGTERM works too (Prefect's runner
+handles it).
+
+A deployment name can belong to a work pool (``prefect deploy``) or to ``serve``, not both: a
+served deployment that a work pool also claims would crash its runs, so serve refuses to start
+while one of its names is bound to a pool and says how to free it.
 
     python -m flows.serve                       # every deployment in prefect.yaml
     python -m flows.serve --only tiny-cpu       # just this one (repeatable)
@@ -11,7 +17,7 @@ Stop it with Ctrl-C (SIGINT): Prefect's runner then cancels its in-flight runs a
 from __future__ import annotations
 
 import argparse
-import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +25,8 @@ from typing import Any
 import yaml
 
 PREFECT_YAML = Path(__file__).resolve().parents[1] / "deployments" / "prefect.yaml"
+FLOW_NAME = "training-run"
+EXIT_BAD_INPUT = 2
 
 
 def deployment_specs(path: Path = PREFECT_YAML, only: list[str] | None = None) -> list[dict[str, Any]]:
@@ -29,6 +37,23 @@ def deployment_specs(path: Path = PREFECT_YAML, only: list[str] | None = None) -
     if unknown:
         raise SystemExit(f"flows.serve: unknown deployment(s) {unknown}; known: {names}")
     return [s for s in specs if not only or s["name"] in only]
+
+
+def pool_bound(names: list[str]) -> list[str]:
+    """Those of ``training-run/<name>`` that already exist on the server bound to a work pool."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    bound = []
+    with get_client(sync_client=True) as client:
+        for name in names:
+            try:
+                deployment = client.read_deployment_by_name(f"{FLOW_NAME}/{name}")
+            except ObjectNotFound:
+                continue
+            if deployment.work_pool_name:
+                bound.append(f"{FLOW_NAME}/{name}")
+    return bound
 
 
 def build_deployments(specs: list[dict[str, Any]]) -> list[Any]:
@@ -43,24 +68,38 @@ def build_deployments(specs: list[dict[str, Any]]) -> list[Any]:
     ]
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    # Installed instead of Python's default SIGINT handler so that asyncio does not install its
+    # own: after the runner has run a flow, asyncio's task-cancelling handler is absorbed and the
+    # first Ctrl-C is lost. Raising here stops `serve` on the first Ctrl-C, always.
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.serve", description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", help="Serve only this deployment name (repeatable).")
     parser.add_argument("--limit", type=int, default=1, help="Runs at once (default 1: a run owns its Ray cluster).")
     args = parser.parse_args(argv)
-    if not os.environ.get("PREFECT_API_URL"):
-        from prefect.settings import PREFECT_API_URL
+    from prefect.settings import PREFECT_API_URL
 
-        if not PREFECT_API_URL.value():
-            print("flows.serve: set PREFECT_API_URL to a running Prefect server first", file=sys.stderr)
-            return 2
+    if not PREFECT_API_URL.value():
+        print("flows.serve: set PREFECT_API_URL to a running Prefect server first", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    specs = deployment_specs(only=args.only)
+    taken = pool_bound([s["name"] for s in specs])
+    if taken:
+        print(f"flows.serve: {', '.join(taken)} already deployed to a work pool on this server; free the "
+              f"name(s) first with `prefect deployment delete '<name>'` (or serve others with --only)",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
     from prefect import serve
 
-    deployments = build_deployments(deployment_specs(only=args.only))
+    deployments = build_deployments(specs)
+    signal.signal(signal.SIGINT, _interrupt)
     try:
-        serve(*deployments, limit=args.limit)  # returns after SIGINT/SIGTERM, runs cancelled
-    except KeyboardInterrupt:  # a second Ctrl-C during shutdown
-        pass
+        serve(*deployments, limit=args.limit)  # returns after SIGTERM, or raises/returns on SIGINT
+    except KeyboardInterrupt:
+        print("flows.serve: interrupted, stopped serving", file=sys.stderr)
     return 0
 
 

@@ -110,7 +110,7 @@ def write_plots(setups: list[Setup], plot_dir: str | os.PathLike[str], window: i
     out = Path(plot_dir)
     out.mkdir(parents=True, exist_ok=True)
     panels = {
-        "mq_size.png": [("mq_size", "samples in queue after the last micro-step")],
+        "mq_size.png": [("mq_size", "mq_size (samples)")],
         "utilization.png": [
             ("train_util", "train utilization"),
             ("rollout_util", "rollout utilization"),

@@ -122,3 +122,30 @@ def test_the_installed_console_script_reports_bad_input_without_a_traceback(tmp_
     assert proc.stderr.strip().splitlines() == [
         "tidal: error: async_training.staleness_threshold: Input should be greater than or equal to 0 (got -3)"
     ]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["async_training.staleness_threshold=-1"], ["async_training.dynamic_schedule_policy=nope"],
+     ["rollout.nnodes=0", "async_training.use_dynamic_resource_scheduling=false"], ["storage.url=oracle://x"]],
+    ids=["range", "unknown-policy", "contradictory-sections", "bad-db-url"],
+)
+def test_tidal_run_with_bad_input_starts_nothing_and_writes_no_run(tmp_path, capsys, overrides):
+    db = tmp_path / "store.db"
+    argv = ["run", "tiny-cpu", "--set", f"storage.url=sqlite:///{db}", "--set", f"trainer.default_local_dir={tmp_path}/runs"]
+    for item in overrides:
+        argv += ["--set", item]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tidal: error: ")
+    assert not db.exists()
+    assert not (tmp_path / "runs").exists()
+
+
+def test_resume_of_an_unknown_run_exits_2(tmp_path, capsys):
+    from storage import make_engine, migrate
+
+    url = f"sqlite:///{tmp_path}/store.db"
+    migrate(make_engine(url))
+    assert main(["resume", "no-such-run", "--storage", url]) == 2
+    assert "no such run" in capsys.readouterr().err

@@ -44,11 +44,12 @@ def run_cmd(cmd: list[str], env: dict[str, str], timeout_s: float, cwd: Path = R
     return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
 
 
-def stop_group(proc: subprocess.Popen, first: int = signal.SIGINT, grace_s: float = 15.0) -> None:
-    """End a child we started in its own session: ``first`` to its group, SIGKILL after ``grace_s``."""
+def stop_group(proc: subprocess.Popen, first: int = signal.SIGINT, grace_s: float = 5.0) -> None:
+    """End a child we started in its own session: ``first`` to its group, once more after ``grace_s``
+    (a Prefect CLI that has run a flow treats the second Ctrl-C as "kill"), then SIGKILL."""
     if proc.poll() is not None:
         return
-    for sig, wait_s in ((first, grace_s), (signal.SIGKILL, 10.0)):
+    for sig, wait_s in ((first, grace_s), (first, grace_s), (signal.SIGKILL, 10.0)):
         try:
             os.killpg(proc.pid, sig)
             proc.wait(timeout=wait_s)

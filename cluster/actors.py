@@ -424,7 +424,9 @@ class ControllerActor:
                 "replicas": float(len(per_replica))}
 
     def standalone_alive(self) -> int:
-        """Standalone replicas still alive and routable (a killed actor drops out of both counts)."""
+        """Standalone replicas still alive and routable (a killed actor drops out of both counts).
+        Each one is pinged, so a death is seen even when no request of it has failed yet."""
+        self.pool.get_alive({rid: h.ping.remote() for rid, h in self.standalone.items() if rid not in self.pool.dead})
         failed = set(ray.get(self.service.stats.remote()).get("failed_replicas", []))
         return len(set(self.standalone) - self.pool.dead - failed)
 

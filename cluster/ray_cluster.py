@@ -117,25 +117,27 @@ class LocalRayCluster:
 
 
 def init_ray(*, address: str | None, num_cpus: int | None, gpus: int, memory_gb: float,
-             object_store_memory_gb: float, temp_dir: str | None, namespace: str) -> bool:
-    """Connect this process to Ray; returns True when it started (and so owns) a local cluster."""
+             object_store_memory_gb: float, temp_dir: str | None, namespace: str) -> str | None:
+    """Connect this process to Ray. Returns the temp dir of the local cluster it started (and so
+    owns: shut it down, then delete that dir), or None when it attached to an existing one."""
     import ray
 
     for key, value in _ray_env().items():
         os.environ.setdefault(key, value)
     if ray.is_initialized():
-        return False
+        return None
     common = dict(namespace=namespace, log_to_driver=False, configure_logging=False)
     if address:
         ray.init(address=address, **common)
-        return False
+        return None
+    owned = temp_dir or tempfile.mkdtemp(prefix="tidal-ray-", dir="/tmp")
     ray.init(
         num_cpus=num_cpus,
         resources={GPU_RESOURCE: gpus},
-        _temp_dir=temp_dir or tempfile.mkdtemp(prefix="tidal-ray-", dir="/tmp"),
+        _temp_dir=owned,
         _memory=int(memory_gb * 2**30),
         object_store_memory=int(object_store_memory_gb * 2**30),
         include_dashboard=False,
         **common,
     )
-    return True
+    return None if temp_dir else owned

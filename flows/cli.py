@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated
 
@@ -22,6 +23,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
 
 from config import ConfigError, TidalConfig, list_presets, load_config, to_plain
 from policies import UnknownPolicyError, resolve_policy_class
+from storage.engine import StoreError
 
 EXIT_BAD_INPUT = 2
 
@@ -141,9 +143,12 @@ def run(
     set_: SetOption = None,
 ) -> None:
     """Train: one Prefect flow run per step over the Ray data plane; the store keeps every step."""
-    load_checked(config, set_)
+    cfg = load_checked(config, set_)
     from flows.training_run import training_run
+    from tasks.commit import engine_for
 
+    # A malformed or unreachable store fails here, in one line, before any flow run starts.
+    engine_for(cfg.storage.url, cfg.storage.busy_timeout_ms)
     result = training_run(config=config, overrides=list(set_ or []))
     typer.echo(f"run {result['run']} finished: {result['output_dir']}")
 
@@ -164,9 +169,9 @@ def resume(
 @app.command("runs")
 def runs(storage: Annotated[str | None, typer.Option(help="Store URL.")] = None) -> None:
     """List the runs in the store."""
-    from storage import make_engine, run_summaries, session_scope
+    from storage import run_summaries, session_scope
 
-    with session_scope(make_engine(_store_url(storage))) as session:
+    with session_scope(_open_store(storage)) as session:
         rows = run_summaries(session)
     if not rows:
         typer.echo("no runs")
@@ -193,16 +198,30 @@ def _store_url(storage: str | None) -> str:
     return storage or load_config("tiny-cpu").storage.url
 
 
+def _open_store(storage: str | None):
+    """An engine on an existing store; a SQLite file that is not there is bad input (reading
+    commands never create a store), a malformed or unreachable URL is a StoreError."""
+    from storage import make_engine
+    from storage.engine import _parse_url, _sqlite_file
+
+    url = _parse_url(_store_url(storage))
+    path = _sqlite_file(url) if url.get_backend_name() == "sqlite" else None
+    if path is not None and not path.is_file():
+        raise BadInput(f"no store at {path} (check --storage or storage.url)")
+    return make_engine(url)
+
+
 def _run_config_path(run_id: str, storage: str | None):
     from pathlib import Path
 
     from config.loader import RESOLVED_FILENAME
-    from storage import get_run, make_engine, session_scope
+    from storage import get_run, session_scope
 
-    with session_scope(make_engine(_store_url(storage))) as session:
+    engine = _open_store(storage)
+    with session_scope(engine) as session:
         row = get_run(session, run_id)
         if row is None:
-            raise BadInput(f"run {run_id!r}: no such run in {_store_url(storage)}")
+            raise BadInput(f"run {run_id!r}: no such run in {engine.url.render_as_string(hide_password=True)}")
         path = Path(row.output_dir) / RESOLVED_FILENAME
     if not path.is_file():
         raise BadInput(f"run {run_id!r}: its resolved config {path} is missing")
@@ -215,9 +234,12 @@ def _one_line(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: run the app, turning every bad input into one line and exit 2."""
+    # Prefect's telemetry heartbeat races the first flow run on a temporary server's SQLite
+    # ("database is locked" tracebacks); it sends nothing from here anyway.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
-        app(args=argv, prog_name="tidal", standalone_mode=False)
-    except (ConfigError, UnknownPolicyError, BadInput) as exc:
+        code = app(args=argv, prog_name="tidal", standalone_mode=False)
+    except (ConfigError, UnknownPolicyError, BadInput, StoreError) as exc:
         print(f"tidal: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except click_exc.NoArgsIsHelpError:
@@ -225,15 +247,15 @@ def main(argv: list[str] | None = None) -> int:
     except click_exc.UsageError as exc:
         print(f"tidal: error: {_one_line(exc.format_message())}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except click_exc.Exit as exc:
+    except typer.Exit as exc:  # typer >= 0.20: not in its click's exceptions module
         return exc.exit_code
-    except click_exc.Abort:
+    except typer.Abort:
         print("tidal: aborted", file=sys.stderr)
         return 130
     except click_exc.ClickException as exc:
         print(f"tidal: error: {_one_line(exc.format_message())}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    return 0
+    return code if isinstance(code, int) else 0  # a command's `raise typer.Exit(n)` comes back as n
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -80,7 +82,7 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
     cfg = load_checked(config, overrides or [])
     logger = get_run_logger()
     uid, out_dir, state = _open_run(cfg, resume)
-    owns_ray = init_ray(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus,
+    ray_temp_dir = init_ray(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus,
                         gpus=cfg.trainer_gpus + cfg.standalone_gpus, memory_gb=cfg.ray.memory_gb,
                         object_store_memory_gb=cfg.ray.object_store_memory_gb, temp_dir=cfg.ray.temp_dir,
                         namespace=uid)
@@ -92,16 +94,21 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
         next_step, consumed = _restore(plane, cfg, state)
         run = RunRef.from_config(cfg, uid=uid, output_dir=str(out_dir), consumed_before=consumed,
                                  ray_address=ray.get_runtime_context().gcs_address)
-        _warm_up(plane, run, version, bool(state and state.hybrid_active), prompts_for(cfg, consumed_set))
+        prompts = prompts_for(cfg, consumed_set)
+        # steps that still have data: a step never starts only to find the data gone
+        last_step = next_step - 1 + math.ceil(len(prompts) / cfg.step_required_samples)
+        if cfg.trainer.total_training_steps is not None:
+            last_step = min(last_step, cfg.trainer.total_training_steps)
+        _warm_up(plane, run, version, bool(state and state.hybrid_active), prompts)
         step_flow = training_step.with_options(task_runner=task_runner_for(cfg, run.ray_address))
         logger.info("run %s: %s steps from step %d", uid, cfg.trainer.total_training_steps or "all", next_step)
         step = next_step
-        while cfg.trainer.total_training_steps is None or step <= cfg.trainer.total_training_steps:
+        while step <= last_step:
             result = step_flow(run, step)
             printer.step(step, result)
             consumed += result["trained"]
             run = run.model_copy(update={"consumed_before": consumed})
-            if result["exhausted"] or result["trained"] == 0:
+            if result["trained"] == 0:
                 break
             step += 1
         report = write_report(cfg, uid, out_dir)
@@ -118,7 +125,8 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
         raise
     finally:
         plane.shutdown()
-        if owns_ray:
-            ray.shutdown()
+        ray.shutdown()  # ends a cluster this process started; only disconnects from an attached one
+        if ray_temp_dir:
+            shutil.rmtree(ray_temp_dir, ignore_errors=True)
 
 

@@ -79,9 +79,29 @@ def wait_for_samples(run: RunRef, step: int, wait_samples: int) -> dict[str, Any
             "deactivate": dataclasses.asdict(timing)}
 
 
+def _refill_if_stranded(run: RunRef, step: int) -> None:
+    """The last standalone replica died while the hybrids were asleep (after this step's
+    deactivate): nothing would generate while the trainer waits for its samples. Lend the hybrids
+    until one micro-step's samples are queued and take them back, as only-hybrid mode does."""
+    if run.hybrid_replicas == 0 or not _standalone_lost(run):
+        return
+    if ray.get(_actor(run, CONTROLLER).hybrid_active.remote()):
+        return  # the hybrids generate while the trainer waits
+    rollout = _actor(run, ROLLOUT_SERVICE)
+    if ray.get(rollout.queue_size.remote()) >= run.required_samples:
+        return
+    _controller(run, "hybrid_sync", step - 1)  # the param version in force during step `step`
+    _controller(run, "activate")
+    try:
+        ray.get(rollout.wait_for_queue.remote(run.required_samples, run.wait_timeout_s))
+    finally:
+        _controller(run, "deactivate")
+
+
 @task(name="train")
 def train(run: RunRef, step: int, micro_step: int) -> MicroReport:
     """One micro-step: pull ``required_samples`` from the queue and update the policy model."""
+    _refill_if_stranded(run, step)
     pending = _actor(run, TRAINER).train_micro_step.remote(run.wait_timeout_s)
     crash_point("train", step)
     return MicroReport.from_actor(ray.get(pending))

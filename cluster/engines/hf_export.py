@@ -132,17 +132,24 @@ def export_checkpoint(out_dir: str | os.PathLike, cfg: TinyLMConfig, state: Mapp
     tokenizer = tokenizer or CharTokenizer()
     if tokenizer.vocab_size != cfg.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids, model vocab_size={cfg.vocab_size}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    config = gpt2_config(cfg, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, dtype=dtype)
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    generation = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
-                  "pad_token_id": tokenizer.pad_id, "do_sample": True}
-    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    out = write_config(out_dir, cfg, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
+                       dtype=dtype)
     if state is not None:
         save_weights(state, out / WEIGHTS_FILE, dtype=getattr(torch, dtype))
     if with_tokenizer:
         save_tokenizer(out, tokenizer, model_max_length=cfg.max_seq_len)
+    return out
+
+
+def write_config(out_dir: str | os.PathLike, cfg: TinyLMConfig, *, bos_id: int, eos_id: int,
+                 pad_id: int | None = None, dtype: str = "float32") -> Path:
+    """``config.json`` + ``generation_config.json`` only: all vLLM needs to start with dummy weights."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = gpt2_config(cfg, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, dtype=dtype)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    generation = {"bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": pad_id, "do_sample": True}
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     return out
 
 

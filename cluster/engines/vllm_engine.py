@@ -175,10 +175,7 @@ class VLLMHost:
         self._shm_dir = shm_dir if os.path.isdir(shm_dir) else tempfile.gettempdir()
         self._uid = uuid.uuid4().hex[:8]
         self._files = itertools.count()
-        self._model_dir = tempfile.mkdtemp(prefix="tidal-vllm-model-")
-        from cluster.engines.hf_export import export_checkpoint
-
-        export_checkpoint(self._model_dir, model_cfg, None, dtype=dtype, with_tokenizer=False)
+        self._model_dir = _model_dir(model_cfg, eos_id, dtype)
         args: dict[str, Any] = dict(
             model=self._model_dir,
             skip_tokenizer_init=True,
@@ -209,7 +206,6 @@ class VLLMHost:
             self.llm = self.run(self._start(args, threads))
         except BaseException:
             self._stop_loop()
-            shutil.rmtree(self._model_dir, ignore_errors=True)
             raise
         self.start_s = time.perf_counter() - t0
         self.sleeping = False
@@ -286,7 +282,6 @@ class VLLMHost:
         self._closed = True
         self.llm = None  # AsyncLLM.__del__ at interpreter exit would shut down a second time
         self._stop_loop()
-        shutil.rmtree(self._model_dir, ignore_errors=True)
 
     def _stop_loop(self) -> None:
         self._closed = True
@@ -294,6 +289,34 @@ class VLLMHost:
         self._thread.join(timeout=10)
         if not self._thread.is_alive():
             self._loop.close()
+
+
+def _model_dir(cfg: TinyLMConfig, eos_id: int, dtype: str) -> str:
+    """A config-only GPT-2 model directory for ``cfg``, shared by every host with the same config.
+
+    Kept under the temp dir by content hash and never deleted (a few KB), so hosts killed with
+    their Ray actor leave nothing new behind. Written to a private directory, then renamed.
+    """
+    import hashlib
+    import json
+
+    from cluster.engines.hf_export import gpt2_config, write_config
+    from cluster.problems import BOS
+
+    bos_id = BOS  # vLLM never uses it: prompts arrive as token ids
+    key = json.dumps(gpt2_config(cfg, bos_id=bos_id, eos_id=eos_id, dtype=dtype), sort_keys=True)
+    root = os.path.join(tempfile.gettempdir(), "tidal-vllm-models")
+    final = os.path.join(root, hashlib.sha256(key.encode()).hexdigest()[:16])
+    if os.path.isfile(os.path.join(final, "config.json")):
+        return final
+    os.makedirs(root, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".staging-", dir=root)
+    write_config(staging, cfg, bos_id=bos_id, eos_id=eos_id, dtype=dtype)
+    try:
+        os.rename(staging, final)
+    except OSError:  # another process got there first
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
 
 
 def _kv_cache_bytes(cfg: TinyLMConfig, max_batch: int, dtype: str) -> int:

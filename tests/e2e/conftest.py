@@ -1,21 +1,35 @@
-"""End-to-end fixtures: a short temp dir under /tmp and a real local Prefect server.
+"""End-to-end fixtures: a short temp dir under /tmp, an embedded-Prefect run, a real Prefect server.
 
 Everything the e2e tests start gets its own temp dir (Prefect home; Ray temp dir under /tmp, as
 Ray's unix sockets cap the path length), a free loopback port and a timeout, and is ended by its
 pid at the end (see ``e2e_support``).
+
+The session's Prefect server is started on the Prefect home of a `tidal run` made just before it
+with no server (embedded Prefect, in-process task runner): one server start instead of two, and
+the embedded run's flow runs showing up in it is what ``test_embedded_prefect`` checks.
 """
 
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from e2e_support import kill_processes_mentioning
+from e2e_support import EMBEDDED_STEPS, TIDAL, client_env, kill_processes_mentioning, run_cmd, run_overrides
 
 from flows.prefect_server import LocalPrefectServer
+
+
+
+@dataclass(frozen=True)
+class EmbeddedRun:
+    home: Path  # its PREFECT_HOME
+    out: Path  # its store, outputs and Ray temp dir
+    done: subprocess.CompletedProcess
 
 
 @pytest.fixture(scope="session")
@@ -28,9 +42,23 @@ def short_tmp() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory) -> Iterator[LocalPrefectServer]:
-    """A real Prefect server on a free loopback port, with its own PREFECT_HOME; stopped by its pid."""
-    server = LocalPrefectServer(home=str(tmp_path_factory.mktemp("prefect-home")))
+def embedded_run(tmp_path_factory, short_tmp) -> EmbeddedRun:
+    """`tidal run tiny-cpu` for a few steps with no Prefect server, in its own PREFECT_HOME."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    out = short_tmp / "embedded"
+    out.mkdir()
+    sets = [arg for o in run_overrides(out, EMBEDDED_STEPS) for arg in ("--set", o)]
+    try:
+        done = run_cmd([*TIDAL, "run", "tiny-cpu", *sets], client_env(None, home=home), 240)
+    finally:
+        kill_processes_mentioning(str(out))  # its Ray cluster, if it died holding it
+    return EmbeddedRun(home, out, done)
+
+
+@pytest.fixture(scope="session")
+def prefect_server(embedded_run) -> Iterator[LocalPrefectServer]:
+    """A real Prefect server on a free loopback port, on the embedded run's PREFECT_HOME; stopped by its pid."""
+    server = LocalPrefectServer(home=str(embedded_run.home))
     server.start(timeout_s=120)
     try:
         yield server

@@ -22,6 +22,8 @@ import pytest
 from flows.prefect_server import LocalPrefectServer
 
 ROOT = Path(__file__).resolve().parents[2]
+EMBEDDED_STEPS = 3
+"""Steps of the session's embedded-Prefect run (conftest ``embedded_run``)."""
 PREFECT = [sys.executable, "-m", "prefect"]
 TIDAL = [sys.executable, "-m", "flows.cli"]
 
@@ -112,6 +114,7 @@ class FlowRunView:
     name: str
     state: str
     phases: tuple[str, ...]  # task names (``train-6b3`` → ``train``) in start order
+    parameters: dict[str, Any]
 
 
 def on_server(api_url: str, coro_fn: Any, *args: Any) -> Any:
@@ -129,7 +132,8 @@ async def _views(client: Any, flow_runs: list[Any]) -> list[FlowRunView]:
     for fr in sorted(flow_runs, key=lambda f: f.name):
         tasks = await client.read_task_runs(task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[fr.id])))
         ordered = sorted(tasks, key=lambda t: (t.start_time or t.expected_start_time, t.created))
-        views.append(FlowRunView(fr.id, fr.name, fr.state_name, tuple(t.name.rsplit("-", 1)[0] for t in ordered)))
+        phases = tuple(t.name.rsplit("-", 1)[0] for t in ordered)
+        views.append(FlowRunView(fr.id, fr.name, fr.state_name, phases, dict(fr.parameters)))
     return views
 
 

@@ -4,8 +4,9 @@
 
 Sets up Ray the way `training_run` does (``init_ray`` → a local cluster owned by this process, a
 named actor in the run's namespace), then runs a flow with ``task_runner_for`` + ``run_phase``
-once per runner kind. The probe reports its process, whether it is a Ray worker, which cluster it
-is attached to, and the answer of the run's actor, found by name like the real phases do.
+once per runner kind, four phases each. The probe reports its process, whether it is a Ray worker,
+which cluster it is attached to, the answer of the run's actor (found by name like the real
+phases do) and which Prefect API client it ran with.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from config import load_config
 from flows.runners import run_phase, task_runner_for
 
 NAMESPACE = "probe-run"
+PHASES = 4
 
 
 @ray.remote(num_cpus=0)
@@ -32,10 +34,13 @@ class Marker:
 
 @task(name="probe")
 def probe(namespace: str) -> dict:
+    from prefect.context import SyncClientContext
+
     context = ray.get_runtime_context()
     actor = ray.get_actor("marker", namespace=namespace)
     return {"pid": os.getpid(), "ray_worker": context.worker.mode == ray.WORKER_MODE,
-            "gcs_address": context.gcs_address, "actor_pid": ray.get(actor.pid.remote())}
+            "gcs_address": context.gcs_address, "actor_pid": ray.get(actor.pid.remote()),
+            "client": id(SyncClientContext.get().client)}
 
 
 def main(temp_dir: str) -> None:
@@ -50,10 +55,11 @@ def main(temp_dir: str) -> None:
             runner = task_runner_for(cfg, out["gcs_address"])
 
             @flow(name="runner-probe", flow_run_name=f"probe-{kind}", task_runner=runner)
-            def probe_flow() -> dict:
-                return run_phase(probe, NAMESPACE)
+            def probe_flow() -> list[dict]:
+                return [run_phase(probe, NAMESPACE) for _ in range(PHASES)]
 
-            out[kind] = {**probe_flow(), "runner": type(runner).__name__}
+            first, *rest = probe_flow()
+            out[kind] = {**first, "runner": type(runner).__name__, "rest": rest}
         print("PROBE " + json.dumps(out), flush=True)
     finally:
         if owns:

@@ -55,10 +55,19 @@ def probe(prefect_server, short_tmp) -> dict:
 @pytest.mark.slow
 def test_the_ray_runner_runs_a_phase_on_a_worker_of_the_runs_own_cluster(probe):
     ray_side = probe["ray"]
-    assert ray_side["runner"] == "RayTaskRunner"
+    assert ray_side["runner"] == "PhaseRayTaskRunner"  # prefect-ray's RayTaskRunner, one client per worker
     assert ray_side["ray_worker"] is True and ray_side["pid"] != probe["driver_pid"]
     assert ray_side["gcs_address"] == probe["gcs_address"]  # attached to the run's cluster, not a new one
     assert ray_side["actor_pid"] == probe["actor_pid"]  # and found the run's actor by name
+
+
+@pytest.mark.slow
+def test_phases_on_the_same_ray_worker_share_one_prefect_client(probe):
+    clients_by_worker: dict[int, set[int]] = {}
+    for phase in [probe["ray"], *probe["ray"]["rest"]]:
+        clients_by_worker.setdefault(phase["pid"], set()).add(phase["client"])
+    assert len(clients_by_worker) < 4  # sequential phases reuse idle workers
+    assert all(len(clients) == 1 for clients in clients_by_worker.values()), clients_by_worker
 
 
 @pytest.mark.slow
@@ -73,4 +82,4 @@ def test_the_thread_runner_runs_a_phase_in_the_flows_own_process(probe):
 def test_both_runners_record_their_phase_as_a_task_run_on_the_server(probe, prefect_server):
     runs = read_runs_of_flow(prefect_server.api_url, "runner-probe")
     assert [(r.name, r.state, r.phases) for r in runs] == [
-        ("probe-ray", "Completed", ("probe",)), ("probe-thread", "Completed", ("probe",))]
+        ("probe-ray", "Completed", ("probe",) * 4), ("probe-thread", "Completed", ("probe",) * 4)]

@@ -79,7 +79,8 @@ def fake(monkeypatch):
     return install
 
 
-TRAIN = [("trainer", "train_micro_step")] * 2
+# each micro-step first checks that some replica still generates (tasks.phases._refill_if_stranded)
+TRAIN = [("controller", "standalone_alive"), ("trainer", "train_micro_step")] * 2
 SYNC = [("controller", "broadcast"), ("rollout", "on_weight_sync")]
 
 

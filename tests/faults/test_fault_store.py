@@ -1,0 +1,333 @@
+"""Fault campaign, store faults: the step commit (`tasks.commit.commit`) against a real SQLite file
+locked by another writer past the busy timeout, and a real PostgreSQL stopped between steps and in
+the middle of a step's transaction. Each time: a one-line `StoreError`, no row of the failed step
+in any per-step table, and once the database is back the same step commits and resume reads it.
+
+The Ray actors that `commit` talks to (trainer checkpoint, controller records) are replaced by
+small fakes: the subject here is the transaction, not the data plane.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sqlite3
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+import tasks.commit as commit_mod
+from storage import (
+    StepRecord,
+    StoreError,
+    create_run,
+    latest_step,
+    load_resume_state,
+    make_engine,
+    migrate,
+    record_step,
+    session_scope,
+    sqlite_url,
+)
+from tasks.run_ref import RunRef
+
+PER_STEP_TABLES = ("steps", "policy_states", "metrics", "switch_events", "decisions", "checkpoints",
+                   "consumed_prompts")
+UID = "fault-run"
+
+# The PostgreSQL helpers of the storage tests, loaded by path (a second `conftest` module name
+# would clash with this folder's).
+_spec = importlib.util.spec_from_file_location(
+    "tidal_tests_storage_conftest", Path(__file__).resolve().parents[1] / "storage" / "conftest.py")
+pgtools = sys.modules.setdefault(_spec.name, importlib.util.module_from_spec(_spec))
+if not hasattr(pgtools, "PostgresServer"):
+    _spec.loader.exec_module(pgtools)
+
+
+# --------------------------------------------------------------------------------------- fakes
+
+
+class _Remote:
+    def __init__(self, fn):
+        self.remote = fn
+
+
+class _FakeTrainer:
+    def __init__(self):
+        self.save_checkpoint = _Remote(self._save)
+
+    @staticmethod
+    def _save(path):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_bytes(b"weights")
+        return {"path": path, "sha256": "0" * 64, "size_bytes": 7}
+
+
+class _FakeController:
+    def __init__(self):
+        self.drain_records = _Remote(lambda: {
+            "switch_events": [{"kind": "deactivate", "started_at": 1.0, "duration_s": 0.5,
+                               "phases": {"remove": 0.1}, "aborted": 1}],
+            "decisions": [{"hook": "should_deactivate", "answer": True, "reason": "r", "inputs": {},
+                           "duration_s": 0.0}],
+        })
+        self.hybrid_active = _Remote(lambda: False)
+        self.controller_state = _Remote(lambda: {"state": "STANDALONE_ONLY"})
+
+
+@pytest.fixture
+def fake_ray(monkeypatch):
+    actors = {commit_mod.CONTROLLER: _FakeController(), commit_mod.TRAINER: _FakeTrainer()}
+    fake = types.SimpleNamespace(get_actor=lambda name, namespace=None: actors[name], get=lambda ref: ref)
+    monkeypatch.setattr(commit_mod, "ray", fake)
+    monkeypatch.setattr(commit_mod, "_ENGINES", {})  # each test's own engine and busy timeout
+
+
+def _run_ref(url: str, tmp_path: Path, busy_timeout_ms: int = 30_000) -> RunRef:
+    return RunRef(uid=UID, namespace=UID, storage_url=url, busy_timeout_ms=busy_timeout_ms,
+                  output_dir=str(tmp_path / "out"), required_samples=2, trigger_parameter_sync_step=1,
+                  buffer_samples=0, only_hybrid=False, standalone_replicas=1, hybrid_replicas=1,
+                  trainer_gpus=1, standalone_gpus=1, policy="default")
+
+
+def _summary(step: int) -> dict:
+    return {"started_at": 100.0 * step, "policy_state": {"steps_seen": list(range(1, step + 1))},
+            "metrics": {"mq_size": float(step), "reward": 0.5},
+            "prompts": [(0, 2 * step), (0, 2 * step + 1)], "consumed_total": 2 * step, "generated_total": 0}
+
+
+def _commit(run: RunRef, step: int) -> dict:
+    return commit_mod.commit(run, step, step, _summary(step), now=100.0 * step + 5)
+
+
+def _new_store(url: str) -> None:
+    engine = make_engine(url)
+    migrate(engine)
+    with session_scope(engine) as s:
+        create_run(s, uid=UID, name="f", project="tests", policy="default", seed=0, config={},
+                   output_dir="/o")
+    engine.dispose()
+
+
+def _rows_of_step(url: str, step: int) -> dict[str, int]:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return {t: conn.execute(sa.text(f"SELECT count(*) FROM {t} WHERE step = :s"), {"s": step}).scalar_one()
+                    for t in PER_STEP_TABLES}
+    finally:
+        engine.dispose()
+
+
+def _resume_step(url: str) -> int | None:
+    engine = make_engine(url)
+    try:
+        with session_scope(engine) as s:
+            state = load_resume_state(s, UID)
+        return None if state is None else state.step
+    finally:
+        engine.dispose()
+
+
+FULL = {t: (2 if t == "metrics" or t == "consumed_prompts" else 1) for t in PER_STEP_TABLES}
+NONE = {t: 0 for t in PER_STEP_TABLES}
+
+
+# -------------------------------------------------------------------------------------- SQLite
+
+
+def test_a_commit_blocked_by_another_sqlite_writer_past_the_timeout_fails_cleanly_then_succeeds(tmp_path, fake_ray):
+    db = tmp_path / "store.db"
+    url = sqlite_url(db)
+    _new_store(url)
+    run = _run_ref(url, tmp_path, busy_timeout_ms=300)
+    _commit(run, 1)
+    assert _rows_of_step(url, 1) == FULL
+
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another writer holds the write lock and keeps it
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(StoreError) as raised:
+            _commit(run, 2)
+        waited = time.monotonic() - t0
+        message = str(raised.value)
+        assert "\n" not in message
+        assert "locked by another writer" in message and "300 ms" in message, message
+        assert waited >= 0.25, f"gave up after {waited:.3f}s, before the 300 ms busy timeout"
+        assert _rows_of_step(url, 2) == NONE  # nothing of step 2 anywhere (WAL: readers still read)
+        assert _resume_step(url) == 1
+    finally:
+        other.rollback()
+        other.close()
+
+    _commit(run, 2)  # the lock is gone: the same step commits whole
+    assert _rows_of_step(url, 2) == FULL
+    assert _resume_step(url) == 2
+
+
+def test_a_lock_released_within_the_busy_timeout_is_waited_for(tmp_path, fake_ray):
+    """The other half of the contract: a writer that finishes in time does not fail the commit."""
+    import threading
+
+    db = tmp_path / "store.db"
+    url = sqlite_url(db)
+    _new_store(url)
+    run = _run_ref(url, tmp_path, busy_timeout_ms=5_000)
+    other = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(0.5, other.rollback)
+    release.start()
+    try:
+        t0 = time.monotonic()
+        _commit(run, 1)
+        assert time.monotonic() - t0 >= 0.4  # it really waited for the other writer
+    finally:
+        release.join()
+        other.close()
+    assert _rows_of_step(url, 1) == FULL
+
+
+def test_a_failure_in_the_middle_of_a_step_leaves_no_row_of_it(tmp_path):
+    """A step whose later rows fail (here: a prompt already trained) rolls back its earlier rows."""
+    url = sqlite_url(tmp_path / "store.db")
+    _new_store(url)
+    engine = make_engine(url)
+    with session_scope(engine) as s:
+        run_id = create_run(s, uid="other", name="o", project="p", policy="default", seed=0, config={},
+                            output_dir="/o").id
+    with session_scope(engine) as s:
+        record_step(s, run_id, StepRecord(step=1, consumed_prompts=[(0, 1)]))
+    with pytest.raises(StoreError, match="trained twice"):
+        with session_scope(engine) as s:
+            record_step(s, run_id, StepRecord(step=2, metrics={"m": 1.0}, policy_state={"a": 1},
+                                              consumed_prompts=[(0, 2), (0, 1)]))
+    with session_scope(engine) as s:
+        assert latest_step(s, run_id).step == 1
+    engine.dispose()
+    assert _rows_of_step(url, 2) == NONE
+
+
+# ---------------------------------------------------------------------------------- PostgreSQL
+
+
+class StoppablePostgres:
+    """A throwaway PostgreSQL cluster that a test can stop and start again on the same port."""
+
+    def __init__(self, bin_dir: Path, account, root: Path):
+        self.bin_dir, self.root, self.data = bin_dir, root, root / "data"
+        self.as_user = {} if account is None else {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
+        self.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "TZ": "UTC"}
+        self.port = pgtools._free_port()
+        self.options = " ".join([
+            "-c listen_addresses=127.0.0.1", f"-c port={self.port}", f"-c unix_socket_directories={root}",
+            "-c fsync=off", "-c full_page_writes=off",
+        ])
+        self.server = pgtools.PostgresServer(host="127.0.0.1", port=self.port, user="tidal")
+
+    def pg(self, *args: str) -> None:
+        done = subprocess.run([str(self.bin_dir / args[0]), *args[1:]], cwd=self.root, env=self.env,
+                              capture_output=True, text=True, timeout=60, **self.as_user)
+        if done.returncode != 0:
+            log = (self.root / "server.log").read_text() if (self.root / "server.log").exists() else ""
+            raise RuntimeError(f"{args[0]} failed ({done.returncode}):\n{done.stderr}\n{log[-2000:]}")
+
+    def init(self) -> None:
+        self.pg("initdb", "-D", str(self.data), "-U", "tidal", "--auth=trust", "-E", "UTF8", "--no-sync")
+
+    def start(self) -> None:
+        self.pg("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-o", self.options,
+                "-w", "-t", "30", "start")
+
+    def stop(self, mode: str = "immediate") -> None:
+        """``immediate`` is a crash as far as clients are concerned: connections just drop."""
+        self.pg("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def running(self) -> bool:
+        return (self.data / "postmaster.pid").exists()
+
+
+@pytest.fixture(scope="module")
+def stoppable_pg():
+    pytest.importorskip("psycopg", reason="psycopg 3 is missing (pip install tidal[postgres])")
+    bin_dir = pgtools._pg_bin_dir()
+    if bin_dir is None:
+        pytest.skip(f"PostgreSQL server binaries (initdb, pg_ctl) not found on {pgtools.PG_SEARCH}")
+    account = pgtools._unprivileged_account()
+    root = Path(tempfile.mkdtemp(prefix="tidal-pg-fault-", dir="/tmp" if account else None))
+    if account is not None:
+        os.chown(root, account.pw_uid, account.pw_gid)
+    pg = StoppablePostgres(bin_dir, account, root)
+    try:
+        pg.init()
+        pg.start()
+        pg.server.create()
+        yield pg
+    finally:
+        if pg.running():
+            try:
+                pg.stop("fast")
+            except Exception:  # noqa: BLE001 - the temp folder goes anyway
+                pass
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_store(stoppable_pg):
+    if not stoppable_pg.running():
+        stoppable_pg.start()
+    url = stoppable_pg.server.empty_database()
+    _new_store(url)
+    yield url
+    if not stoppable_pg.running():
+        stoppable_pg.start()
+
+
+def test_postgresql_stopped_between_steps_then_restarted(tmp_path, fake_ray, stoppable_pg, pg_store):
+    url = pg_store
+    run = _run_ref(url, tmp_path)
+    _commit(run, 1)
+    stoppable_pg.stop()  # the database goes away while the run is between two steps
+    t0 = time.monotonic()
+    with pytest.raises(StoreError) as raised:
+        _commit(run, 2)
+    message = str(raised.value)
+    assert "\n" not in message and "postgresql" in message and "tidal@127.0.0.1" in message, message
+    assert time.monotonic() - t0 < 30  # a clear error, not a hang
+
+    stoppable_pg.start()
+    assert _rows_of_step(url, 2) == NONE
+    assert _resume_step(url) == 1
+    _commit(run, 2)  # the same process, the same cached engine: it reconnects
+    assert _rows_of_step(url, 2) == FULL
+    assert _resume_step(url) == 2
+
+
+def test_postgresql_stopped_inside_the_step_transaction_leaves_no_half_step(tmp_path, stoppable_pg, pg_store):
+    """The server dies after the step's rows were flushed but before COMMIT."""
+    url = pg_store
+    engine = make_engine(url)
+    with session_scope(engine) as s:
+        run_id = s.execute(sa.text("SELECT id FROM runs")).scalar_one()
+        record_step(s, run_id, StepRecord(step=1, metrics={"m": 1.0}))
+    with pytest.raises(StoreError) as raised:
+        with session_scope(engine, immediate=True) as s:
+            record_step(s, run_id, StepRecord(step=2, metrics={"m": 2.0}, policy_state={"x": 2},
+                                              consumed_prompts=[(0, 5)], checkpoint=("/c", "0" * 64, 1)))
+            stoppable_pg.stop()  # rows are on the server, uncommitted, when it goes away
+    assert "\n" not in str(raised.value) and "the store at" in str(raised.value), raised.value
+
+    stoppable_pg.start()
+    assert _rows_of_step(url, 2) == NONE
+    with session_scope(engine) as s:  # the old engine recovers (pre-ping) and step 2 commits now
+        record_step(s, run_id, StepRecord(step=2, metrics={"m": 2.0}, consumed_prompts=[(0, 5)]))
+    with session_scope(engine) as s:
+        assert latest_step(s, run_id).step == 2
+    engine.dispose()

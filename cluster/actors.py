@@ -74,6 +74,10 @@ class _EngineHost:
     def engine_stats(self) -> dict[str, float]:
         return dict(self.engine.stats())
 
+    async def close(self) -> None:
+        """Shut the engine down (vLLM's worker processes too) before the actor is killed."""
+        await self.engine.shutdown()
+
     def ping(self) -> str:
         return "ok"
 
@@ -173,6 +177,11 @@ class TrainerActor:
 
     def hybrid_stats(self) -> dict[str, dict[str, float]]:
         return {rid: dict(engine.stats()) for rid, engine in self.hybrids.items()}
+
+    async def close(self) -> None:
+        """Shut the hybrid engines and the backend down before the actor is killed."""
+        await asyncio.gather(*(engine.shutdown() for engine in self.hybrids.values()))
+        self.backend.close()
 
     def ping(self) -> str:
         return "ok"

@@ -214,6 +214,11 @@ class DataPlane:
             ray.get(self.rollout.stop.remote(), timeout=30)
         except Exception:  # noqa: BLE001 - best effort on the way out
             pass
+        for handle in (self.trainer, *self.standalone.values()):
+            try:  # engines first: vLLM's worker processes must not outlive their actor
+                ray.get(handle.close.remote(), timeout=30)
+            except Exception:  # noqa: BLE001
+                pass
         for handle in (self.controller, self.rollout, self.trainer, *self.standalone.values()):
             try:
                 ray.kill(handle, no_restart=True)

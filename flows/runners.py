@@ -79,37 +79,49 @@ def task_runner_for(cfg: TidalConfig, ray_address: str | None) -> Any:
 
 
 class PhaseRayTaskRunner(RayTaskRunner):
-    """prefect-ray's ``RayTaskRunner`` whose workers keep one Prefect API client for every phase.
+    """prefect-ray's ``RayTaskRunner``, with each Ray worker keeping Prefect's settings and API client.
 
-    Stock, each task builds a new client on its worker (twice: once for its parent's context, once
-    for its own), and most of that is creating a fresh SSL context: about two thirds of the
-    ~150 ms a phase costs on Ray here (profiled with py-spy). A Ray worker serves one driver and
-    runs its tasks one after another in its main thread, where context variables persist, so the
-    first phase on a worker opens a client for the run's API and leaves it in Prefect's client
-    context; Prefect's own ``get_client`` then hands it to every later phase on that worker.
+    Stock, every task rebuilds on its worker the Prefect settings it was sent (pydantic-settings
+    reads the environment and profile files again) and opens new API clients (each with a fresh
+    SSL context): most of the worker-side cost of a phase here (profiled with py-spy). A Ray worker
+    serves one driver and runs its tasks one after another in its main thread, where context
+    variables persist, so the worker builds the settings once per distinct settings and opens one
+    client per API URL, and Prefect's own ``get_client`` hands that client to every later phase.
     """
 
     @staticmethod
     def _run_prefect_task(*upstream_ray_obj_refs: Any, **kwargs: Any) -> Any:
-        _keep_worker_client(kwargs.get("context") or {})
-        return RayTaskRunner._run_prefect_task(*upstream_ray_obj_refs, **kwargs)
+        context = dict(kwargs.get("context") or {})
+        settings = context.pop("settings_context", None)  # entered below instead of rebuilt per task
+        with _worker_settings(settings):
+            _keep_worker_client(settings or {})
+            return RayTaskRunner._run_prefect_task(*upstream_ray_obj_refs, **{**kwargs, "context": context})
 
 
-_WORKER_CLIENT: dict[str, Any] = {}
-"""This worker process's long-lived client context and the API URL it talks to."""
+_WORKER: dict[str, Any] = {}
+"""This worker process's cached settings context and long-lived client context."""
 
 
-def _keep_worker_client(context: dict[str, Any]) -> None:
-    from prefect.context import SettingsContext, SyncClientContext
+def _worker_settings(settings: dict[str, Any] | None) -> Any:
+    """A fresh copy of the settings context built once for these serialized settings."""
+    if not settings:
+        return nullcontext()
+    from prefect.context import SettingsContext
 
-    settings = context.get("settings_context") or {}
-    url = ((settings.get("settings") or {}).get("api") or {}).get("url")  # cheap: no settings rebuild
-    if SyncClientContext.get() is _WORKER_CLIENT.get("context") is not None and _WORKER_CLIENT.get("url") == url:
+    if _WORKER.get("settings") != settings:
+        _WORKER.update(settings=settings, settings_context=SettingsContext(**settings))
+    return _WORKER["settings_context"].model_copy()
+
+
+def _keep_worker_client(settings: dict[str, Any]) -> None:
+    from prefect.context import SyncClientContext
+
+    url = ((settings.get("settings") or {}).get("api") or {}).get("url")
+    if SyncClientContext.get() is _WORKER.get("client_context") is not None and _WORKER.get("url") == url:
         return
-    with SettingsContext(**settings) if settings else nullcontext():  # the run's API, once per worker
-        client_context = SyncClientContext()
-        client_context.__enter__()  # deliberately left open: it lives as long as the worker
-    _WORKER_CLIENT.update(context=client_context, url=url)
+    client_context = SyncClientContext()  # built under the run's settings (entered by the caller)
+    client_context.__enter__()  # deliberately left open: it lives as long as the worker
+    _WORKER.update(client_context=client_context, url=url)
 
 
 def _log(message: str) -> None:

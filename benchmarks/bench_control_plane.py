@@ -23,7 +23,7 @@ Control-plane overhead = Prefect + policy+ctrl. It is a fixed cost per step (it 
 the data-plane work), so its share at a 60 s step (DESIGN's target: ≤ 2 %) is overhead / 60 s.
 
 Usage:
-    .venv/bin/python benchmarks/bench_control_plane.py [--steps 8] [--write benchmarks/RESULTS.md]
+    .venv/bin/python benchmarks/bench_control_plane.py [--steps 10] [--write benchmarks/RESULTS.md]
 """
 
 from __future__ import annotations
@@ -267,11 +267,14 @@ def markdown(results: list[tuple[Setup, dict[str, Any], float, float]], steps: i
         "",
         "Reading: the tiny job's steps last about a second, so here the control plane is a large share of each "
         "cycle. It is a fixed cost per step, though — one flow run and ~10 task runs whatever the GPUs do — so at "
-        f"DESIGN's 60 s step it comes to {shares} (target ≤ 2 %). Running a phase on a Ray worker instead of a "
-        f"thread adds ≈ {dispatch_ms:.0f} ms per phase (submission, Ray dispatch, rebuilding Prefect's context on the "
-        "worker), so each extra micro-step (`trigger_parameter_sync_step`, one `train` task each) costs that much "
-        "more on the Ray runner. The policy's own decisions take microseconds (last column); *policy + controller* "
-        "is building the context from the actors and the Ray round trips.",
+        f"DESIGN's 60 s step it comes to {shares} (target ≤ 2 %). Per phase, the Ray runner costs "
+        f"{dispatch_ms:+.0f} ms against the in-process runner on the same server: its workers keep Prefect's "
+        "settings and API client between phases (`flows/runners.py: PhaseRayTaskRunner`); stock prefect-ray "
+        "rebuilds both on the worker for every task, ≈ 100–150 ms more per phase here. Each extra micro-step "
+        "(`trigger_parameter_sync_step`, one `train` task each) adds one phase's cost; the step-1 column includes "
+        "one-off start-up (for the Ray runner, starting its first worker). The policy's own decisions take "
+        "microseconds (last column); *policy + controller* is building the context from the actors and the Ray "
+        "round trips.",
         f"<!-- /{MARK} -->",
     ]
     return "\n".join(lines) + "\n"
@@ -290,13 +293,13 @@ def write_section(path: Path, section: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=8, help="steps per setup (≥ 4)")
+    parser.add_argument("--steps", type=int, default=10, help="steps per setup (≥ 4)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds allowed per run")
     parser.add_argument("--write", type=Path, help="update this RESULTS.md's section")
     args = parser.parse_args(argv)
     if args.steps < 4:
         parser.error("--steps must be at least 4")
-    command = "python benchmarks/bench_control_plane.py" + (f" --steps {args.steps}" if args.steps != 8 else "") + (
+    command = "python benchmarks/bench_control_plane.py" + (f" --steps {args.steps}" if args.steps != 10 else "") + (
         f" --write {args.write}" if args.write else "")
     work = Path(tempfile.mkdtemp(prefix="tidal-bcp-", dir="/tmp"))
     home = work / "prefect-home"

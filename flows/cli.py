@@ -149,7 +149,10 @@ def run(
 
     # A malformed or unreachable store fails here, in one line, before any flow run starts.
     engine_for(cfg.storage.url, cfg.storage.busy_timeout_ms)
-    result = training_run(config=config, overrides=list(set_ or []))
+    from flows.runners import prefect_settings_for
+
+    with prefect_settings_for(cfg):
+        result = training_run(config=config, overrides=list(set_ or []))
     typer.echo(f"run {result['run']} finished: {result['output_dir']}")
 
 
@@ -161,8 +164,11 @@ def resume(
     """Continue a run from its last committed step, with its own resolved config."""
     from flows.training_run import training_run
 
+    from flows.runners import prefect_settings_for
+
     config_path = _run_config_path(run_id, storage)
-    result = training_run(config=str(config_path), overrides=[], resume=run_id)
+    with prefect_settings_for(load_checked(str(config_path), [])):
+        result = training_run(config=str(config_path), overrides=[], resume=run_id)
     typer.echo(f"run {result['run']} finished: {result['output_dir']}")
 
 

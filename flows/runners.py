@@ -3,12 +3,13 @@
 Two paths, both tested (``tests/e2e``):
 
 - **in-process** (``ThreadPoolTaskRunner``): the default when no Prefect server is configured;
-  works with Prefect's embedded (ephemeral) API and costs ~10 ms per task.
-- **Ray** (``prefect_ray.RayTaskRunner``): when a server is configured (``prefect.api_url`` or
-  ``PREFECT_API_URL``). Each phase runs as a Ray task on a worker of the run's *own* cluster —
-  the driver has already called ``ray.init`` for the run, so the runner reuses that connection
-  and never starts or stops a cluster. Phases are light (they call the run's actors), so they
-  reserve no CPU: they can never wait behind the data plane for a slot.
+  works with Prefect's embedded (ephemeral) API.
+- **Ray** (``PhaseRayTaskRunner``, prefect-ray's ``RayTaskRunner`` with workers that keep Prefect's
+  settings and client): when a server is configured. Each phase runs as a Ray task on a worker of
+  the run's *own* cluster — the driver has already called ``ray.init`` for the run, so the runner
+  reuses that connection and never starts or stops a cluster. Phases are light (they call the
+  run's actors), so they reserve no CPU: they can never wait behind the data plane for a slot.
+  Per-step costs of both: ``benchmarks/bench_control_plane.py``.
 
 Ephemeral Prefect with the Ray runner is unusable (every Ray worker would start its own temporary
 API server), so ``auto`` picks Ray only when this process really talks to a server: the effective

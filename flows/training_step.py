@@ -42,7 +42,7 @@ def training_step(run: RunRef, step: int) -> dict[str, Any]:
                            step_s=time.time() - started, version=version)
     consumed = [p for m in micro for p in m.prompts]
     summary = {"started_at": started, "policy_state": policy_state, "metrics": metrics, "prompts": consumed,
-               "consumed_total": run.consumed_before + len(consumed), "generated_total": 0}
+               "consumed_total": run.consumed_before + len(consumed)}
     commit = run_phase(commit_step, run, step, version, summary)
     return {**commit, "metrics": metrics, "hybrid_active": activation is not None, "trained": len(consumed),
             "exhausted": any(m.exhausted for m in micro) or len(micro) < run.trigger_parameter_sync_step}

@@ -40,7 +40,7 @@ def commit(run: RunRef, step: int, version: int, summary: dict[str, Any], now: f
         wall_s=now - summary["started_at"],
         hybrid_active_after=ray.get(controller.hybrid_active.remote()),
         controller_state=ray.get(controller.controller_state.remote()),
-        data_position={"consumed_total": summary["consumed_total"], "generated_total": summary["generated_total"]},
+        data_position={"consumed_total": summary["consumed_total"]},
         policy_state=summary["policy_state"],
         metrics=summary["metrics"],
         switch_events=records["switch_events"],

@@ -126,8 +126,11 @@ class TrainerActor:
         async with self._train_lock:
             t0 = time.perf_counter()
             pulled = await rollout.get_batch.remote(self.required_samples, timeout_s)
-            samples: list[Sample] = pulled["samples"]
+            samples: list[Sample] | None = pulled["samples"]
             waited = time.perf_counter() - t0
+            if samples is None:  # timed out, nothing taken: the caller decides whether to wait on
+                return {"samples": None, "timed_out": True, "wait_s": waited,
+                        "size_at_start": pulled["size_at_start"], "mq_size": pulled["mq_size"]}
             if not samples:
                 return {"samples": [], "wait_s": waited, "wait_samples": pulled["wait_samples"],
                         "mq_size": pulled["mq_size"], "exhausted": True, "allocated_s": waited}
@@ -257,9 +260,15 @@ class RolloutService:
     # -- the trainer's side ---------------------------------------------------------------------
 
     async def get_batch(self, k: int, timeout_s: float | None = None) -> dict[str, Any]:
+        """``k`` samples, or (on timeout, taking nothing) ``samples=None`` and ``timed_out``."""
         size_at_start = self.queue.size()
-        samples = await self.queue.get_batch(k, timeout_s)
+        try:
+            samples = await self.queue.get_batch(k, timeout_s)
+        except TimeoutError:
+            return {"samples": None, "timed_out": True, "size_at_start": size_at_start,
+                    "wait_samples": max(0, k - size_at_start), "mq_size": self.queue.size()}
         return {
+            "size_at_start": size_at_start,
             "samples": samples,
             "wait_samples": max(0, k - size_at_start),
             "mq_size": self.queue.size(),

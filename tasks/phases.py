@@ -98,13 +98,40 @@ def _refill_if_stranded(run: RunRef, step: int) -> None:
         _controller(run, "deactivate")
 
 
+STRANDED_POLL_S = 5.0
+"""How often a trainer waiting for samples re-checks that something can still generate them."""
+
+
 @task(name="train")
 def train(run: RunRef, step: int, micro_step: int) -> MicroReport:
-    """One micro-step: pull ``required_samples`` from the queue and update the policy model."""
-    _refill_if_stranded(run, step)
-    pending = _actor(run, TRAINER).train_micro_step.remote(run.wait_timeout_s)
-    crash_point("train", step)
-    return MicroReport.from_actor(ray.get(pending))
+    """One micro-step: pull ``required_samples`` from the queue and update the policy model.
+
+    The pull is made in slices of ``STRANDED_POLL_S``: if the last standalone replica dies while
+    the trainer waits, the next slice lends the hybrids to refill the queue instead of waiting
+    for samples nothing would generate.
+    """
+    deadline = time.monotonic() + (run.wait_timeout_s or float("inf"))
+    earlier_wait_s, size_at_start = 0.0, None
+    while True:
+        _refill_if_stranded(run, step)
+        poll = min(STRANDED_POLL_S, max(0.0, deadline - time.monotonic()))
+        pending = _actor(run, TRAINER).train_micro_step.remote(poll)
+        crash_point("train", step)
+        report = ray.get(pending)
+        if size_at_start is None:
+            size_at_start = report.get("size_at_start")
+        if not report.get("timed_out"):
+            break
+        earlier_wait_s += report["wait_s"]
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"step {step}: no {run.required_samples} samples after {run.wait_timeout_s}s "
+                               f"({report['mq_size']} queued)")
+    if earlier_wait_s:  # one pull, as the policy sees it, spread over several slices
+        report["wait_s"] += earlier_wait_s
+        report["allocated_s"] = report.get("allocated_s", 0.0) + earlier_wait_s
+        if size_at_start is not None:
+            report["wait_samples"] = max(0, run.required_samples - size_at_start)
+    return MicroReport.from_actor(report)
 
 
 @task(name="broadcast_sync")

@@ -55,3 +55,32 @@ class RolloutEngine(Protocol):
     def stats(self) -> dict[str, float]:
         """Counters: generated_tokens, prefill_tokens, aborted_requests, busy_s …"""
         ...
+
+
+class EngineState:
+    """The state flags every engine keeps, read through the contract's properties.
+
+    An engine sets ``_version``, ``_sleeping``, ``_paused`` and ``_weights_loaded``; this mixin
+    exposes them (one definition instead of one per engine).
+    """
+
+    _version: int
+    _sleeping: bool
+    _paused: bool
+    _weights_loaded: bool
+
+    @property
+    def param_version(self) -> int:
+        return self._version
+
+    @property
+    def is_sleeping(self) -> bool:
+        return self._sleeping
+
+    @property
+    def is_paused(self) -> bool:
+        return self._paused
+
+    @property
+    def weights_loaded(self) -> bool:
+        return self._weights_loaded

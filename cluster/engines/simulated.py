@@ -35,10 +35,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cluster.engines.base import EngineState
 from cluster.types import FinishReason, GenerationRequest, GenerationResult
 
 
-class SimulatedEngine:
+class SimulatedEngine(EngineState):
     """A rollout engine that sleeps instead of computing (see the module docstring).
 
     Like the torch engine it starts awake without weights: ``load_weights`` (any mapping; the
@@ -99,22 +100,6 @@ class SimulatedEngine:
         }
 
     # ---------------------------------------------------------------- state
-
-    @property
-    def param_version(self) -> int:
-        return self._version
-
-    @property
-    def is_sleeping(self) -> bool:
-        return self._sleeping
-
-    @property
-    def is_paused(self) -> bool:
-        return self._paused
-
-    @property
-    def weights_loaded(self) -> bool:
-        return self._weights_loaded
 
     def stats(self) -> dict[str, float]:
         return {**self._stats, "running_requests": len(self._running), "waiting_requests": len(self._waiting)}

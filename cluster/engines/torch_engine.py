@@ -45,10 +45,11 @@ from typing import Any
 import torch
 
 from cluster.model import KVCache, TinyLM, TinyLMConfig
+from cluster.engines.base import EngineState
 from cluster.types import FinishReason, GenerationRequest, GenerationResult
 
 
-class TorchEngine:
+class TorchEngine(EngineState):
     """One replica's torch engine: ``TinyLM`` weights + a ``max_batch``-slot KV cache.
 
     The engine starts awake with memory allocated but *no weights*: ``load_weights`` must run
@@ -103,22 +104,6 @@ class TorchEngine:
         }
 
     # ---------------------------------------------------------------- state
-
-    @property
-    def param_version(self) -> int:
-        return self._version
-
-    @property
-    def is_sleeping(self) -> bool:
-        return self._sleeping
-
-    @property
-    def is_paused(self) -> bool:
-        return self._paused
-
-    @property
-    def weights_loaded(self) -> bool:
-        return self._weights_loaded
 
     @property
     def kv_cache_bytes(self) -> int:

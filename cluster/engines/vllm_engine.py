@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from cluster.model import TinyLMConfig
+from cluster.engines.base import EngineState
 from cluster.types import FinishReason, GenerationRequest, GenerationResult
 
 log = logging.getLogger(__name__)
@@ -330,7 +331,7 @@ def _kv_cache_bytes(cfg: TinyLMConfig, max_batch: int, dtype: str) -> int:
 # Engine: the contract
 
 
-class VLLMEngine:
+class VLLMEngine(EngineState):
     """One replica's vLLM engine (see the module docstring).
 
     Builds its own ``VLLMHost`` unless ``host`` is given (then the host's owner shuts it down;
@@ -376,22 +377,6 @@ class VLLMEngine:
         }
 
     # ---------------------------------------------------------------- state
-
-    @property
-    def param_version(self) -> int:
-        return self._version
-
-    @property
-    def is_sleeping(self) -> bool:
-        return self._sleeping
-
-    @property
-    def is_paused(self) -> bool:
-        return self._paused
-
-    @property
-    def weights_loaded(self) -> bool:
-        return self._weights_loaded
 
     def stats(self) -> dict[str, float]:
         """Counters since construction, plus requests in flight and memory."""

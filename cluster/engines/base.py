@@ -18,6 +18,7 @@ Contract (tested by ``tests/engines/test_engine_contract.py``):
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -58,10 +59,11 @@ class RolloutEngine(Protocol):
 
 
 class EngineState:
-    """The state flags every engine keeps, read through the contract's properties.
+    """The state flags every engine keeps, and the contract verbs that only touch them.
 
-    An engine sets ``_version``, ``_sleeping``, ``_paused`` and ``_weights_loaded``; this mixin
-    exposes them (one definition instead of one per engine).
+    An engine sets ``_version``, ``_sleeping``, ``_paused`` and ``_weights_loaded`` and provides
+    ``_abort_where(match)`` (sync or async: it finishes the matching requests with ``abort`` and
+    returns how many); this mixin does the rest once for every engine.
     """
 
     _version: int
@@ -84,3 +86,22 @@ class EngineState:
     @property
     def weights_loaded(self) -> bool:
         return self._weights_loaded
+
+    async def abort(self, request_ids: Sequence[str]) -> int:
+        """Finish the matching waiting or running requests with ``abort``; returns how many."""
+        wanted = set(request_ids)
+        return await self._aborted(lambda r: r.request.request_id in wanted)
+
+    async def abort_all(self) -> int:
+        return await self._aborted(lambda r: True)
+
+    async def pause(self) -> None:
+        """Refuse new requests (they return ``abort`` at once); running ones continue."""
+        self._paused = True
+
+    async def resume(self) -> None:
+        self._paused = False
+
+    async def _aborted(self, match: Any) -> int:
+        count = self._abort_where(match)  # type: ignore[attr-defined]
+        return await count if inspect.isawaitable(count) else count

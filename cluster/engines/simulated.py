@@ -140,19 +140,6 @@ class SimulatedEngine(EngineState):
         self._work.set()
         return await seq.future
 
-    async def abort(self, request_ids: Sequence[str]) -> int:
-        wanted = set(request_ids)
-        return self._abort_where(lambda seq: seq.request.request_id in wanted)
-
-    async def abort_all(self) -> int:
-        return self._abort_where(lambda seq: True)
-
-    async def pause(self) -> None:
-        self._paused = True
-
-    async def resume(self) -> None:
-        self._paused = False
-
     # ---------------------------------------------------------------- memory and weights
 
     async def sleep(self) -> None:

@@ -141,21 +141,6 @@ class TorchEngine(EngineState):
         self._work.set()
         return await seq.future
 
-    async def abort(self, request_ids: Sequence[str]) -> int:
-        """Finish the matching waiting or running requests with ``abort``; returns how many."""
-        wanted = set(request_ids)
-        return self._abort_where(lambda seq: seq.request.request_id in wanted)
-
-    async def abort_all(self) -> int:
-        return self._abort_where(lambda seq: True)
-
-    async def pause(self) -> None:
-        """Refuse new requests (they return ``abort`` at once); running ones continue."""
-        self._paused = True
-
-    async def resume(self) -> None:
-        self._paused = False
-
     # ---------------------------------------------------------------- memory and weights
 
     async def sleep(self) -> None:

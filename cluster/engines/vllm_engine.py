@@ -411,21 +411,6 @@ class VLLMEngine(EngineState):
             self._live.pop(internal, None)
             self._mark_busy()
 
-    async def abort(self, request_ids: Sequence[str]) -> int:
-        """Finish the matching requests with ``abort`` (tokens so far); returns how many."""
-        wanted = set(request_ids)
-        return await self._abort_where(lambda r: r.request.request_id in wanted)
-
-    async def abort_all(self) -> int:
-        return await self._abort_where(lambda r: True)
-
-    async def pause(self) -> None:
-        """Refuse new requests (they return ``abort`` at once); running ones continue."""
-        self._paused = True
-
-    async def resume(self) -> None:
-        self._paused = False
-
     # ---------------------------------------------------------------- memory and weights
 
     async def sleep(self) -> None:

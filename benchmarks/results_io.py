@@ -1,0 +1,55 @@
+"""Where every benchmark leaves its numbers: a marked section of RESULTS.md and a JSON file.
+
+Each benchmark owns one section of ``benchmarks/RESULTS.md``, between ``<!-- NAME -->`` and
+``<!-- /NAME -->``; :func:`write_section` replaces just that block (reading the file fresh, since
+other benchmarks write there too) or appends it. Its machine-readable figures go to
+``benchmarks/results/NAME.json`` (:func:`write_json`); ``benchmarks/run_all.py`` (``make bench``)
+merges those files into ``benchmarks/results.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+RESULTS_MD = BENCH / "RESULTS.md"
+RESULTS_DIR = BENCH / "results"
+HEADER = "# Benchmark results\n\nEach section says the command that produced it; rerun it to refresh that section.\n"
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_section(name: str, body: str, path: Path = RESULTS_MD) -> None:
+    """Replace (or append) the ``name`` block of ``path``; ``body`` is the markdown inside it."""
+    block = f"<!-- {name} -->\n{body.rstrip()}\n<!-- /{name} -->"
+    text = path.read_text(encoding="utf-8") if path.exists() else HEADER
+    pattern = re.compile(rf"<!-- {re.escape(name)} -->.*?<!-- /{re.escape(name)} -->", re.S)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + block + "\n"
+    _atomic_write(path, text)
+
+
+def write_json(name: str, data: dict[str, Any]) -> Path:
+    """Write ``benchmarks/results/NAME.json`` atomically and return its path."""
+    path = RESULTS_DIR / f"{name}.json"
+    _atomic_write(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    return path
+
+
+def read_json(name: str) -> dict[str, Any] | None:
+    path = RESULTS_DIR / f"{name}.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None

@@ -17,7 +17,7 @@ from cluster.ray_cluster import init_ray
 from config import TidalConfig, to_plain, write_resolved
 from flows.progress import StepPrinter
 from flows.report import write_report
-from flows.runners import task_runner_for
+from flows.runners import step_flow_settings, task_runner_for
 from flows.training_step import training_step
 from storage import RunStatus, create_run, load_resume_state, migrate, session_scope, set_run_status
 from tasks.commit import engine_for
@@ -104,7 +104,8 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
         logger.info("run %s: %s steps from step %d", uid, cfg.trainer.total_training_steps or "all", next_step)
         step = next_step
         while step <= last_step:
-            result = step_flow(run, step)
+            with step_flow_settings():
+                result = step_flow(run, step)
             printer.step(step, result)
             consumed += result["trained"]
             run = run.model_copy(update={"consumed_before": consumed})

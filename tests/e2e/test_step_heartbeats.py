@@ -1,0 +1,45 @@
+"""Step flow runs send no heartbeats; the parent run keeps its own.
+
+Prefect joins a flow run's heartbeat thread on exit, and that thread sleeps in whole seconds, so a
+heartbeating flow run ends up to 1 s late; `flows.runners.step_flow_settings` turns heartbeats off
+for the `training_step` runs only (benchmarks/RESULTS.md, control-plane overhead, has the effect).
+"""
+
+from __future__ import annotations
+
+import pytest
+from prefect import flow
+from prefect.settings import get_current_settings
+
+from flows.runners import step_flow_settings
+
+pytestmark = pytest.mark.slow
+
+
+@flow(name="heartbeat-probe-child")
+def _child() -> object:
+    return get_current_settings().flows.heartbeat_frequency
+
+
+@flow(name="heartbeat-probe-parent")
+def _parent() -> tuple[object, object, object]:
+    outside = _child()
+    with step_flow_settings():
+        inside = _child()
+    return get_current_settings().flows.heartbeat_frequency, outside, inside
+
+
+def test_step_flow_runs_skip_heartbeats_and_the_parent_keeps_them():
+    parent, plain_child, step_child = _parent()
+    assert parent == plain_child == get_current_settings().flows.heartbeat_frequency
+    assert isinstance(parent, int) and parent >= 30
+    assert step_child is None
+
+
+def test_the_training_run_flow_runs_its_steps_inside_step_flow_settings():
+    import inspect
+
+    import flows.training_run as tr
+
+    src = inspect.getsource(tr)
+    assert "with step_flow_settings():\n                result = step_flow(run, step)" in src

@@ -31,8 +31,10 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
+# Every benchmark, one after the other (~1 h on 2 cores; results: benchmarks/RESULTS.md and
+# benchmarks/results.json). `make bench ONLY=compare,faults` runs a subset.
 bench: $(STAMP)
-	$(PY) benchmarks/bench_sim.py
+	$(PY) benchmarks/run_all.py $(if $(ONLY),--only $(ONLY),)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -55,9 +55,15 @@ def _machine() -> str:
 # --------------------------------------------------------------------------------------------
 
 
+FIGURES: dict[str, dict] = {}
+"""Machine-readable figures of the sections run in this process (``--write`` saves them as
+``benchmarks/results/sim_SECTION.json``)."""
+
+
 def bench_speed() -> str:
     """Wall-clock seconds of one 400-step simulation on 32 GPUs (best and median of 5)."""
     rows = []
+    figures = FIGURES.setdefault("speed", {"setups": {}})
     for label, cfg in [("static 16+16", _load("static-16-16")), ("dynamic 16+16 default", _load("dynamic"))]:
         times, cpu, result = [], [], None
         for _ in range(5):
@@ -66,6 +72,8 @@ def bench_speed() -> str:
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
         assert result is not None
+        figures["setups"][label] = {"steps": len(result.steps), "best_s": min(times),
+                                    "median_s": statistics.median(times), "best_cpu_s": min(cpu)}
         rows.append(
             f"| {label} | {len(result.steps)} | {result.events_handled:,} | {min(times):.2f} | "
             f"{statistics.median(times):.2f} | {min(cpu):.2f} | {result.events_handled / min(times):,.0f} |"
@@ -97,6 +105,7 @@ def bench_sweep() -> str:
         label = f"{train}+{32 - train} {policy} ratio {ratio} rebalance {'on' if rebalance else 'off'}"
         results.append((label, simulate(cfg, seed=0)))
     took, cpu = time.perf_counter() - t0, time.process_time() - c0
+    FIGURES["sweep"] = {"configs": len(grid), "wall_s": took, "cpu_s": cpu}
     results.sort(key=lambda item: item[1].wall_clock_s)
     best = [f"| {label} | {_h(r.wall_clock_s)} | {r.wall_clock_s / r.fluid_bound_s:.2f} | {r.switches} |"
             for label, r in results[:5]]
@@ -268,6 +277,10 @@ def main() -> None:
     print(body)
     if args.write:
         write_section(Path(args.write), args.section, body)
+        if args.section in FIGURES:
+            from results_io import write_json
+
+            write_json(f"sim_{args.section}", {**FIGURES[args.section], "load_average": os.getloadavg()[0]})
 
 
 if __name__ == "__main__":

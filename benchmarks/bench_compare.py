@@ -1,0 +1,515 @@
+"""Real compute on CPU: static split vs dynamic scheduling vs colocated, side by side.
+
+2 cores = 2 "GPUs". For each preset (``bench/rollout-bound``, ``bench/training-bound``) and seed,
+the same job (same trained samples) runs through the whole system (`tidal run`: a Prefect flow per
+step over Ray actors, torch engine, torch GRPO trainer) in four setups, interleaved seed by seed so
+that the machine's load drifts over all of them alike:
+
+    static       1 trainer + 1 rollout, policy ``static_fully_async`` (the hybrid is never lent)
+    default      1 + 1, the trainer's core lent as a hybrid replica while it waits (``default``)
+    fixed_ratio  1 + 1, the same with ``fixed_ratio``
+    colocated    no standalone pool: both cores on the trainer, its two hybrids generate between
+                 training phases (only-hybrid mode)
+
+The fluid bound of a run is what two perfectly shared cores would need for that run's useful work:
+``(generated response tokens × c_gen + trained tokens × c_train) / 2``, with ``c_gen`` (seconds per
+generated token, the torch engine at the preset's full concurrency, one thread) and ``c_train``
+(seconds per trained token, the torch backend on one thread, the preset's PPO epochs) measured here,
+in this process, before the runs. Wall clock = first step's start to last step's end (start-up of
+Ray and the actors is left out, equal for every setup); the whole process's wall is reported too.
+
+Writes a RESULTS.md section (``bench_compare``), ``benchmarks/results/compare.json`` and plots
+(reward curves with the static seeds' band, mq_size per step, utilizations).
+
+Usage:
+    .venv/bin/python benchmarks/bench_compare.py [--presets rollout-bound,training-bound]
+        [--seeds 0,1,2] [--setups static,default,fixed_ratio,colocated] [--steps N]
+        [--workdir DIR] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(BENCH))
+
+from config import load_config  # noqa: E402
+from results_io import write_json, write_section  # noqa: E402
+
+SETUPS: dict[str, list[str]] = {
+    "static": ["async_training.dynamic_schedule_policy=static_fully_async"],
+    "default": ["async_training.dynamic_schedule_policy=default"],
+    "fixed_ratio": ["async_training.dynamic_schedule_policy=fixed_ratio"],
+    "colocated": ["rollout.nnodes=0", "trainer.n_gpus_per_node=2", "async_training.dynamic_schedule_policy=default"],
+}
+DYNAMIC = ("default", "fixed_ratio")
+REWARD = "train/reward_mean"
+
+
+# ------------------------------------------------------------------------------------------
+# Calibration: per-token costs on one core, measured in this process
+# ------------------------------------------------------------------------------------------
+
+async def _gen_cost(cfg, seconds: float) -> float:
+    """CPU seconds per generated token: keep the engine's batch full (EOS ignored) for ``seconds``.
+
+    CPU time of this process (the engine's worker thread and the event loop feeding it), so that
+    a busy shared machine does not inflate the cost."""
+    import torch
+
+    from cluster.builders import model_config, requests_per_replica
+    from cluster.engines.torch_engine import TorchEngine
+    from cluster.model import TinyLM
+    from cluster.problems import CharTokenizer, make_problems
+    from cluster.types import GenerationRequest, SamplingSpec
+
+    tok = CharTokenizer()
+    mcfg = model_config(cfg, tok)
+    batch = requests_per_replica(cfg)
+    prompts = [tok.encode(p.prompt) for p in make_problems(cfg.task.name, 256, seed=1)]
+    engine = TorchEngine(mcfg, max_batch=batch, threads=1, eos_id=tok.eos_id, seed=0)
+    torch.manual_seed(0)
+    await engine.load_weights(TinyLM(mcfg).state_dict(), 0)
+    r = cfg.actor_rollout_ref.rollout
+    spec = SamplingSpec(r.response_length, temperature=r.temperature, ignore_eos=True)
+    counter = 0
+
+    async def worker(deadline: float) -> None:
+        nonlocal counter
+        while time.perf_counter() < deadline:
+            counter += 1
+            await engine.generate(GenerationRequest(f"c{counter}", prompts[counter % len(prompts)], spec))
+
+    await asyncio.gather(*(worker(time.perf_counter() + 0.5) for _ in range(batch)))  # warm-up
+    before = engine.stats()["generated_tokens"]
+    t0, c0 = time.perf_counter(), time.process_time()
+    await asyncio.gather(*(worker(t0 + seconds) for _ in range(batch)))
+    cpu = time.process_time() - c0
+    tokens = engine.stats()["generated_tokens"] - before
+    await engine.shutdown()
+    return cpu / tokens
+
+
+def _train_cost(cfg, repeats: int) -> float:
+    """CPU seconds per trained token (prompt + response, every response): the torch backend."""
+    import torch
+
+    from bench_train import make_batch
+    from cluster.backends import build_backend
+    from cluster.problems import CharTokenizer, make_problems
+
+    torch.set_num_threads(1)
+    tok = CharTokenizer()
+    problems = make_problems(cfg.task.name, cfg.task.num_prompts, cfg.task.seed)
+    cfg = cfg.model_copy(update={"engines": cfg.engines.model_copy(update={"train": "torch"})})
+    backend = build_backend(cfg, tok, problems)
+    batch = make_batch(cfg, tok, problems)
+    backend.train_step(batch)  # warm-up
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.process_time()
+        result = backend.train_step(batch)
+        best = min(best, time.process_time() - t0)
+    return best / float(result.metrics["tokens"])
+
+
+def calibrate(cfg, gen_seconds: float = 4.0, train_repeats: int = 15) -> dict[str, float]:
+    import torch
+
+    torch.set_num_threads(1)
+    return {"gen_s_per_token": asyncio.run(_gen_cost(cfg, gen_seconds)),
+            "train_s_per_token": _train_cost(cfg, train_repeats)}
+
+
+# ------------------------------------------------------------------------------------------
+# Runs
+# ------------------------------------------------------------------------------------------
+
+def tidal_run(preset: str, setup: str, seed: int, work: Path, extra: list[str], ray_address: str | None,
+              timeout_s: float) -> tuple[list[str], float, int]:
+    """`tidal run bench/PRESET` for one setup and seed in its own store; (command, wall, exit code)."""
+    name = f"{preset}-{setup}-s{seed}"
+    sets = [f"storage.url=sqlite:///{work / name}.db", f"trainer.default_local_dir={work / name}",
+            f"trainer.seed={seed}", f"trainer.experiment_name={name}", *SETUPS[setup], *extra]
+    if ray_address:
+        sets.append(f"ray.address={ray_address}")
+    tidal = Path(sys.executable).parent / "tidal"
+    cmd = [str(tidal) if tidal.exists() else sys.executable, *([] if tidal.exists() else ["-m", "flows.cli"]),
+           "run", f"bench/{preset}"]
+    for s in sets:
+        cmd += ["--set", s]
+    env = dict(os.environ, PREFECT_HOME=str(work / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    env.pop("PREFECT_API_URL", None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    t0 = time.perf_counter()
+    with open(work / f"{name}.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code = 124
+        finally:  # the run's own group only: an ephemeral Prefect server may outlive a killed driver
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return cmd, time.perf_counter() - t0, code
+
+
+def read_run(db: Path) -> dict[str, Any]:
+    import sqlalchemy as sa
+
+    from storage import make_engine, run_summaries, session_scope, step_metrics
+    from storage.models import Run, SwitchEvent
+
+    engine = make_engine(f"sqlite:///{db}")
+    try:
+        with session_scope(engine) as s:
+            (summary,) = run_summaries(s)
+            rows = step_metrics(s, summary.uid)
+            run_id = s.scalar(sa.select(Run.id).where(Run.uid == summary.uid))
+            kinds = s.execute(sa.select(SwitchEvent.kind, sa.func.count()).where(SwitchEvent.run_id == run_id)
+                              .group_by(SwitchEvent.kind)).all()
+    finally:
+        engine.dispose()
+    return {"uid": summary.uid, "status": summary.status, "rows": rows, "switches": dict(kinds)}
+
+
+def _col(rows: list[dict], key: str) -> list[float]:
+    return [float(r[key]) for r in rows if r.get(key) is not None]
+
+
+def _mean(xs: list[float]) -> float:
+    xs = [x for x in xs if not math.isnan(x)]
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def summarize_run(run: dict[str, Any], cal: dict[str, float], process_wall: float, staleness_bound: int) -> dict:
+    rows = run["rows"]
+    span = float(rows[-1]["finished_at"]) - float(rows[0]["started_at"])
+    # train/* are per micro-step means (metrics.aggregate); × micro-steps = the step's total
+    micro = [float(r["fully_async/trained_samples"]) / float(r["train/samples"]) for r in rows if r.get("train/samples")]
+    gen_tokens = sum(m * float(r["train/response_tokens"]) for m, r in zip(micro, (r for r in rows if r.get("train/samples"))))
+    train_tokens = sum(m * float(r["train/tokens"]) for m, r in zip(micro, (r for r in rows if r.get("train/samples"))))
+    fluid = (gen_tokens * cal["gen_s_per_token"] + train_tokens * cal["train_s_per_token"]) / 2.0
+    return {
+        "uid": run["uid"],
+        "status": run["status"],
+        "steps": len(rows),
+        "trained_samples": sum(_col(rows, "fully_async/trained_samples")),
+        "wall_s": span,
+        "process_wall_s": process_wall,
+        "step_s_mean": _mean(_col(rows, "wall_s")),
+        "fluid_bound_s": fluid,
+        "fraction_of_fluid_bound": fluid / span if span > 0 else math.nan,
+        "train_util": _mean(_col(rows, "dynamic_resource/train_resource_utilization")),
+        "rollout_util": _mean(_col(rows, "dynamic_resource/rollout_resource_utilization")),
+        "cluster_util": _mean(_col(rows, "dynamic_resource/resource_utilization")),
+        "mq_size": _col(rows, "dynamic_resource/mq_size"),
+        "mq_size_mean": _mean(_col(rows, "dynamic_resource/mq_size")),
+        "switches": run["switches"],
+        "deactivations": int(run["switches"].get("deactivate", 0)),
+        "aborted_tokens": sum(_col(rows, "waste/aborted_tokens")),
+        "reprefilled_tokens": sum(_col(rows, "waste/reprefilled_tokens")),
+        "switch_s": sum(_col(rows, "waste/switch_s")),
+        "reward": _col(rows, REWARD),
+        "reward_first3": _mean(_col(rows, REWARD)[:3]),
+        "reward_last3": _mean(_col(rows, REWARD)[-3:]),
+        "max_staleness": max(_col(rows, "fully_async/max_staleness"), default=math.nan),
+        "staleness_bound": staleness_bound,
+        "gen_tokens": gen_tokens,
+        "train_tokens": train_tokens,
+    }
+
+
+def staleness_bound(cfg) -> int:
+    """The most versions a trained sample may lag: it was started at most one sync before the
+    version that trains it (the started-count cap resets at every sync), plus one for a sample
+    started just before a sync and trained after the next one when the queue ran over."""
+    return 1 + math.ceil(cfg.async_training.staleness_threshold)
+
+
+# ------------------------------------------------------------------------------------------
+# Summary, plots, report
+# ------------------------------------------------------------------------------------------
+
+def _rolling(xs: list[float], w: int = 3) -> list[float]:
+    return [_mean(xs[max(0, i - w + 1): i + 1]) for i in range(len(xs))]
+
+
+def band_check(results: dict[str, dict[int, dict]], setup: str) -> dict[str, Any]:
+    """Share of steps where ``setup``'s seed-mean reward (rolling 3) lies inside the static seeds'
+    min..max band (rolling 3 each)."""
+    static = [_rolling(r["reward"]) for r in results["static"].values()]
+    dyn = [_rolling(r["reward"]) for r in results[setup].values()]
+    n = min(len(c) for c in static + dyn)
+    inside, worst = 0, 0.0
+    for i in range(n):
+        lo, hi = min(c[i] for c in static), max(c[i] for c in static)
+        m = _mean([c[i] for c in dyn])
+        if lo - 1e-12 <= m <= hi + 1e-12:
+            inside += 1
+        else:
+            worst = max(worst, lo - m if m < lo else m - hi)
+    return {"steps": n, "inside": inside, "share_inside": inside / n if n else math.nan, "worst_outside": worst}
+
+
+def summarize_preset(results: dict[str, dict[int, dict]]) -> dict[str, Any]:
+    seeds = sorted(results["static"])
+    out: dict[str, Any] = {"seeds": seeds, "setups": {}}
+    for setup, per_seed in results.items():
+        ratios = [results["static"][s]["wall_s"] / per_seed[s]["wall_s"] for s in seeds if s in per_seed]
+        out["setups"][setup] = {
+            "wall_s_median": statistics.median(r["wall_s"] for r in per_seed.values()),
+            "speedup_vs_static_median": statistics.median(ratios),
+            "speedup_vs_static_per_seed": ratios,
+            "fraction_of_fluid_bound_median": statistics.median(r["fraction_of_fluid_bound"] for r in per_seed.values()),
+            "train_util": _mean([r["train_util"] for r in per_seed.values()]),
+            "rollout_util": _mean([r["rollout_util"] for r in per_seed.values()]),
+            "cluster_util": _mean([r["cluster_util"] for r in per_seed.values()]),
+            "mq_size_mean": _mean([r["mq_size_mean"] for r in per_seed.values()]),
+            "deactivations_mean": _mean([r["deactivations"] for r in per_seed.values()]),
+            "aborted_tokens_mean": _mean([r["aborted_tokens"] for r in per_seed.values()]),
+            "reprefilled_tokens_mean": _mean([r["reprefilled_tokens"] for r in per_seed.values()]),
+            "switch_s_mean": _mean([r["switch_s"] for r in per_seed.values()]),
+            "max_staleness": max(r["max_staleness"] for r in per_seed.values()),
+            "staleness_bound": next(iter(per_seed.values()))["staleness_bound"],
+            "reward_last3_mean": _mean([r["reward_last3"] for r in per_seed.values()]),
+        }
+        if setup != "static":
+            out["setups"][setup]["reward_band"] = band_check(results, setup)
+    best_dyn = max((s for s in DYNAMIC if s in results), key=lambda s: out["setups"][s]["speedup_vs_static_median"],
+                   default=None)
+    out["best_dynamic"] = best_dyn
+    return out
+
+
+def plot(preset: str, results: dict[str, dict[int, dict]], plot_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"static": "tab:grey", "default": "tab:blue", "fixed_ratio": "tab:orange", "colocated": "tab:green"}
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    a_rew, a_wall, a_mq = axes
+    static = [_rolling(r["reward"]) for r in results["static"].values()]
+    n = min(len(c) for c in static)
+    steps = list(range(1, n + 1))
+    a_rew.fill_between(steps, [min(c[i] for c in static) for i in range(n)], [max(c[i] for c in static) for i in range(n)],
+                       color=colors["static"], alpha=0.3, label="static: seed band")
+    for setup, per_seed in results.items():
+        if setup == "static":
+            continue
+        curves = [_rolling(r["reward"]) for r in per_seed.values()]
+        m = min(len(c) for c in curves)
+        a_rew.plot(range(1, m + 1), [_mean([c[i] for c in curves]) for i in range(m)], color=colors.get(setup),
+                   lw=2, label=f"{setup}: seed mean")
+    a_rew.set_xlabel("step")
+    a_rew.set_ylabel("mean reward (rolling 3)")
+    a_rew.legend(fontsize=8)
+    a_rew.grid(alpha=0.3)
+    a_rew.set_title("training quality")
+    for setup, per_seed in results.items():  # reward against wall time: the point of the exercise
+        for i, r in enumerate(per_seed.values()):
+            t = _cum(r)
+            a_wall.plot(t, _rolling(r["reward"]), color=colors.get(setup), alpha=0.8, lw=1.5,
+                        label=setup if i == 0 else None)
+    a_wall.set_xlabel("seconds since step 1 started")
+    a_wall.set_ylabel("mean reward (rolling 3)")
+    a_wall.legend(fontsize=8)
+    a_wall.grid(alpha=0.3)
+    a_wall.set_title("reward vs wall clock (every seed)")
+    for setup, per_seed in results.items():
+        r = per_seed[min(per_seed)]
+        a_mq.plot(range(1, len(r["mq_size"]) + 1), r["mq_size"], color=colors.get(setup), marker="o", ms=3, label=setup)
+    a_mq.set_xlabel("step")
+    a_mq.set_ylabel("samples queued after the step (mq_size)")
+    a_mq.legend(fontsize=8)
+    a_mq.grid(alpha=0.3)
+    a_mq.set_title(f"queue, seed {min(results['static'])}")
+    fig.suptitle(f"bench/{preset}: static 1+1 vs dynamic 1+1 vs colocated, real compute on 2 CPU cores")
+    fig.tight_layout()
+    path = plot_dir / f"compare_{preset.replace('-', '_')}.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    paths.append(path)
+    return paths
+
+
+def _cum(r: dict) -> list[float]:
+    return r["_elapsed"]
+
+
+def markdown(command: str, presets: dict[str, dict], cal: dict[str, dict], runs: dict, load: tuple[float, float],
+             plots: list[Path]) -> str:
+    lines = [
+        "## Real compute on CPU: static vs dynamic vs colocated (`bench_compare.py`)",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"2 cores = 2 \"GPUs\"; every run is the whole system (`tidal run`, a Prefect flow per step, Ray actors, torch "
+        f"engine, torch GRPO). Setups interleaved seed by seed; load average {load[0]:.1f} at the start, "
+        f"{load[1]:.1f} at the end (the machine is shared: ratios, not absolute times). Wall clock = first step's "
+        "start → last step's end; speed-up = static wall / setup wall, median over seeds. Fluid bound = "
+        "(generated response tokens × c_gen + trained tokens × c_train) / 2 cores, with per-token costs measured "
+        "as CPU seconds in the same benchmark process on one thread before the runs (c_gen: torch engine at the preset's full "
+        "concurrency; c_train: torch backend, the preset's PPO epochs); fraction = fluid bound / wall.",
+        "",
+    ]
+    for preset, summ in presets.items():
+        c = cal[preset]
+        lines += [
+            f"### bench/{preset}",
+            "",
+            f"c_gen {1e6 * c['gen_s_per_token']:.1f} µs/token, c_train {1e6 * c['train_s_per_token']:.1f} µs/token; "
+            f"seeds {summ['seeds']}.",
+            "",
+            "| setup | wall s (median) | speed-up vs static | per seed | × fluid bound | train / rollout / cluster U "
+            "| mean mq_size | deactivations | aborted / re-prefilled tokens | switch s | max staleness (bound) "
+            "| reward last 3 | reward in static band |",
+            "|---|---:|---:|---|---:|---|---:|---:|---|---:|---:|---:|---:|",
+        ]
+        for setup, s in summ["setups"].items():
+            band = s.get("reward_band")
+            band_txt = f"{band['inside']}/{band['steps']}" if band else "—"
+            lines.append(
+                f"| {setup} | {s['wall_s_median']:.1f} | {s['speedup_vs_static_median']:.3f} | "
+                f"{', '.join(f'{x:.2f}' for x in s['speedup_vs_static_per_seed'])} | "
+                f"{s['fraction_of_fluid_bound_median']:.2f} | {s['train_util']:.2f} / {s['rollout_util']:.2f} / "
+                f"{s['cluster_util']:.2f} | {s['mq_size_mean']:.1f} | {s['deactivations_mean']:.1f} | "
+                f"{s['aborted_tokens_mean']:.0f} / {s['reprefilled_tokens_mean']:.0f} | {s['switch_s_mean']:.2f} | "
+                f"{s['max_staleness']:.0f} ({s['staleness_bound']}) | {s['reward_last3_mean']:.3f} | {band_txt} |")
+        lines.append("")
+    lines += ["Plots: " + ", ".join(f"`{p.relative_to(BENCH)}`" for p in plots), ""]
+    lines += ["Runs (uid, status, steps, trained samples, wall s, whole process s):", ""]
+    for key, r in runs.items():
+        lines.append(f"- {key}: `{r['uid']}` {r['status']}, {r['steps']} steps, {r['trained_samples']:.0f} samples, "
+                     f"{r['wall_s']:.1f} s, {r['process_wall_s']:.1f} s")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--presets", default="rollout-bound,training-bound")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--setups", default=",".join(SETUPS))
+    ap.add_argument("--steps", type=int, default=None, help="trainer.total_training_steps (default: the preset's)")
+    ap.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--ray-address", default=None, help="use this Ray cluster (default: start one for the benchmark)")
+    ap.add_argument("--timeout", type=float, default=900.0, help="per run")
+    ap.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md and results/ alone")
+    args = ap.parse_args(argv)
+
+    presets = [p for p in args.presets.split(",") if p]
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    setups = [s for s in args.setups.split(",") if s]
+    unknown = [s for s in setups if s not in SETUPS]
+    if unknown or "static" not in setups:
+        print(f"error: setups must include static and be among {list(SETUPS)}; got {setups}", file=sys.stderr)
+        return 2
+    extra = list(args.extra) + ([f"trainer.total_training_steps={args.steps}"] if args.steps else [])
+    work = (args.workdir or Path(tempfile.mkdtemp(prefix="tidal-compare-"))).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"scratch: {work}", flush=True)
+    load0 = os.getloadavg()[0]
+
+    cluster = None
+    address = args.ray_address
+    if address is None:
+        from cluster.ray_cluster import LocalRayCluster
+
+        cluster = LocalRayCluster(num_cpus=2, gpus=2, memory_gb=6.0, object_store_memory_gb=1.0).start()
+        address = cluster.address
+    try:
+        cal, per_preset, runs_flat = {}, {}, {}
+        for preset in presets:
+            cfg = load_config(f"bench/{preset}", extra)
+            print(f"calibrating bench/{preset} ...", flush=True)
+            cal[preset] = calibrate(cfg)
+            print(f"  c_gen {1e6 * cal[preset]['gen_s_per_token']:.1f} µs/token, "
+                  f"c_train {1e6 * cal[preset]['train_s_per_token']:.1f} µs/token", flush=True)
+            results: dict[str, dict[int, dict]] = {s: {} for s in setups}
+            for seed in seeds:
+                for setup in setups:
+                    cmd, pwall, code = tidal_run(preset, setup, seed, work, extra, address, args.timeout)
+                    name = f"{preset}-{setup}-s{seed}"
+                    if code != 0:
+                        log = (work / f"{name}.log").read_text(errors="replace").splitlines()[-30:]
+                        print(f"error: {name} exited with {code}:\n" + "\n".join(log), file=sys.stderr)
+                        return 1
+                    run = read_run(work / f"{name}.db")
+                    r = summarize_run(run, cal[preset], pwall, staleness_bound(cfg))
+                    t0 = float(run["rows"][0]["started_at"])
+                    r["_elapsed"] = [float(x["finished_at"]) - t0 for x in run["rows"]]
+                    results[setup][seed] = r
+                    runs_flat[name] = r
+                    print(f"  {name}: wall {r['wall_s']:.1f} s (process {pwall:.1f} s), fluid {r['fluid_bound_s']:.1f} s "
+                          f"({r['fraction_of_fluid_bound']:.2f}), U train/rollout {r['train_util']:.2f}/"
+                          f"{r['rollout_util']:.2f}, mq {r['mq_size_mean']:.1f}, deact {r['deactivations']}, "
+                          f"reward {r['reward_first3']:.3f}→{r['reward_last3']:.3f}, staleness {r['max_staleness']:.0f}",
+                          flush=True)
+            per_preset[preset] = summarize_preset(results)
+            per_preset[preset]["_results"] = results
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    load1 = os.getloadavg()[0]
+
+    plots = []
+    for preset, summ in per_preset.items():
+        plots += plot(preset, summ.pop("_results"), BENCH / "plots")
+    own = ["benchmarks/bench_compare.py"]
+    if args.presets != "rollout-bound,training-bound":
+        own += ["--presets", args.presets]
+    if args.seeds != "0,1,2":
+        own += ["--seeds", args.seeds]
+    if args.setups != ",".join(SETUPS):
+        own += ["--setups", args.setups]
+    if args.steps:
+        own += ["--steps", str(args.steps)]
+    for e in args.extra:
+        own += ["--set", e]
+    command = ".venv/bin/python " + shlex.join(own)
+    text = markdown(command, per_preset, cal, runs_flat, (load0, load1), plots)
+    print(text)
+    if not args.no_write:
+        write_section("bench_compare", text)
+        data: dict[str, Any] = {"command": command, "calibration": cal, "load_average": [load0, load1]}
+        for preset, summ in per_preset.items():
+            key = f"cpu_{preset.replace('-', '_')}"
+            # the headline is the default policy (chosen before the runs, not the best afterwards)
+            head = "default" if "default" in summ["setups"] else summ["best_dynamic"]
+            block = {"setups": summ["setups"], "seeds": summ["seeds"], "headline_setup": head,
+                     "best_dynamic": summ["best_dynamic"]}
+            if head:
+                b = summ["setups"][head]
+                block["speedup_vs_static"] = b["speedup_vs_static_median"]
+                block["fraction_of_fluid_bound"] = b["fraction_of_fluid_bound_median"]
+                block["slowdown_vs_static"] = 1.0 / b["speedup_vs_static_median"] - 1.0
+            data[key] = block
+        data["runs"] = {k: {kk: vv for kk, vv in v.items() if not kk.startswith("_")} for k, v in runs_flat.items()}
+        print(f"wrote {write_json('compare', data)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

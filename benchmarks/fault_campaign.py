@@ -1,0 +1,151 @@
+"""The fault campaign's figures: run the fault tests, count what was injected and what survived.
+
+Runs ``pytest tests/faults`` (every fault test, slow ones included) with ``TIDAL_FAULT_REPORT``
+pointing at a scratch file, so each fault test that passes appends what it injected and found
+(``tests/faults/fault_report.py``: kind, injected, survived, samples lost, samples duplicated). Test
+files that inject one fault per test case (malformed input, store faults) are counted from pytest's
+own JUnit report instead: one fault per passed case. A failed test counts its faults as injected and
+not survived.
+
+Writes the ``fault_campaign`` section of ``benchmarks/RESULTS.md`` and ``benchmarks/results/faults.json``
+(``injected``, ``survived``, ``samples_lost``, ``samples_duplicated``, per kind and per test).
+
+Exit status: pytest's (0 when every fault test passed).
+
+Usage:
+    .venv/bin/python benchmarks/fault_campaign.py [--no-write] [-- extra pytest args]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+
+from results_io import write_json, write_section  # noqa: E402
+
+# files whose every test case injects one fault and records nothing itself: kind per file
+PER_CASE = {"test_fault_bad_input.py": "invalid_input", "test_fault_store.py": "store_fault",
+            "test_security.py": "security_check"}
+
+
+def run_pytest(report: Path, junit: Path, extra: list[str]) -> tuple[list[str], int, float]:
+    cmd = [sys.executable, "-m", "pytest", "-q", "tests/faults", f"--junitxml={junit}", "-p", "no:cacheprovider", *extra]
+    env = dict(os.environ, TIDAL_FAULT_REPORT=str(report))
+    t0 = time.perf_counter()
+    code = subprocess.call(cmd, cwd=ROOT, env=env)
+    return cmd, code, time.perf_counter() - t0
+
+
+def read_junit(junit: Path) -> list[dict]:
+    cases = []
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome = "failed"
+            elif child.tag == "skipped":
+                outcome = "skipped"
+        file = (case.get("file") or case.get("classname", "").replace(".", "/") + ".py").split("/")[-1]
+        cases.append({"file": file, "name": case.get("name"), "outcome": outcome, "time_s": float(case.get("time", 0))})
+    return cases
+
+
+def tally(records: list[dict], cases: list[dict]) -> dict:
+    kinds: dict[str, dict] = defaultdict(lambda: {"injected": 0, "survived": 0, "samples_lost": 0,
+                                                   "samples_duplicated": 0, "tests": 0})
+    for r in records:
+        k = kinds[r["kind"]]
+        for key in ("injected", "survived", "samples_lost", "samples_duplicated"):
+            k[key] += int(r[key])
+        k["tests"] += 1
+    recorded_tests = {r["test"].split("::")[-1] for r in records}
+    failed = []
+    for c in cases:
+        if c["outcome"] == "failed":
+            failed.append(f"{c['file']}::{c['name']}")
+        kind = PER_CASE.get(c["file"])
+        if kind is None:
+            if c["outcome"] == "failed" and c["name"] not in recorded_tests:
+                kinds[f"failed:{c['file']}"]["injected"] += 1
+                kinds[f"failed:{c['file']}"]["tests"] += 1
+            continue
+        if c["outcome"] == "skipped":
+            continue
+        k = kinds[kind]
+        k["injected"] += 1
+        k["survived"] += c["outcome"] == "passed"
+        k["tests"] += 1
+    total = {key: sum(k[key] for name, k in kinds.items() if name != "security_check")
+             for key in ("injected", "survived", "samples_lost", "samples_duplicated")}
+    return {**total, "kinds": dict(kinds), "failed_tests": failed,
+            "tests": {"passed": sum(c["outcome"] == "passed" for c in cases),
+                      "failed": sum(c["outcome"] == "failed" for c in cases),
+                      "skipped": sum(c["outcome"] == "skipped" for c in cases)}}
+
+
+def markdown(command: str, t: dict, records: list[dict], took: float) -> str:
+    lines = [
+        "## Fault campaign (`fault_campaign.py`)",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"`pytest tests/faults` with every fault test recording what it injected and found; "
+        f"{t['tests']['passed']} passed, {t['tests']['failed']} failed, {t['tests']['skipped']} skipped in {took:.0f} s. "
+        f"**{t['injected']} faults injected, {t['survived']} survived, {t['samples_lost']} samples lost, "
+        f"{t['samples_duplicated']} duplicated.** (Security checks are listed but not counted as faults.)",
+        "",
+        "| kind | tests | injected | survived | samples lost | samples duplicated |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for kind, k in sorted(t["kinds"].items()):
+        lines.append(f"| {kind} | {k['tests']} | {k['injected']} | {k['survived']} | {k['samples_lost']} | "
+                     f"{k['samples_duplicated']} |")
+    details = [r for r in records if r.get("details")]
+    if details:
+        lines += ["", "Details recorded by the tests:", ""]
+        for r in details:
+            d = ", ".join(f"{k}={v}" for k, v in r["details"].items())
+            lines.append(f"- `{r['test']}` ({r['kind']}): {d}")
+    if t["failed_tests"]:
+        lines += ["", "Failed: " + ", ".join(f"`{f}`" for f in t["failed_tests"])]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="tidal-faults-") as tmp:
+        report, junit = Path(tmp) / "faults.jsonl", Path(tmp) / "junit.xml"
+        cmd, code, took = run_pytest(report, junit, extra)
+        records = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
+        cases = read_junit(junit) if junit.exists() else []
+    t = tally(records, cases)
+    command = ".venv/bin/python benchmarks/fault_campaign.py" + (" -- " + shlex.join(extra) if extra else "")
+    text = markdown(command, t, records, took)
+    print(text)
+    if not args.no_write:
+        write_section("fault_campaign", text)
+        print("wrote", write_json("faults", {**t, "command": command, "pytest_exit": code, "seconds": took,
+                                             "records": records}))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

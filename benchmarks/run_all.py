@@ -1,0 +1,129 @@
+"""`make bench`: run every benchmark, then merge their figures into ``benchmarks/results.json``.
+
+Each benchmark writes its own section of ``benchmarks/RESULTS.md`` (with the command that made it)
+and its figures to ``benchmarks/results/NAME.json``; this script runs them one after the other
+(they share two cores: never in parallel) and writes the summary the issue tracker and CI read:
+
+    cpu_rollout_bound.speedup_vs_static        static wall / dynamic (`default`) wall, median of seeds
+    cpu_rollout_bound.fraction_of_fluid_bound  fluid bound / dynamic wall, median of seeds
+    cpu_training_bound.slowdown_vs_static      dynamic wall / static wall − 1, median of seeds
+    emulated.relative_error_vs_sim             worst |emulated − predicted| / predicted wall clock
+    overhead.fraction_at_60s_step              control-plane seconds per step / 60 s (default runner)
+    sim.seconds_400_steps_32_gpus              one 400-step, 32-GPU simulation (dynamic, best of 5)
+    faults.injected / samples_lost / samples_duplicated
+
+with each figure's target and whether it was met. ``--only a,b`` runs a subset; ``--merge`` only
+merges what ``benchmarks/results/`` already holds (each figure keeps the date of its own run).
+
+Usage:
+    .venv/bin/python benchmarks/run_all.py [--only sim,sweep,overhead,compare,emulated,faults] [--merge]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+
+from results_io import RESULTS_DIR, read_json  # noqa: E402
+
+PY = sys.executable
+STEPS: dict[str, list[str]] = {
+    "sim": [PY, "benchmarks/bench_sim.py", "speed", "--write", "benchmarks/RESULTS.md"],
+    "sweep": [PY, "benchmarks/bench_sim.py", "sweep", "--write", "benchmarks/RESULTS.md"],
+    "overhead": [PY, "benchmarks/bench_control_plane.py", "--write", "benchmarks/RESULTS.md"],
+    "compare": [PY, "benchmarks/bench_compare.py"],
+    "emulated": [PY, "benchmarks/bench_emulated.py"],
+    "faults": [PY, "benchmarks/fault_campaign.py"],
+}
+TARGETS = {
+    "cpu_rollout_bound.speedup_vs_static": (">=", 1.15),
+    "cpu_rollout_bound.fraction_of_fluid_bound": (">=", 0.90),
+    "cpu_training_bound.slowdown_vs_static": ("<=", 0.02),
+    "emulated.relative_error_vs_sim": ("<=", 0.10),
+    "overhead.fraction_at_60s_step": ("<=", 0.02),
+    "sim.seconds_400_steps_32_gpus": ("<=", 2.0),
+    "faults.samples_lost": ("<=", 0),
+    "faults.samples_duplicated": ("<=", 0),
+}
+
+
+def merge() -> dict:
+    compare = read_json("compare") or {}
+    emulated = read_json("emulated") or {}
+    overhead = read_json("overhead") or {}
+    speed = read_json("sim_speed") or {}
+    sweep = read_json("sim_sweep") or {}
+    faults = read_json("faults") or {}
+    rb, tb = compare.get("cpu_rollout_bound", {}), compare.get("cpu_training_bound", {})
+    dyn_speed = next((v for k, v in speed.get("setups", {}).items() if k.startswith("dynamic")), {})
+    out = {
+        "cpu_rollout_bound": {k: rb.get(k) for k in ("speedup_vs_static", "fraction_of_fluid_bound",
+                                                    "headline_setup", "best_dynamic")},
+        "cpu_training_bound": {k: tb.get(k) for k in ("slowdown_vs_static", "headline_setup")},
+        "emulated": {"relative_error_vs_sim": emulated.get("relative_error_vs_sim")},
+        "overhead": {"fraction_at_60s_step": overhead.get("fraction_at_60s_step"),
+                     "worst_fraction_at_60s_step": overhead.get("worst_fraction_at_60s_step")},
+        "sim": {"seconds_400_steps_32_gpus": dyn_speed.get("best_s"),
+                "seconds_400_steps_32_gpus_median": dyn_speed.get("median_s"),
+                "sweep_100_configs_s": sweep.get("wall_s"), "sweep_100_configs_cpu_s": sweep.get("cpu_s")},
+        "faults": {k: faults.get(k) for k in ("injected", "survived", "samples_lost", "samples_duplicated")},
+    }
+    if rb.get("setups"):
+        out["cpu_rollout_bound"]["setups"] = {k: {kk: v[kk] for kk in ("speedup_vs_static_median",
+                                                                     "fraction_of_fluid_bound_median")}
+                                              for k, v in rb["setups"].items()}
+    if tb.get("setups"):
+        out["cpu_training_bound"]["setups"] = {k: {"speedup_vs_static_median": v["speedup_vs_static_median"]}
+                                               for k, v in tb["setups"].items()}
+    checks = {}
+    for key, (op, bound) in TARGETS.items():
+        section, name = key.split(".")
+        value = out[section].get(name)
+        met = None if value is None else (value >= bound if op == ">=" else value <= bound)
+        checks[key] = {"value": value, "target": f"{op} {bound}", "met": met}
+    out["targets"] = checks
+    out["sources"] = {p.stem: time.strftime("%Y-%m-%d %H:%M", time.gmtime(p.stat().st_mtime))
+                      for p in sorted(RESULTS_DIR.glob("*.json"))}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default=",".join(STEPS), help="comma-separated subset of " + ",".join(STEPS))
+    ap.add_argument("--merge", action="store_true", help="do not run anything; merge benchmarks/results/*.json")
+    args = ap.parse_args(argv)
+    failed = []
+    if not args.merge:
+        names = [n for n in args.only.split(",") if n]
+        unknown = [n for n in names if n not in STEPS]
+        if unknown:
+            print(f"error: unknown benchmark(s) {unknown}; choose from {list(STEPS)}", file=sys.stderr)
+            return 2
+        for name in names:
+            print(f"== {name}: {' '.join(STEPS[name][1:])}", flush=True)
+            t0 = time.perf_counter()
+            code = subprocess.call(STEPS[name], cwd=ROOT)
+            print(f"== {name}: exit {code} after {time.perf_counter() - t0:.0f} s", flush=True)
+            if code != 0:
+                failed.append(name)
+    summary = merge()
+    path = BENCH / "results.json"
+    path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    print(json.dumps(summary["targets"], indent=2))
+    print(f"wrote {path}")
+    if failed:
+        print(f"error: benchmark(s) failed: {failed}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

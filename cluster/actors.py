@@ -4,12 +4,13 @@
 - ``TrainerActor``: the train backend *and* the hybrid replicas' engines, in one process, so
   lending the trainer's GPU to rollout really time-shares the same device (or core).
 - ``RolloutService``: load balancer + message queue + rollouter in one event loop (they call
-  each other synchronously).
+  each other synchronously); with replica starters it also replaces dead standalone replicas.
 - ``ControllerActor``: the ``DynamicResourceController`` with adapters that drive the actors
   above; every Prefect task talks to it (or to the others) by actor name.
 
 Actors are named ``{role}`` inside the run's Ray namespace, so any process (a Prefect task on a
-Ray worker included) finds them with ``ray.get_actor(name, namespace=run_uid)``. Constructors take
+Ray worker included) finds them with ``ray.get_actor(name, namespace=run_uid)``; standalone replicas
+are ``replica:{id}``, replacements included (``replica:standalone-I.rK``). Constructors take
 plain values and factories, never the whole config (the builders in ``cluster.builders`` make
 them).
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -27,12 +29,15 @@ import ray
 from cluster.controller import DynamicResourceController
 from cluster.load_balancer import LoadBalancer
 from cluster.message_queue import MessageQueue
+from cluster.replacement import ReplicaReplacer
 from cluster.rollouter import Rollouter
 from cluster.types import GenerationRequest, GenerationResult, Sample, SamplingSpec
 
 ROLLOUT_SERVICE = "rollout"
 TRAINER = "trainer"
 CONTROLLER = "controller"
+
+log = logging.getLogger(__name__)
 
 
 def replica_name(replica_id: str) -> str:
@@ -194,6 +199,13 @@ class TrainerActor:
 # Rollout service: load balancer + queue + rollouter
 
 
+def _kill_actor(handle: Any) -> None:
+    try:
+        ray.kill(handle, no_restart=True)
+    except Exception:  # noqa: BLE001 - already gone
+        pass
+
+
 def _actor_is_dead(exc: BaseException) -> bool:
     """Only a dead actor takes a replica out of the balancer; other errors are retried."""
     return isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError,
@@ -214,7 +226,20 @@ class _RemoteEngine:
 
 @ray.remote(num_cpus=0, max_concurrency=10000)
 class RolloutService:
-    """The data plane's hub; see the module docstring of ``cluster.rollouter`` for the rules."""
+    """The data plane's hub; see the module docstring of ``cluster.rollouter`` for the rules.
+
+    Replacing dead standalone replicas (when ``replica_starters`` is given: per slot, a callable
+    that starts a replica actor under the id it is given). When the rollouter takes a
+    standalone replica out because its actor died, ``ReplicaReplacer`` picks the replacement's id
+    (within ``max_replacements`` per slot), the slot's starter starts it, and once its engine is
+    up the controller adopts it (``ControllerActor.adopt_standalone``: it loads the last
+    broadcast's weights at that version and from then on includes it in every broadcast; the
+    controller runs one call at a time, so no broadcast slips in between). Only then does it join
+    the load balancer, so it never serves an older version than the other replicas and the
+    capacity goes back up. A replacement that fails or takes longer than
+    ``replacement_timeout_s`` is killed and counts as a death of its own (retried within the
+    budget). ``stats()`` lists every death and its outcome under ``replaced_replicas``.
+    """
 
     def __init__(
         self,
@@ -229,18 +254,29 @@ class RolloutService:
         partial_rollout: bool,
         seed: int,
         param_version: int,
+        namespace: str | None = None,
+        replica_starters: Mapping[str, Callable[[str], Any]] | None = None,
+        max_replacements: int = 0,
+        replacement_timeout_s: float = 300.0,
     ):
         self.lb = LoadBalancer()
         self.queue = MessageQueue(max_required_samples)
         engines = {rid: _RemoteEngine(rid, h, False) for rid, h in standalone.items()}
         engines.update({rid: _RemoteEngine(rid, trainer, True) for rid in hybrid_ids})
         self._engines = engines
+        self._standalone = dict(standalone)  # every standalone actor started for this run, by id
+        self._namespace = namespace
+        self._starters = dict(replica_starters or {})
+        self._replacer = ReplicaReplacer(list(standalone), max_replacements) if self._starters else None
+        self._replacement_timeout_s = float(replacement_timeout_s)
+        self._replacing: dict[str, asyncio.Task[None]] = {}
+        self._stopping = False
         self._rollouter_args = dict(
             n=n, sampling=sampling, lb=self.lb, engine_for=engines.__getitem__, queue=self.queue,
             max_required_samples=max_required_samples,
             concurrent_samples_per_replica=concurrent_samples_per_replica,
             partial_rollout=partial_rollout, seed=seed, param_version=param_version,
-            replica_is_dead=_actor_is_dead,
+            replica_is_dead=_actor_is_dead, on_replica_removed=self._on_replica_removed,
         )
         self.rollouter: Rollouter | None = None
         self.lb.add_replicas(list(standalone))
@@ -251,7 +287,13 @@ class RolloutService:
         self.rollouter.start()
 
     async def stop(self) -> list[str]:
-        """Stop generating; returns the uids that were in flight (they will be generated again)."""
+        """Stop generating (and replacing); returns the uids that were in flight (they will be
+        generated again). Replacements still starting are left to ``DataPlane.shutdown``."""
+        self._stopping = True
+        replacing = list(self._replacing.values())
+        for task in replacing:
+            task.cancel()
+        await asyncio.gather(*replacing, return_exceptions=True)
         if self.rollouter is None:
             return []
         await self.rollouter.stop()
@@ -304,18 +346,81 @@ class RolloutService:
         return self.lb.in_flight(None if ids is None else list(ids))
 
     def on_weight_sync(self, version: int) -> dict[str, float]:
+        """The rollouter's window metrics plus the replica counts at this sync."""
         assert self.rollouter is not None, "start() first"
-        return self.rollouter.on_weight_sync(version)
+        window = self.rollouter.on_weight_sync(version)
+        window.update({
+            "fully_async/rollouter/standalone_replicas": float(len(self._routable_standalone())),
+            "fully_async/rollouter/max_concurrent_samples": float(self.rollouter.max_concurrent_samples),
+            "fully_async/rollouter/failed_replicas": float(len(self.rollouter.failed_replicas)),
+            "fully_async/rollouter/replaced_replicas": float(self._replacer.replaced if self._replacer else 0),
+        })
+        return window
 
     def stats(self) -> dict[str, Any]:
-        base = {"queue_size": self.queue.size(), "active_replicas": list(self.lb.active_ids())}
+        base = {"queue_size": self.queue.size(), "active_replicas": list(self.lb.active_ids()),
+                "standalone_replicas": self._routable_standalone(),
+                "replaced_replicas": self._replacer.records() if self._replacer else [],
+                "replacements_in_progress": sorted(self._replacing)}
         if self.rollouter is not None:
             base.update(self.rollouter.stats())
             base["failed_replicas"] = self.rollouter.failed_replicas
+            base["replica_versions"] = self.rollouter.replica_versions()
             base["exhausted"] = self.rollouter.exhausted
             error = self.rollouter.error
             base["error"] = None if error is None else repr(error)
         return base
+
+    def standalone_handles(self) -> dict[str, Any]:
+        """Every standalone actor started for this run (dead, replaced and starting ones too)."""
+        return dict(self._standalone)
+
+    def _routable_standalone(self) -> list[str]:
+        return [rid for rid in self.lb.active_ids() if rid in self._standalone]
+
+    # -- replacing dead standalone replicas (see the class docstring) ---------------------------
+
+    def _on_replica_removed(self, replica_id: str) -> None:
+        """The rollouter took ``replica_id`` out because its actor died."""
+        if self._replacer is None or self._stopping:
+            return
+        new_id = self._replacer.on_failure(replica_id, time.time())
+        if new_id is None:
+            return
+        log.warning("standalone replica %s died: starting %s in its place", replica_id, new_id)
+        task = asyncio.get_running_loop().create_task(self._replace(replica_id, new_id), name=f"replace-{new_id}")
+        self._replacing[new_id] = task
+        task.add_done_callback(lambda _task: self._replacing.pop(new_id, None))
+
+    async def _replace(self, old: str, new: str) -> None:
+        assert self._replacer is not None
+        t0 = time.perf_counter()
+        handle = None
+        try:
+            handle = self._starters[self._replacer.slot_of(new)](new)
+            self._standalone[new] = handle  # from now on DataPlane.shutdown ends it
+            version = await asyncio.wait_for(self._adopt(old, new, handle), self._replacement_timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failed start counts as a death of its own
+            reason = "timed out" if isinstance(exc, TimeoutError) else repr(exc)
+            log.error("replacement %s for %s did not start: %s", new, old, reason)
+            self._replacer.start_failed(new, reason)
+            if handle is not None:
+                _kill_actor(handle)
+            self._on_replica_removed(new)  # try again within the slot's budget
+            return
+        self._engines[new] = _RemoteEngine(new, handle, False)
+        self.lb.add_replicas([new])
+        self._replacer.joined(new, time.time(), version)
+        log.warning("standalone replica %s replaced by %s (param version %s) in %.1fs; %d standalone routable",
+                    old, new, version, time.perf_counter() - t0, len(self._routable_standalone()))
+
+    async def _adopt(self, old: str, new: str, handle: Any) -> int | None:
+        """Wait for the new actor's engine, then let the controller load the weights into it."""
+        await handle.ping.remote()
+        controller = ray.get_actor(CONTROLLER, namespace=self._namespace)
+        return await controller.adopt_standalone.remote(old, new, handle)
 
     def in_flight_uids(self) -> list[str]:
         return [] if self.rollouter is None else self.rollouter.in_flight_uids()
@@ -413,6 +518,7 @@ class ControllerActor:
         hybrid_ids: Sequence[str],
         enable_rebalance: bool,
         only_hybrid: bool,
+        keep_broadcast_weights: bool = False,
     ):
         service = ray.get_actor(ROLLOUT_SERVICE, namespace=namespace)
         trainer = ray.get_actor(TRAINER, namespace=namespace)
@@ -427,6 +533,9 @@ class ControllerActor:
             standalone_ids=list(standalone_ids), enable_rebalance=enable_rebalance, only_hybrid=only_hybrid,
             clock=time.time,
         )
+        self._keep_weights = keep_broadcast_weights
+        self._last_broadcast: tuple[Any, int] | None = None
+        """(weights ref, version) of the last broadcast, kept for replacements when asked to."""
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call a controller method by name (decisions, switches, context, state)."""
@@ -438,8 +547,26 @@ class ControllerActor:
         weights = self.trainer.weights.remote()
         alive = {rid: h for rid, h in self.standalone.items() if rid not in self.pool.dead}
         per_replica = self.pool.get_alive({rid: h.load_weights.remote(weights, version) for rid, h in alive.items()})
+        if self._keep_weights:
+            self._last_broadcast = (weights, int(version))
         return {"broadcast_s": time.perf_counter() - t0, "max_replica_load_s": max(per_replica.values(), default=0.0),
                 "replicas": float(len(per_replica))}
+
+    def adopt_standalone(self, old: str, new: str, handle: Any) -> int | None:
+        """Take ``new`` (a started replica actor) in place of the dead ``old``: load the last
+        broadcast's weights into it and include it in every later broadcast and switch. Returns
+        the param version it now holds (None before the first broadcast: the first broadcast
+        loads it, as it does the others). Runs between broadcasts, never during one (this actor
+        serves one call at a time), so the new replica holds the version the others hold."""
+        version = None
+        if self._last_broadcast is not None:
+            weights, version = self._last_broadcast
+            ray.get(handle.load_weights.remote(weights, version))  # a dead new actor raises: not adopted
+        for handles in (self.standalone, self.pool.standalone):
+            handles.pop(old, None)
+            handles[new] = handle
+        self.ctl.replace_standalone(old, new)
+        return version
 
     def standalone_alive(self) -> int:
         """Standalone replicas still alive and routable (a killed actor drops out of both counts).

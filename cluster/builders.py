@@ -139,19 +139,40 @@ def hybrid_ids(cfg: TidalConfig) -> list[str]:
     return [f"hybrid-{i}" for i in range(cfg.hybrid_replicas)]
 
 
+def start_replica(replica_id: str, make_engine: Callable[[], Any], *, namespace: str, gpus: int) -> Any:
+    """Start one standalone replica actor, named in the run's namespace, on ``gpus`` GPUs; it
+    lives as long as the process that started it (the driver, or the rollout service for a
+    replacement)."""
+    return ReplicaActor.options(name=replica_name(replica_id), namespace=namespace, lifetime=None,
+                                resources={GPU_RESOURCE: gpus}).remote(replica_id, make_engine)
+
+
 def _kill_leftovers(namespace: str, standalone: Iterable[str]) -> None:
-    """A resumed run reuses its namespace: end actors a killed driver may have left behind."""
-    for name in (CONTROLLER, ROLLOUT_SERVICE, TRAINER, *(replica_name(r) for r in standalone)):
+    """A resumed run reuses its namespace: end actors a killed driver may have left behind
+    (replacement replicas included: every ``replica:*`` actor of the namespace)."""
+    names = {CONTROLLER, ROLLOUT_SERVICE, TRAINER, *(replica_name(r) for r in standalone)}
+    names.update(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                 if a["namespace"] == namespace and a["name"].startswith(replica_name("")))
+    killed = []
+    for name in sorted(names):
         try:
             ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+            killed.append(name)
         except ValueError:  # no such actor: the usual case
             continue
     for _ in range(100):  # names are freed asynchronously
-        try:
-            ray.get_actor(TRAINER, namespace=namespace)
-        except ValueError:
+        killed = [name for name in killed if _named(name, namespace)]
+        if not killed:
             return
         time.sleep(0.1)
+
+
+def _named(name: str, namespace: str) -> bool:
+    try:
+        ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass
@@ -180,24 +201,29 @@ class DataPlane:
             namespace=namespace,
             required_samples=cfg.required_samples,
         )
-        standalone = {
-            rid: ReplicaActor.options(name=replica_name(rid), resources={GPU_RESOURCE: tp}, **opts).remote(
-                rid, engine_factory(cfg, tokenizer, hybrid=False, seed=seed * 1000 + i)
-            )
+        # one starter per standalone slot; a replacement is started with its slot's engine
+        starters = {
+            rid: functools.partial(start_replica, make_engine=engine_factory(cfg, tokenizer, hybrid=False,
+                                                                             seed=seed * 1000 + i),
+                                   namespace=namespace, gpus=tp)
             for i, rid in enumerate(standalone_ids(cfg))
         }
-        a = cfg.async_training
+        standalone = {rid: start(rid) for rid, start in starters.items()}
+        a, r = cfg.async_training, cfg.rollout
         rollout = RolloutService.options(name=ROLLOUT_SERVICE, **opts).remote(
             standalone=standalone, trainer=trainer, hybrid_ids=hyb,
             max_required_samples=cfg.max_required_samples,
             concurrent_samples_per_replica=a.concurrent_samples_per_replica,
             n=cfg.actor_rollout_ref.rollout.n, sampling=sampling_spec(cfg),
             partial_rollout=a.partial_rollout, seed=seed, param_version=param_version,
+            namespace=namespace, replica_starters=starters if r.replace_failed_replicas else None,
+            max_replacements=r.max_replacements, replacement_timeout_s=r.replacement_timeout_s,
         )
         ray.get([trainer.ping.remote(), rollout.ping.remote(), *(h.ping.remote() for h in standalone.values())])
         controller = ControllerActor.options(name=CONTROLLER, **opts).remote(
             policy_factory(cfg), namespace=namespace, standalone_ids=list(standalone), hybrid_ids=hyb,
             enable_rebalance=a.dynamic_schedule_enable_rebalance, only_hybrid=cfg.only_hybrid,
+            keep_broadcast_weights=r.replace_failed_replicas,
         )
         ray.get(controller.ping.remote())
         return cls(namespace, trainer, rollout, controller, standalone)
@@ -208,18 +234,26 @@ class DataPlane:
         return cls(namespace, get(TRAINER), get(ROLLOUT_SERVICE), get(CONTROLLER),
                    {rid: get(replica_name(rid)) for rid in standalone})
 
+    def current_standalone(self) -> dict[str, Any]:
+        """Every standalone actor of the run: the ones built here plus replacements."""
+        try:
+            return {**self.standalone, **ray.get(self.rollout.standalone_handles.remote(), timeout=30)}
+        except Exception:  # noqa: BLE001 - the service is gone: its replacements went with it
+            return dict(self.standalone)
+
     def shutdown(self) -> None:
-        """Stop generation and end this run's actors (only these)."""
+        """Stop generation and end this run's actors (only these, replacements included)."""
         try:
             ray.get(self.rollout.stop.remote(), timeout=30)
         except Exception:  # noqa: BLE001 - best effort on the way out
             pass
-        for handle in (self.trainer, *self.standalone.values()):
+        standalone = self.current_standalone()
+        for handle in (self.trainer, *standalone.values()):
             try:  # engines first: vLLM's worker processes must not outlive their actor
                 ray.get(handle.close.remote(), timeout=30)
             except Exception:  # noqa: BLE001
                 pass
-        for handle in (self.controller, self.rollout, self.trainer, *self.standalone.values()):
+        for handle in (self.controller, self.rollout, self.trainer, *standalone.values()):
             try:
                 ray.kill(handle, no_restart=True)
             except Exception:  # noqa: BLE001

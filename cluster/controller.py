@@ -281,6 +281,16 @@ class DynamicResourceController:
         drained, self._switch_log = self._switch_log, []
         return drained
 
+    def replace_standalone(self, old: str, new: str) -> None:
+        """A new standalone replica ``new`` took the place of ``old`` (whose actor died); it
+        keeps ``old``'s position (or comes last when ``old`` is unknown). Touches no replica."""
+        if new in self._standalones or new in self._hybrids:
+            raise ValueError(f"replica id {new!r} is already in use")
+        if old in self._standalones:
+            self._standalones = tuple(new if rid == old else rid for rid in self._standalones)
+        else:
+            self._standalones = (*self._standalones, new)
+
     def active_replica_ids(self) -> tuple[str, ...]:
         """Replicas that generate now: standalone, plus hybrids when active; each id once."""
         if self.is_hybrid_active:

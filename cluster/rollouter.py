@@ -47,7 +47,13 @@ Counting (all cumulative, the metrics are per window):
 - ``failed_requests``: ``generate`` raised. The replica is then taken out of the balancer (when
   ``remove_failed_replicas`` and ``replica_is_dead(exc)`` says the error means the replica is gone;
   other errors are retried with backoff), since a dead replica with nothing in flight would otherwise attract
-  every retry, and the request is retried elsewhere.
+  every retry, and the request is retried elsewhere; ``on_replica_removed(replica_id)`` is then
+  called (the rollout service may start a replacement).
+- ``replica_versions()``: per replica, the results with tokens it returned, the lowest and
+  highest ``param_version`` on them, and how many were ``behind``: generated with weights older
+  than the version in force when the request was sent. Every weight sync loads the new version
+  into every replica before the rollouter hears of it, so ``behind`` stays 0 unless a replica
+  serves stale weights (a replacement that missed a broadcast, say).
 
 A sample counts as in flight from its start until ``queue.put`` returns; then
 ``total_generated_samples`` and ``step_generated_samples`` go up, so at every moment
@@ -171,6 +177,7 @@ class Rollouter:
         max_retry_backoff_s: float = 0.1,
         remove_failed_replicas: bool = True,
         replica_is_dead: Callable[[BaseException], bool] | None = None,
+        on_replica_removed: Callable[[str], None] | None = None,
     ) -> None:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
@@ -201,6 +208,7 @@ class Rollouter:
         self._max_backoff_s = float(max_retry_backoff_s)
         self._remove_failed = bool(remove_failed_replicas)
         self._replica_is_dead = replica_is_dead or (lambda exc: True)
+        self._on_replica_removed = on_replica_removed
 
         self._capacity = self._capacity_for(lb.num_active)
         self._started_this_version = 0
@@ -217,6 +225,7 @@ class Rollouter:
         self._discarded_tokens = 0
         self._resumed_tokens = 0
         self._failed_replicas: list[str] = []
+        self._served: dict[str, dict[str, int]] = {}  # replica id -> replica_versions() entry
         self._window_waste = WastedWork()
         self._history: list[tuple[float, int, int]] = []
         self._last_window: tuple[list[tuple[float, int, int]], float] | None = None
@@ -373,6 +382,11 @@ class Rollouter:
     def failed_replicas(self) -> list[str]:
         """Replicas taken out of the balancer because ``generate`` raised on them."""
         return list(self._failed_replicas)
+
+    def replica_versions(self) -> dict[str, dict[str, int]]:
+        """Per replica: ``results`` (with tokens), ``min_version``, ``max_version`` and ``behind``
+        (results generated with weights older than the version in force at their request)."""
+        return {rid: dict(entry) for rid, entry in self._served.items()}
 
     def in_flight_uids(self) -> list[str]:
         """Uids of the prompts taken from the iterator but not queued, in the order taken.
@@ -555,6 +569,7 @@ class Rollouter:
                     seed=self._request_seed(request_id, calls),
                 )
                 request = GenerationRequest(request_id, prompt, spec)
+                sent_version = self._version
                 failure: Exception | None = None
                 try:
                     engine = self._engine_for(replica)
@@ -572,6 +587,8 @@ class Rollouter:
                     await self._back_off(idle_retries)
                     continue
 
+                if result.tokens:
+                    self._note_served(replica, result.param_version, sent_version)
                 did_work = bool(result.tokens) or result.prefill_tokens > 0
                 finished = result.finish_reason != "abort"
                 if calls and (did_work or finished):
@@ -624,6 +641,18 @@ class Rollouter:
             log.warning("removing replica %s from the load balancer after a failure", replica)
             self._failed_replicas.append(replica)
             self._lb.remove_replicas([replica])
+            if self._on_replica_removed is not None:
+                self._on_replica_removed(replica)
+
+    def _note_served(self, replica: str, version: int, sent_version: int) -> None:
+        entry = self._served.get(replica)
+        if entry is None:
+            entry = self._served[replica] = {"results": 0, "min_version": version, "max_version": version,
+                                             "behind": 0}
+        entry["results"] += 1
+        entry["min_version"] = min(entry["min_version"], version)
+        entry["max_version"] = max(entry["max_version"], version)
+        entry["behind"] += version < sent_version
 
     async def _back_off(self, attempt: int) -> None:
         delay = min(self._backoff_s * (2 ** (attempt - 1)), self._max_backoff_s)

@@ -78,6 +78,21 @@ class RolloutPool(_Section):
     total_epochs: int = Field(1, ge=1, le=10_000)
     """Passes over the prompt set (used when `total_rollout_steps` is None)."""
 
+    replace_failed_replicas: bool = False
+    """Start a new standalone replica on the GPUs of one whose actor died (id `standalone-I.rK`
+    for the K-th replacement of slot I). It loads the weights and param version of the last
+    broadcast and only then joins the load balancer, so capacity goes back up. Costs one copy of
+    the weights kept in the Ray object store between broadcasts. Off: a dead replica stays out
+    until the run is resumed."""
+
+    max_replacements: int = Field(3, ge=0, le=1000)
+    """Replacements per standalone replica slot over one run (counted anew on resume): a slot
+    whose replacements keep dying stays out once this many were started."""
+
+    replacement_timeout_s: float = Field(300.0, gt=0.0, le=86_400.0)
+    """Seconds a replacement may take to be scheduled, build its engine and load the weights; a
+    slower one is killed and counts as one spent replacement."""
+
 
 class RolloutEngineSection(_Section):
     """`actor_rollout_ref.rollout.*`: sampling."""

@@ -299,6 +299,23 @@ def test_rebalance_clears_sticky_aborts_every_active_replica_and_waits_for_the_d
     assert rig.controller.switch_count == 1  # a rebalance is not a state switch
 
 
+def test_a_replaced_standalone_takes_the_dead_ones_place_in_every_later_switch():
+    rig = make_rig()
+    dead = STANDALONES[0]
+    rig.controller.replace_standalone(dead, f"{dead}.r1")
+    assert rig.controller.standalone_ids == (f"{dead}.r1", *STANDALONES[1:])
+    rig.controller.hybrid_sync(1)
+    rig.controller.activate()
+    del rig.events[:]
+
+    rig.controller.rebalance()
+
+    ids = (f"{dead}.r1", *STANDALONES[1:], *HYBRIDS)
+    assert rig.events == [("lb.clear_sticky",), ("pool.abort", ids), ("lb.in_flight", ids), ("pool.resume", ids)]
+    with pytest.raises(ValueError, match="already in use"):
+        rig.controller.replace_standalone(STANDALONES[1], f"{dead}.r1")
+
+
 def test_rebalance_that_times_out_resumes_the_replicas_before_raising():
     rig = make_rig(in_flight=[2], rebalance_timeout_s=0.025)
     rig.controller.hybrid_sync(1)

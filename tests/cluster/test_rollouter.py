@@ -536,3 +536,28 @@ def test_a_weight_sync_never_moves_the_version_back():
         return ro.param_version
 
     assert asyncio.run(scenario()) == 3
+
+
+def test_a_removed_replica_is_reported_once_and_results_older_than_their_request_count_as_behind():
+    """``on_replica_removed`` hears of a dead replica once; ``replica_versions`` flags a replica
+    that returns tokens of an older version than the one in force when the request was sent."""
+
+    async def scenario():
+        dead, current, stale = FakeEngine("a", fail=True), FakeEngine("b", version=3), FakeEngine("c", version=2)
+        lb = LoadBalancer(["a", "b", "c"])
+        queue = MessageQueue(8)
+        removed: list[str] = []
+        ro = make(lb, {"a": dead, "b": current, "c": stale}, queue, count=6, n=2, max_required=8,
+                  param_version=3, on_replica_removed=removed.append)
+        ro.start()
+        await ro.wait_exhausted()
+        return removed, ro.replica_versions(), ro.stats()
+
+    removed, versions, stats = asyncio.run(scenario())
+    assert removed == ["a"] and stats["failed_requests"] >= 1
+    assert set(versions) == {"b", "c"}  # a failed call returns no result
+    assert versions["b"]["results"] + versions["c"]["results"] == 12  # 6 samples x 2 responses
+    assert versions["b"] == {"results": versions["b"]["results"], "min_version": 3, "max_version": 3, "behind": 0}
+    assert versions["c"] == {"results": versions["c"]["results"], "min_version": 2, "max_version": 2,
+                             "behind": versions["c"]["results"]}
+    assert versions["c"]["results"] > 0

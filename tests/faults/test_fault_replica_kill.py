@@ -1,12 +1,16 @@
-"""Fault campaign, standalone replicas killed: three standalone replicas (simulated engine, real
-torch GRPO trainer with its hybrid, the real controller and `training_step` flows on a local Ray
-cluster) are SIGKILLed one after another at seeded random moments, each while it has requests in
-flight, across the first steps of a run. The run goes on (the last steps on the hybrid alone),
-every prompt of the run is trained exactly once, the accounting holds after every step, and the
-replica count and capacity reported by the rollout service drop with each loss.
+"""Fault campaign, standalone replicas killed: standalone replicas (simulated engine, real torch
+GRPO trainer with its hybrid, the real controller and `training_step` flows on a local Ray
+cluster) are SIGKILLed at seeded random moments, each while it has requests in flight, across the
+first steps of a run. Every prompt of the run is trained exactly once, the accounting holds after
+every step, and the run finishes, with `rollout.replace_failed_replicas` off or on:
 
-A replacement replica that rejoins is not built: a dead standalone replica stays out for the rest
-of the run (its GPU is lost until the run is resumed, which builds all replicas anew).
+- off (the default): a dead replica stays out for the rest of the run (its GPU is lost until the
+  run is resumed, which builds all replicas anew); the replica count and capacity reported by the
+  rollout service drop with each loss, and the last steps run on the hybrid alone;
+- on: every kill (replacements are killed too) is followed by a replacement `standalone-I.rK`
+  that rejoins the load balancer within a bounded time holding the current param version (no
+  result it returns is older than the version in force when its request was sent), and the
+  replica count and capacity go back to the full values.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ import uuid
 import pytest
 import ray
 
+from cluster.actors import replica_name
 from cluster.builders import DataPlane, prompts_for
 from cluster.rollouter import sample_uid
 from cluster.ray_cluster import LocalRayCluster
 from config import load_config, to_plain
+from fault_report import record
 from flows.training_step import training_step
 from storage import create_run, make_engine, migrate, session_scope
 from storage.store import consumed_prompts, step_metrics
@@ -86,37 +92,66 @@ def _start(tmp_path, ray_address, *overrides, lend_hybrid=True):
 class Killer(threading.Thread):
     """Kills the standalone replicas in a seeded order, each in a seeded step after a seeded
     random delay, and only once it has requests in flight (mid-generation); notes what was in
-    flight at that moment. The test sets ``step`` as its steps begin."""
+    flight at that moment. The test sets ``step`` as its steps begin.
 
-    def __init__(self, plane: DataPlane, rng: random.Random, steps: list[int], delays: list[float]):
+    With ``pick_at_kill`` the victim of each kill is drawn (seeded) at that moment among the
+    standalone replicas routable then, replacements included, so a slot can die more than once.
+    """
+
+    def __init__(self, plane: DataPlane, rng: random.Random, steps: list[int], delays: list[float],
+                 *, pick_at_kill: bool = False):
         super().__init__(daemon=True)
         self.plane = plane
-        self.order = rng.sample(sorted(plane.standalone), len(plane.standalone))
+        self.rng = rng
+        if pick_at_kill:
+            self.order: list[str | None] = [None] * len(steps)
+        else:
+            self.order = rng.sample(sorted(plane.standalone), len(plane.standalone))
         self.schedule = list(zip(self.order, steps, delays, strict=True))
         self.step = 0
         self.killed: list[dict] = []
         self.error: BaseException | None = None
         self.lock = threading.Lock()  # held by the test while it compares counts with the kills
 
+    def _pick(self) -> str:
+        deadline = time.monotonic() + 60
+        while not (routable := sorted(ray.get(self.plane.rollout.stats.remote())["standalone_replicas"])):
+            if time.monotonic() > deadline:
+                raise TimeoutError("no standalone replica routable to kill")
+            time.sleep(0.01)
+        return self.rng.choice(routable)
+
+    def _handle(self, rid: str):
+        return self.plane.standalone.get(rid) or ray.get_actor(replica_name(rid), namespace=self.plane.namespace)
+
     def run(self) -> None:
         try:
-            for rid, step, delay in self.schedule:
+            for planned, step, delay in self.schedule:
                 while self.step < step:
                     time.sleep(0.01)
                 time.sleep(delay)
-                deadline = time.monotonic() + 60
-                while ray.get(self.plane.rollout.lb_in_flight.remote([rid])) == 0:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"{rid} never had a request in flight")
-                    time.sleep(0.005)
+                self._kill_when_busy(planned or self._pick())
+        except BaseException as exc:  # noqa: BLE001 - re-raised by the test
+            self.error = exc
+
+    def _kill_when_busy(self, rid: str) -> None:
+        """Kill ``rid`` at a moment it has requests in flight (read just before the kill)."""
+        handle = self._handle(rid)
+        deadline = time.monotonic() + 60
+        while True:
+            if ray.get(self.plane.rollout.lb_in_flight.remote([rid])) > 0:
                 with self.lock:
                     in_flight = ray.get(self.plane.rollout.in_flight_uids.remote())
                     on_replica = ray.get(self.plane.rollout.lb_in_flight.remote([rid]))
-                    ray.kill(self.plane.standalone[rid], no_restart=True)
-                    self.killed.append({"replica": rid, "step": self.step, "at": time.monotonic(),
-                                        "requests_on_it": on_replica, "samples_in_flight": in_flight})
-        except BaseException as exc:  # noqa: BLE001 - re-raised by the test
-            self.error = exc
+                    if on_replica > 0:  # still busy: its requests could have finished meanwhile
+                        ray.kill(handle, no_restart=True)
+                        self.killed.append({"replica": rid, "step": self.step, "at": time.monotonic(),
+                                            "wall": time.time(), "requests_on_it": on_replica,
+                                            "samples_in_flight": in_flight})
+                        return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{rid} never had a request in flight")
+            time.sleep(0.005)
 
 
 def _routable_standalone(plane, dead: set[str]) -> set[str]:
@@ -195,9 +230,217 @@ def test_standalone_replicas_killed_at_random_moments_lose_and_duplicate_no_samp
         for k in killer.killed:
             assert set(k["samples_in_flight"]) <= trained_uids, k
         assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+        assert stats["replaced_replicas"] == []  # the option is off
+        record("standalone_replica_kill", injected=len(killer.killed), survived=len(killer.killed),
+               samples_lost=len(set(want) - set(got)), samples_duplicated=len(got) - len(set(got)), replaced=0)
     finally:
         killer.join(timeout=5)
         plane.shutdown()
+
+
+KILLS = 4
+REJOIN_S = 60.0
+"""Bound on a replacement's start: scheduled on the freed GPU, engine built, weights loaded, routable."""
+REPLICAS = "fully_async/rollouter/standalone_replicas"
+FAILED = "fully_async/rollouter/failed_replicas"
+REPLACED = "fully_async/rollouter/replaced_replicas"
+
+
+def _settled(plane, timeout_s: float = REJOIN_S) -> dict:
+    """The rollout service's stats once no replacement is starting (or the bound ran out)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = ray.get(plane.rollout.stats.remote())
+        if not stats["replacements_in_progress"] or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.05)
+
+
+def test_killed_standalone_replicas_are_replaced_and_rejoin_at_the_current_version(tmp_path, ray_address):
+    """`rollout.replace_failed_replicas` on: four SIGKILLs at seeded random moments of the first
+    four steps, each of a standalone replica drawn among those routable at that moment (so
+    replacements are killed too). Proves: every death gets a replacement that joins the load
+    balancer within ``REJOIN_S`` with the param version of the last broadcast (bounded by the
+    step boundaries around it), and none of the results it returns was generated with weights
+    older than the version in force when its request was sent; the routable standalone count and
+    ``max_concurrent_samples`` come back to the full values, also in the per-step metrics; no
+    sample is lost or duplicated, the accounting holds after every step, and the run finishes."""
+    cfg, plane, run, engine = _start(tmp_path, ray_address, "rollout.replace_failed_replicas=true",
+                                     f"rollout.max_replacements={KILLS}")  # the bound never bites here
+    rng = random.Random(SEED + 1)
+    killer = Killer(plane, rng, steps=sorted(rng.choices(range(1, 5), k=KILLS)),
+                    delays=[rng.uniform(0.0, 1.0) for _ in range(KILLS)], pick_at_kill=True)
+    try:
+        trained, per_step, bounds = 0, [], []  # bounds: (step, wall time it started, wall time it ended)
+        killer.start()
+        for step in range(1, STEPS + 1):
+            killer.step = step
+            started = time.time()
+            try:
+                result = training_step(run, step)
+            except Exception:
+                print("step", step, "failed; kills so far:", [(k["replica"], k["step"]) for k in killer.killed],
+                      "per step:", per_step)
+                raise
+            bounds.append((step, started, time.time()))
+            trained += result["trained"]
+            run = run.model_copy(update={"consumed_before": trained})
+            with killer.lock:
+                stats = _check_accounting(plane, trained)
+            per_step.append((step, [k["replica"] for k in killer.killed if k["step"] == step],
+                             sorted(stats["standalone_replicas"]), stats["max_concurrent_samples"]))
+        killer.join(timeout=60)
+        assert killer.error is None, killer.error
+        assert len(killer.killed) == KILLS, killer.killed
+        assert all(k["requests_on_it"] > 0 for k in killer.killed)  # each died mid-generation
+        killed = [k["replica"] for k in killer.killed]  # 4 distinct victims, so a replacement too
+
+        stats = _settled(plane)
+        deaths = stats["replaced_replicas"]
+        print("per step (step, killed in it, routable standalone, max_concurrent_samples):", per_step)
+        print("deaths:", [(d["failed"], d["replacement"], d["version"], round(d["joined_at"] - d["failed_at"], 2))
+                          for d in deaths if d["joined_at"]])
+        print("served:", stats["replica_versions"])
+        # every kill was followed by exactly one replacement, which joined within the bound
+        assert sorted(d["failed"] for d in deaths) == sorted(killed), deaths
+        assert all(d["status"] == "joined" for d in deaths), deaths
+        assert all(d["joined_at"] - d["failed_at"] <= REJOIN_S for d in deaths), deaths
+        replacements = [d["replacement"] for d in deaths]
+        assert len(set(replacements)) == KILLS and not set(replacements) & set(plane.standalone)
+        # ... holding the version of the last broadcast: every replica held version v from the end
+        # of step v on, and none before step v started
+        for d in deaths:
+            lowest = max((v for v, _, end in bounds if end <= d["failed_at"]), default=0)
+            highest = max((v for v, start, _ in bounds if start <= d["joined_at"]), default=0)
+            assert lowest <= d["version"] <= highest, (d, bounds)
+        # ... and serving it: none of its results older than the version its request was sent at
+        served = stats["replica_versions"]
+        for d in deaths:
+            got = served.get(d["replacement"])
+            if d["replacement"] in killed:  # killed mid-generation: it had served
+                assert got is not None and got["results"] > 0, (d, served)
+            if got is not None:
+                assert got["behind"] == 0 and got["min_version"] >= d["version"], (d, got)
+        assert all(entry["behind"] == 0 for entry in served.values()), served  # nor any other replica
+
+        # the count and the capacity are back to the full values
+        alive = (set(plane.standalone) | set(replacements)) - set(killed)
+        assert sorted(stats["standalone_replicas"]) == sorted(alive) and len(alive) == STANDALONE, stats
+        active = stats["active_replicas"]
+        assert stats["max_concurrent_samples"] == min(len(active) * PER_REPLICA, stats["max_required_samples"])
+        assert len(active) in (STANDALONE, STANDALONE + 1)  # + the hybrid when lent
+        assert sorted(stats["failed_replicas"]) == sorted(killed)
+        assert ray.get(plane.controller.standalone_alive.remote()) == STANDALONE
+
+        # the run went on to the end: every prompt of the run trained exactly once
+        assert trained == STEPS * cfg.step_required_samples
+        want = sorted((e, i) for e, i, _ in prompts_for(cfg))
+        with session_scope(engine) as s:
+            got = consumed_prompts(s, run.uid)
+            rows = step_metrics(s, run.uid)
+        assert len(got) == len(set(got)) == trained  # nothing duplicated
+        assert sorted(got) == want  # nothing lost
+        trained_uids = {sample_uid(e, i) for e, i in got}
+        for k in killer.killed:
+            assert set(k["samples_in_flight"]) <= trained_uids, k
+        assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+        # the per-step metrics follow: counts at each step's sync, all back by the last one
+        print("metrics (step, standalone, failed, replaced):",
+              [(r["step"], r[REPLICAS], r[FAILED], r[REPLACED]) for r in rows])
+        assert all(0 <= r[REPLICAS] <= STANDALONE for r in rows)
+        assert [r[REPLACED] for r in rows] == sorted(r[REPLACED] for r in rows)
+        joined_before_last = sum(d["joined_at"] <= rows[-1]["started_at"] for d in deaths)
+        assert joined_before_last <= rows[-1][REPLACED] <= KILLS
+        if joined_before_last == KILLS:
+            assert rows[-1][REPLICAS] == STANDALONE and rows[-1][FAILED] == KILLS
+        record("standalone_replica_kill", injected=len(killer.killed), survived=len(killer.killed),
+               samples_lost=len(set(want) - set(got)), samples_duplicated=len(got) - len(set(got)),
+               replaced=len(replacements))
+    finally:
+        killer.join(timeout=5)
+        plane.shutdown()
+    # shutdown ended the replacements with the rest (their names are freed once they are dead)
+    deadline = time.monotonic() + 30
+    while left := [rid for rid in replacements if _named(plane.namespace, replica_name(rid))]:
+        assert time.monotonic() < deadline, left
+        time.sleep(0.1)
+
+
+def _named(namespace: str, name: str) -> bool:
+    try:
+        ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return False
+    return True
+
+
+def _wait(predicate, what: str, timeout_s: float = REJOIN_S):
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"no {what} after {timeout_s}s"
+        time.sleep(0.01)
+    return value
+
+
+def _kill_mid_generation(plane, rid: str) -> None:
+    _wait(lambda: ray.get(plane.rollout.lb_in_flight.remote([rid])) > 0, f"request in flight on {rid}")
+    ray.kill(ray.get_actor(replica_name(rid), namespace=plane.namespace), no_restart=True)
+
+
+def _stats(plane) -> dict:
+    return ray.get(plane.rollout.stats.remote())
+
+
+def test_a_replacement_started_across_a_broadcast_joins_at_the_new_version_and_the_bound_holds(
+        tmp_path, ray_address):
+    """One standalone replica, `max_replacements=1`, no Prefect flow: the rollout service and
+    controller driven by hand. Proves: (1) a broadcast made while the replacement is still
+    starting reaches it: it joins holding the new version and serves nothing older; (2) resume
+    after a driver crash (a new data plane built in the same namespace while the old actors,
+    the replacement included, are still alive) ends the old replacement and reuses its name;
+    (3) once the slot's one replacement has died too, the slot stays out: no third actor, no
+    routable standalone replica, capacity 0, the death recorded as `not_replaced`."""
+    cfg, plane, _, _ = _start(tmp_path, ray_address, "rollout.n_gpus_per_node=1",
+                              "rollout.replace_failed_replicas=true", "rollout.max_replacements=1", lend_hybrid=False)
+    planes = [plane]
+    try:
+        _kill_mid_generation(plane, "standalone-0")
+        _wait(lambda: _stats(plane)["replacements_in_progress"] == ["standalone-0.r1"], "replacement starting")
+        ray.get(plane.controller.broadcast.remote(1))  # the weights move on while it starts
+        ray.get(plane.rollout.on_weight_sync.remote(1))
+        assert _stats(plane)["replacements_in_progress"] == ["standalone-0.r1"]  # the race really happened
+        stats = _wait(lambda: (st := _stats(plane))["standalone_replicas"] == ["standalone-0.r1"] and st, "rejoin")
+        (death,) = stats["replaced_replicas"]
+        assert (death["failed"], death["replacement"], death["status"], death["version"]) == (
+            "standalone-0", "standalone-0.r1", "joined", 1)
+        assert stats["max_concurrent_samples"] == PER_REPLICA  # capacity back
+        assert ray.get(plane.controller.standalone_alive.remote()) == 1
+        served = _wait(lambda: _stats(plane)["replica_versions"].get("standalone-0.r1"), "result from it")
+        assert served["min_version"] == 1 and served["behind"] == 0, served
+        old = ray.get_actor(replica_name("standalone-0.r1"), namespace=plane.namespace)
+
+        # a driver crash leaves the old actors behind; the resumed run's build ends them all
+        planes.append(plane := DataPlane.build(cfg, plane.namespace, param_version=1))
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(old.ping.remote(), timeout=30)
+        ray.get(plane.controller.broadcast.remote(1))
+        ray.get(plane.rollout.start.remote(prompts_for(cfg)))
+        _kill_mid_generation(plane, "standalone-0")
+        _wait(lambda: _stats(plane)["standalone_replicas"] == ["standalone-0.r1"], "rejoin under the reused name")
+
+        _kill_mid_generation(plane, "standalone-0.r1")  # the slot's budget is spent now
+        _wait(lambda: _stats(plane)["failed_replicas"] == ["standalone-0", "standalone-0.r1"], "second death noticed")
+        time.sleep(1.0)  # nothing starts later either
+        stats = _stats(plane)
+        assert [(d["failed"], d["status"]) for d in stats["replaced_replicas"]] == [
+            ("standalone-0", "joined"), ("standalone-0.r1", "not_replaced")]
+        assert stats["replacements_in_progress"] == [] and stats["standalone_replicas"] == []
+        assert stats["max_concurrent_samples"] == 0 and stats["error"] is None
+        assert sorted(ray.get(plane.rollout.standalone_handles.remote())) == ["standalone-0", "standalone-0.r1"]
+        assert ray.get(plane.controller.standalone_alive.remote()) == 0
+    finally:
+        for p in reversed(planes):
+            p.shutdown()
 
 
 def test_the_last_standalone_replica_dying_while_the_hybrid_sleeps_does_not_stall_training(

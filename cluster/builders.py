@@ -8,7 +8,6 @@ process (a Prefect task on a Ray worker, say).
 from __future__ import annotations
 
 import functools
-import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -63,14 +62,30 @@ def _vllm_engine(model_cfg: TinyLMConfig, max_batch: int, threads: int, eos: int
 
 
 def _simulated_engine(base_s: float, per_seq_s: float, prefill_s_per_token: float, max_batch: int,
-                      mean_len: float, sigma: float, max_len: int, eos: int, seed: int, vocab: int) -> Any:
-    from cluster.engines.simulated import SimulatedEngine
-
-    def length(rng: random.Random) -> int:
-        return max(1, min(max_len, int(rng.lognormvariate(0.0, sigma) * mean_len))) if sigma else int(mean_len)
+                      lengths: dict[str, Any], eos: int, seed: int, vocab: int, costs: dict[str, Any]) -> Any:
+    from cluster.engines.simulated import LogNormalLengths, SimulatedEngine
 
     return SimulatedEngine(decode_step_s=(base_s, per_seq_s), prefill_s_per_token=prefill_s_per_token,
-                           max_batch=max_batch, length_sampler=length, eos_id=eos, seed=seed, vocab_size=vocab)
+                           max_batch=max_batch, lengths=LogNormalLengths(**lengths, seed=seed), eos_id=eos,
+                           seed=seed, vocab_size=vocab, **costs)
+
+
+def simulated_engine_costs(cfg: TidalConfig, *, hybrid: bool) -> dict[str, Any]:
+    """The switch costs a simulated engine spends, mirroring what the simulator charges per phase.
+
+    Only in a fully emulated cluster (simulated rollout *and* train): with a real trainer the
+    syncs move real weights and nothing is modelled. Standalone: ``load_weights`` = the broadcast
+    sync, ``resume`` after a pause = the rebalance. Hybrid (starts asleep, like the simulator's):
+    ``sleep`` = the deactivation, ``wake_up`` = hybrid sync + activation (the simulator makes a
+    hybrid routable ``hybrid_sync_s + activate_s`` after the sync starts; the trainer wakes its
+    hybrids concurrently, so the phase takes that long whatever their number).
+    """
+    if cfg.engines.train != "simulated":
+        return {}
+    s = cfg.sim
+    if hybrid:
+        return {"sleep_s": s.deactivate_s, "wake_up_s": s.hybrid_sync_s + s.activate_s, "start_asleep": True}
+    return {"load_weights_s": s.broadcast_sync_s, "resume_s": s.rebalance_s}
 
 
 def engine_factory(cfg: TidalConfig, tokenizer: CharTokenizer, *, hybrid: bool, seed: int) -> Callable[[], Any]:
@@ -83,13 +98,19 @@ def engine_factory(cfg: TidalConfig, tokenizer: CharTokenizer, *, hybrid: bool, 
         return functools.partial(_vllm_engine, model_config(cfg, tokenizer), requests_per_replica(cfg),
                                  cfg.engines.torch_threads_per_actor, tokenizer.eos_id, seed)
     if kind == "simulated":
+        # The simulator's replica and workload: up to max_num_seqs running, lengths drifting over
+        # the run's steps; one token seed for every replica (a retry elsewhere continues its response).
         s = cfg.sim
         slow = 1.0 / s.hybrid_throughput_factor if hybrid else 1.0
+        prompts = cfg.rollout.total_rollout_steps or cfg.task.num_prompts * cfg.rollout.total_epochs
+        steps = cfg.trainer.total_training_steps or prompts // cfg.step_required_samples  # as the simulator
+        lengths = dict(mean_start=s.response_len_mean_start, mean_end=s.response_len_mean_end,
+                       response_sigma=s.response_len_sigma, prompt_sigma=s.prompt_len_sigma,
+                       max_len=cfg.actor_rollout_ref.rollout.response_length, last_version=max(0, steps - 1))
         return functools.partial(
             _simulated_engine, s.decode_step_base_s * slow, s.decode_step_per_seq_s * slow,
-            slow / s.prefill_tokens_per_s, min(requests_per_replica(cfg), s.max_num_seqs),
-            s.response_len_mean_start, s.response_len_sigma, cfg.actor_rollout_ref.rollout.response_length,
-            tokenizer.eos_id, seed, tokenizer.vocab_size,
+            slow / s.prefill_tokens_per_s, s.max_num_seqs, lengths, tokenizer.eos_id, cfg.trainer.seed,
+            tokenizer.vocab_size, simulated_engine_costs(cfg, hybrid=hybrid),
         )
     raise ValueError(f"engines.rollout={kind!r} is not available in this build")
 

@@ -174,6 +174,14 @@ class Rollouter:
         aborted.sort(key=lambda pair: pair[0].id)
         return aborted
 
+    def stall(self, reps: list[Replica], seconds: float) -> None:
+        """Stop ``reps`` decoding for ``seconds`` (a weight load), keeping what they generate."""
+        now = self._clock()
+        for rep in reps:
+            rep.advance(now)
+            rep.busy_until = max(rep.busy_until, now) + seconds
+            self._dirty[rep.index] = rep
+
     def resume(self, reps: list[Replica], aborted: list[tuple[Sample, Replica]], *, sticky: bool) -> None:
         """Restart ``reps`` and retry ``aborted``: on their own replica when ``sticky`` (and it is
         still routable), else least-loaded."""

@@ -188,8 +188,24 @@ class Simulator:
     # ------------------------------------------------------------ control plane
 
     def _training_run(self) -> Iterator[Wait]:
+        yield from self._warm_up()
         for step in range(1, self.spec.steps + 1):
             yield from self._training_step(step)
+
+    def _warm_up(self) -> Iterator[Wait]:
+        """``tidal run``'s warm-up (``flows/training_run._warm_up``): with the standalones already
+        generating, the policy is asked ``should_activate_after_step(0)`` (nothing generated or
+        consumed yet); yes = hybrid sync → activate, no rebalance, before step 1 starts."""
+        r = self.rollouter
+        if not r.hybrids or self.hybrid_active or not self._ask(0, "should_activate_after_step"):
+            return
+        t = self.loop.now
+        yield Delay(self.spec.hybrid_sync_s)
+        yield Delay(self.spec.activate_s)
+        r.add(r.hybrids)
+        self.hybrid_active = True
+        self._record_trace("activate")
+        self._switched("activate", t)
 
     def _training_step(self, step: int) -> Iterator[Wait]:
         """DESIGN §2: should_deactivate → [wait → deactivate] → train × k → broadcast_sync →
@@ -235,8 +251,12 @@ class Simulator:
         if not spec.partial_rollout:
             r.accepting = False
             yield UntilIdle()
-        paused_reps = list(r.routable)
-        aborted = r.pause(paused_reps)
+        if spec.sync_aborts:
+            paused_reps = list(r.routable)
+            aborted = r.pause(paused_reps)
+        else:
+            paused_reps, aborted = [], []
+            r.stall([rep for rep in r.routable if not rep.hybrid], spec.broadcast_sync_s)
         yield Delay(spec.broadcast_sync_s)
         r.accepting = True
         log.step_generated, log.window_end = r.step_generated, now()

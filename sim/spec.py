@@ -61,6 +61,11 @@ class SimSpec:
     deactivate_s: float = 3.0
     rebalance_s: float = 0.5
     step_overhead_s: float = 0.0
+    sync_aborts: bool = True
+    """The broadcast sync aborts what the routable replicas are generating and resumes it after
+    (re-prefilling it), as verl's partial rollout does; False = Tidal's engines: the standalone
+    replicas only stall for ``broadcast_sync_s`` while loading and keep their requests. Not a
+    config key (the presets are calibrated with True); ``benchmarks/bench_emulated.py`` uses both."""
 
     @property
     def step_required_samples(self) -> int:

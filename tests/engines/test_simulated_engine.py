@@ -7,12 +7,13 @@ loop's clock; costs are a few milliseconds so the whole file runs in well under 
 from __future__ import annotations
 
 import asyncio
+import math
 import subprocess
 import sys
 
 import pytest
 
-from cluster.engines.simulated import SimulatedEngine
+from cluster.engines.simulated import LogNormalLengths, SimulatedEngine
 from cluster.types import GenerationRequest, SamplingSpec
 
 pytestmark = pytest.mark.timeout(20)  # a scheduler bug hangs rather than fails
@@ -126,3 +127,106 @@ def test_sleep_wake_up_and_load_weights_take_their_configured_seconds():
 def test_importing_the_engines_package_and_the_simulated_engine_does_not_load_torch():
     code = "import sys, cluster.engines, cluster.engines.simulated; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+# ------------------------------------------------------------------ the emulated cluster's engine
+
+
+def test_lognormal_lengths_follow_the_simulators_workload_mean_drift_and_shared_prompt_factor():
+    """The unclipped mean is the drifting mean at every version (μ is corrected for both sigmas),
+    a sample's responses share its prompt factor (they vary less among themselves than across
+    samples), and each length is a pure function of (seed, request id, version)."""
+    import statistics
+
+    lengths = LogNormalLengths(mean_start=100, mean_end=300, response_sigma=0.4, prompt_sigma=0.5,
+                               max_len=10**9, last_version=10)
+    ids = [f"e0-p{i}-r{j}" for i in range(600) for j in range(8)]
+    for version, mean in ((0, 100), (5, 200), (10, 300), (20, 300)):
+        assert statistics.fmean(lengths(rid, version) for rid in ids) == pytest.approx(mean, rel=0.05)
+    logs = [[math.log(lengths(f"e0-p{i}-r{j}", 0)) for j in range(8)] for i in range(600)]
+    within = statistics.fmean(statistics.pvariance(sample) for sample in logs)
+    across = statistics.pvariance([x for sample in logs for x in sample])
+    assert within == pytest.approx(0.4**2, rel=0.15) and across == pytest.approx(0.4**2 + 0.5**2, rel=0.15)
+    again = LogNormalLengths(100, 300, 0.4, 0.5, 10**9, 10)
+    assert [again(rid, 3) for rid in ids[:50]] == [lengths(rid, 3) for rid in ids[:50]]
+    assert {LogNormalLengths(100, 300, 0.0, 0.0, 150, 10)(rid, 5) for rid in ids[:20]} == {150}  # clipped
+
+
+def test_a_resumed_response_keeps_its_tokens_and_ends_at_its_length_for_the_version_it_is_served_at():
+    """Lengths drift with the param version; a partial response re-submitted after the version
+    moved keeps its tokens, and one already past its new length ends with EOS at once."""
+    engine = SimulatedEngine(decode_step_s=(0.0, 0.0), lengths=lambda rid, version: 10 if version < 5 else 4,
+                             eos_id=EOS)
+
+    async def scenario(engine):
+        whole = await engine.generate(request("r", 40))
+        assert (len(whole.tokens), whole.tokens[-1]) == (10, EOS)
+        partial = whole.tokens[:6]
+        await engine.load_weights({}, 5)
+        assert (await engine.generate(request("r", 34, PROMPT + partial))).tokens == [EOS]
+        short = await engine.generate(request("r", 40, PROMPT + partial[:2]))
+        assert partial[:2] + short.tokens == [*partial[:3], EOS]
+
+    run(engine, scenario)
+
+
+def test_the_device_timeline_absorbs_event_loop_stalls_up_to_max_lag_and_counts_the_rest_as_stretch():
+    """Blocking the event loop between iterations does not lengthen the modelled run while the
+    engine can catch up (≤ max_lag_s behind; a plain sleep per iteration would take ~0.55 s
+    here); a longer stall is given up and reported as ``stretch_s``."""
+    import time
+
+    async def block(seconds: float, every: float, times: int) -> None:
+        for _ in range(times):
+            await asyncio.sleep(every)
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:  # the loop is stuck, as under a busy CPU
+                pass
+
+    async def timed_generate(engine, rid: str, budget: int, blocker) -> float:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        task = asyncio.create_task(blocker)
+        await engine.generate(request(rid, budget, ignore_eos=True))
+        await task
+        return loop.time() - start
+
+    catching_up = SimulatedEngine(decode_step_s=(0.01, 0.0), eos_id=EOS, max_lag_s=0.25)
+
+    async def absorbed(engine):
+        took = await timed_generate(engine, "a", 40, block(0.008, 0.002, 45))  # 40 iterations × 10 ms
+        assert engine.stats()["busy_s"] == pytest.approx(0.4)
+        assert 0.4 <= took < 0.52 and engine.stats()["stretch_s"] < 0.05
+
+    run(catching_up, absorbed)
+    strict = SimulatedEngine(decode_step_s=(0.01, 0.0), eos_id=EOS, max_lag_s=0.05)
+
+    async def stretched(engine):
+        await timed_generate(engine, "b", 30, block(0.3, 0.05, 1))
+        assert 0.3 - 0.05 - 0.02 < engine.stats()["stretch_s"] < 0.3 + 0.15
+
+    run(strict, stretched)
+
+
+def test_resume_of_a_paused_engine_and_the_first_wake_up_of_one_started_asleep_cost_their_seconds():
+    engine = SimulatedEngine(eos_id=EOS, resume_s=0.05, wake_up_s=0.03, start_asleep=True)
+
+    async def timed(call) -> float:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await call
+        return loop.time() - start
+
+    async def main() -> None:
+        assert engine.is_sleeping
+        with pytest.raises(RuntimeError, match="asleep"):
+            await engine.generate(request("r", 4))
+        assert 0.03 <= await timed(engine.wake_up()) < 0.2
+        await engine.load_weights({}, 1)
+        assert await timed(engine.resume()) < 0.02  # not paused: nothing to spend
+        await engine.pause()
+        assert 0.05 <= await timed(engine.resume()) < 0.25 and not engine.is_paused
+        assert engine.stats()["busy_s"] == 0.0  # switch seconds are not decode work
+        await engine.shutdown()
+
+    asyncio.run(main())

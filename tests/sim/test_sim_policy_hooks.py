@@ -58,7 +58,9 @@ def run_recorded(policy_name: str, steps: int = 3, **spec_changes):
 def test_hooks_follow_the_documented_order_while_lending_and_reclaiming():
     policy, result = run_recorded("fixed_ratio")
     assert policy.calls == [
-        ("should_deactivate", 1, False),  # starts STANDALONE_ONLY: nothing to take back
+        ("should_activate_after_step", 0, False),  # tidal run's warm-up: starts STANDALONE_ONLY, lends at once
+        ("should_deactivate", 1, True),
+        ("deactivate_wait_samples", None, None),
         ("should_activate_after_step", 1, False),
         ("request_rebalance", 1, None),
         ("update_after_step", 1, None),
@@ -73,9 +75,8 @@ def test_hooks_follow_the_documented_order_while_lending_and_reclaiming():
         ("request_rebalance", 3, None),
         ("update_after_step", 3, None),
     ]
-    assert [(s.deactivated, s.activated, s.rebalanced) for s in result.steps] == [
-        (False, True, True), (True, True, True), (True, True, True)
-    ]
+    assert [(s.deactivated, s.activated, s.rebalanced) for s in result.steps] == [(True, True, True)] * 3
+    assert result.steps[0].start_s == 3.5  # the warm-up's hybrid sync 3 s + activate 0.5 s
     assert [hook for _, hook, _ in result.decisions] == [hook for hook, _, _ in policy.calls]
 
 
@@ -91,7 +92,9 @@ def test_the_context_carries_the_step_the_waits_and_the_clock():
     by_hook = {}
     for (hook, step, _), ctx in zip(policy.calls, policy.contexts):
         by_hook.setdefault(hook, []).append((step, ctx))
-    for step, ctx in by_hook["should_activate_after_step"]:
+    warm_up, *after_steps = by_hook["should_activate_after_step"]
+    assert warm_up[0] == 0 and (warm_up[1].expected_samples, warm_up[1].step_wait_times) == (0, [])
+    for step, ctx in after_steps:
         record = result.steps[step - 1]
         assert ctx.expected_samples == step * 64
         assert ctx.step_wait_times == record.micro_wait_s and len(ctx.step_wait_times) == 4
@@ -101,7 +104,7 @@ def test_the_context_carries_the_step_the_waits_and_the_clock():
         assert (ctx.standalone_replicas, ctx.hybrid_replicas, ctx.buffer_samples) == (4, 4, 32)
     nows = [ctx.now for ctx in policy.contexts]
     assert nows == sorted(nows) and nows[-1] > 0
-    (_, step2_activate), (_, step3_activate) = by_hook["should_activate_after_step"][1:]
+    (_, step2_activate), (_, step3_activate) = after_steps[1:]
     assert step2_activate.last_switch_at is not None
     assert step2_activate.last_activate_duration_s == 3.5  # hybrid sync 3 s + activate 0.5 s
     assert step2_activate.last_deactivate_duration_s == 3.0
@@ -123,6 +126,16 @@ def test_simulate_accepts_a_policy_object_in_place_of_the_configured_one():
     recording = RecordingPolicy(build_policy("static_fully_async"))
     result = simulate(load_config("sim/qwen35-35b-dynamic"), steps=2, policy=recording)
     assert result.policy == "RecordingPolicy"
-    assert [hook for hook, _, _ in recording.calls] == [
+    assert [hook for hook, _, _ in recording.calls] == ["should_activate_after_step"] + [
         "should_deactivate", "should_activate_after_step", "update_after_step"
     ] * 2
+
+
+def test_the_warm_up_asks_once_before_step_1_and_only_when_the_hybrids_start_asleep():
+    """Like `tidal run`: a policy that declines leaves step 1 to the standalones (no switch, step 1
+    starts at 0); hybrids already lent at the start (`initial_hybrid_active`) are not asked about."""
+    declined, result = run_recorded("static_fully_async", steps=1)
+    assert declined.calls[0] == ("should_activate_after_step", 0, False)
+    assert (result.steps[0].start_s, result.switches) == (0.0, 0)
+    lent, result = run_recorded("fixed_ratio", steps=1, initial_hybrid_active=True)
+    assert lent.calls[0] == ("should_deactivate", 1, True) and result.steps[0].start_s == 0.0

@@ -1,0 +1,54 @@
+"""The emulated presets are the seed experiment scaled down in tokens, and the simulator can model
+Tidal's weight sync (no aborts) as well as verl's (the calibrated default).
+
+`benchmarks/bench_emulated.py` runs these presets through the real system and compares with the
+simulator; these tests keep the presets what that comparison assumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from config import load_config
+from policies import policy_from_config
+from sim import Simulator, spec_from_config
+
+S = 20
+SETUPS = ("static-8-24", "static-16-16", "dynamic")
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_an_emulated_preset_is_its_seed_preset_with_tokens_and_fixed_costs_divided_by_20(setup):
+    seed, emulated = load_config(f"sim/qwen35-35b-{setup}"), load_config(f"sim/qwen35-35b-emulated-{setup}")
+    a, b = seed.sim, emulated.sim
+    assert (emulated.trainer_gpus, emulated.standalone_gpus, emulated.hybrid_replicas) == (
+        seed.trainer_gpus, seed.standalone_gpus, seed.hybrid_replicas)
+    assert emulated.async_training == seed.async_training
+    assert emulated.actor_rollout_ref.rollout.response_length == seed.actor_rollout_ref.rollout.response_length // S
+    for key in ("response_len_mean_start", "response_len_mean_end", "train_step_overhead_s", "broadcast_sync_s",
+                "hybrid_sync_s", "activate_s", "deactivate_s", "rebalance_s"):
+        assert getattr(b, key) == pytest.approx(getattr(a, key) / S), key
+    for key in ("decode_step_base_s", "decode_step_per_seq_s", "max_num_seqs", "prefill_tokens_per_s",
+                "hybrid_throughput_factor", "train_tokens_per_gpu_s", "response_len_sigma", "prompt_len_sigma"):
+        assert getattr(b, key) == getattr(a, key), key
+    # the emulated engine serves the `count` task's prompts: BOS + letter + digit + "=" = 4 tokens
+    assert (emulated.task.name, b.prompt_tokens) == ("count", 4)
+    assert (emulated.engines.rollout, emulated.engines.train) == ("simulated", "simulated")
+    steps = emulated.trainer.total_training_steps
+    assert emulated.rollout.total_rollout_steps == steps * emulated.step_required_samples
+
+
+def test_a_sync_without_aborts_stalls_the_standalones_and_re_prefills_nothing():
+    """Tidal's engines keep their requests through a weight load (``sync_aborts=False``): a static
+    run then has no aborted or re-prefilled work at all, while verl's abort-at-sync (the default)
+    re-prefills at every sync; either way each sync holds generation for ``broadcast_sync_s``."""
+    cfg = load_config("sim/qwen35-35b-emulated-static-16-16")
+    spec = spec_from_config(cfg, steps=6)
+    aborting = Simulator(spec, policy_from_config(cfg)).run()
+    stalling = Simulator(dataclasses.replace(spec, sync_aborts=False), policy_from_config(cfg)).run()
+    assert aborting.waste.reprefilled_tokens > 0 and aborting.waste.aborted_requests > 0
+    assert (stalling.waste.reprefilled_tokens, stalling.waste.aborted_requests) == (0, 0)
+    free = Simulator(dataclasses.replace(spec, sync_aborts=False, broadcast_sync_s=0.0), policy_from_config(cfg)).run()
+    assert free.wall_clock_s < stalling.wall_clock_s  # the stall is real time on the rollout side

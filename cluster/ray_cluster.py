@@ -5,6 +5,16 @@ A run either attaches to ``ray.address`` or starts a local cluster it owns: its 
 (Ray over-counts memory on these machines), ``RAY_AUTH_MODE`` set explicitly, and the emulated
 GPU resource ``tidal_gpu`` (one per emulated GPU) so actors are placed like on a real cluster.
 Nothing here ever stops Ray machine-wide: the owner shuts down only the cluster it started.
+
+Loopback only: a cluster started here is a single-machine cluster, and every one of its listeners
+(GCS, raylet and object manager, dashboard and runtime-env agents, client server, workers' gRPC
+ports) binds 127.0.0.1. Ray 2.60 has no bind-address option; what it has is single-machine mode
+(``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, on by default on Windows and macOS), under which the
+node's IP is the loopback address and the servers bind that address. Every process of the cluster,
+drivers included, must agree on it: the head and its workers get it in their environment, and
+``use_loopback_ray`` puts this process in it (``LocalRayCluster.start`` and ``init_ray`` call it
+for the clusters they start or reach on a loopback address). Attaching to a multi-node cluster by
+a non-loopback address leaves Ray's defaults alone.
 """
 
 from __future__ import annotations
@@ -21,6 +31,9 @@ from pathlib import Path
 
 GPU_RESOURCE = "tidal_gpu"
 """Ray resource name of one emulated (or real) accelerator."""
+LOOPBACK = "127.0.0.1"
+SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""``0``: Ray treats this machine as a one-node cluster whose IP is the loopback address."""
 
 
 def free_port() -> int:
@@ -35,6 +48,23 @@ def _ray_env() -> dict[str, str]:
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     env.setdefault("RAY_DEDUP_LOGS", "0")
     return env
+
+
+def is_loopback_address(address: str | None) -> bool:
+    """Whether ``host:port`` names this machine's loopback interface."""
+    if not address:
+        return False
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return host == "localhost" or host == "::1" or host.startswith("127.")
+
+
+def use_loopback_ray() -> None:
+    """Put this process in Ray's single-machine mode (see the module docstring), before or after
+    ``import ray``: the environment for what it starts, Ray's already-read constant for itself."""
+    os.environ[SINGLE_MACHINE_ENV] = "0"
+    import ray._private.ray_constants as ray_constants  # read at import; Ray's own helpers look it up at call time
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 @dataclass
@@ -66,9 +96,10 @@ class LocalRayCluster:
             self.temp_dir = tempfile.mkdtemp(prefix="tidal-ray-", dir="/tmp")
             self._owns_temp = True
         ports = [free_port() for _ in range(6)]
+        use_loopback_ray()  # so that this process can connect to it (ray.init(address=self.address))
         cmd = [
             sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
-            f"--port={self.port}", f"--temp-dir={self.temp_dir}",
+            f"--port={self.port}", f"--temp-dir={self.temp_dir}", f"--node-ip-address={LOOPBACK}",
             f"--num-cpus={self.num_cpus}", f'--resources={{"{GPU_RESOURCE}": {self.gpus}}}',
             f"--memory={int(self.memory_gb * 2**30)}",
             f"--object-store-memory={int(self.object_store_memory_gb * 2**30)}",
@@ -79,8 +110,8 @@ class LocalRayCluster:
             "--min-worker-port=0", "--max-worker-port=0",
         ]
         log = open(Path(self.temp_dir) / "head.log", "w")  # noqa: SIM115 - closed with the process
-        self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**_ray_env(), **self.env},
-                                      start_new_session=True)
+        env = {**_ray_env(), **self.env, SINGLE_MACHINE_ENV: "0"}
+        self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -128,8 +159,11 @@ def init_ray(*, address: str | None, num_cpus: int | None, gpus: int, memory_gb:
         return None
     common = dict(namespace=namespace, log_to_driver=False, configure_logging=False)
     if address:
+        if is_loopback_address(address):
+            use_loopback_ray()
         ray.init(address=address, **common)
         return None
+    use_loopback_ray()
     owned = temp_dir or tempfile.mkdtemp(prefix="tidal-ray-", dir="/tmp")
     ray.init(
         num_cpus=num_cpus,

@@ -5,10 +5,17 @@
     tidal config presets
     tidal simulate CONFIG [--set ...] [--policy NAME] [--steps N] [--seed S] [--json PATH]
                           [--plot DIR] [--compare]
+    tidal run CONFIG [--set ...]           tidal resume RUN_ID [--storage URL]
+    tidal runs [--storage URL]             tidal report RUN_ID [--storage URL]
+
+Exit codes: 0 done; 2 bad input (one line why; nothing was started or written); 3 the store
+became unreachable during a run (one line: what failed, the last committed step and the
+`tidal resume` command; every committed step is intact).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Annotated
@@ -22,10 +29,9 @@ except ImportError:  # pragma: no cover - older typer uses click itself
     from click import exceptions as click_exc
 
 from config import ConfigError, TidalConfig, list_presets, load_config, to_plain
+from flows.errors import EXIT_BAD_INPUT, RunError
 from policies import UnknownPolicyError, resolve_policy_class
-from storage.engine import StoreError
-
-EXIT_BAD_INPUT = 2
+from storage.engine import StoreError, StoreUnavailable, redact_url
 
 app = typer.Typer(
     name="tidal",
@@ -149,10 +155,16 @@ def run(
 
     # A malformed or unreachable store fails here, in one line, before any flow run starts.
     engine_for(cfg.storage.url, cfg.storage.busy_timeout_ms)
+    from pydantic import SecretStr
+
     from flows.runners import prefect_settings_for
 
+    _quiet_store_outage_tracebacks()
+    # Prefect records the flow's parameters: the overrides go with any password hidden, the store
+    # URL itself as a secret (shown as **********).
+    shown = [redact_url(o) for o in set_ or []]
     with prefect_settings_for(cfg):
-        result = training_run(config=config, overrides=list(set_ or []))
+        result = training_run(config=config, overrides=shown, storage_url=SecretStr(cfg.storage.url))
     typer.echo(f"run {result['run']} finished: {result['output_dir']}")
 
 
@@ -161,14 +173,21 @@ def resume(
     run_id: Annotated[str, typer.Argument(help="Run id (see `tidal runs`).")],
     storage: Annotated[str | None, typer.Option(help="Store URL (default: the preset's).")] = None,
 ) -> None:
-    """Continue a run from its last committed step, with its own resolved config."""
-    from flows.training_run import training_run
+    """Continue a run from its last committed step, with its own resolved config.
+
+    The store is the one ``--storage`` names (the resolved config written next to the run keeps
+    the store URL with its password hidden, so a password-protected store is always given here).
+    """
+    from pydantic import SecretStr
 
     from flows.runners import prefect_settings_for
+    from flows.training_run import training_run
 
     config_path = _run_config_path(run_id, storage)
+    _quiet_store_outage_tracebacks()
     with prefect_settings_for(load_checked(str(config_path), [])):
-        result = training_run(config=str(config_path), overrides=[], resume=run_id)
+        result = training_run(config=str(config_path), overrides=[], resume=run_id,
+                              storage_url=SecretStr(storage) if storage else None)
     typer.echo(f"run {result['run']} finished: {result['output_dir']}")
 
 
@@ -195,7 +214,7 @@ def report(
 
     from flows.report import write_report
 
-    cfg = load_checked(str(_run_config_path(run_id, storage)), [])
+    cfg = load_checked(str(_run_config_path(run_id, storage)), [f"storage.url={storage}"] if storage else [])
     out = write_report(cfg, run_id, Path(cfg.trainer.default_local_dir) / run_id)
     typer.echo(Path(out["markdown"]).read_text(encoding="utf-8"), nl=False)
 
@@ -238,6 +257,66 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def _explained(exc_info: object) -> bool:
+    """Whether a log record's exception is (or was caused by) a failure the CLI explains in its
+    own last line: the store becoming unreachable, or any other ``RunError``."""
+    exc = exc_info[1] if isinstance(exc_info, tuple) else None
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, (StoreUnavailable, RunError)):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+class _OutageFormatter(logging.Formatter):
+    """Wraps a console formatter: a record about an explained failure (an unreachable store, a
+    refused checkpoint) keeps its one-line message and drops the traceback (not a bug; Prefect's
+    own log of the run keeps the traceback). Everything else is formatted as before."""
+
+    def __init__(self, inner: logging.Formatter | None) -> None:
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        if not _explained(record.exc_info):
+            return self.inner.format(record)
+        saved = record.exc_info, record.exc_text
+        record.exc_info, record.exc_text = None, None
+        try:
+            return self.inner.format(record)
+        finally:
+            record.exc_info, record.exc_text = saved
+
+
+def _quiet_store_outage_tracebacks() -> None:
+    """Keep the terminal readable when the store goes away mid-run (or a resume refuses its
+    checkpoint): the phase, the step flow and the run flow each log the failure; on the console
+    that is one line each, and the last line is the CLI's own (what failed, the last committed
+    step, how to resume)."""
+    for handler in logging.getLogger().handlers:
+        if not isinstance(handler.formatter, _OutageFormatter):
+            handler.setFormatter(_OutageFormatter(handler.formatter))
+
+
+class _AfterTheError(logging.Filter):
+    """Drops Prefect's exit-time notice "Stopping temporary server on ..." (logged at interpreter
+    exit, when a run without a configured server stops the temporary one it started): once the
+    CLI has printed its error line, that line stays the last thing on the terminal."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Stopping temporary server")
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"tidal: error: {_one_line(message)}", file=sys.stderr)
+    prefect_logger = logging.getLogger("prefect")
+    if not any(isinstance(f, _AfterTheError) for f in prefect_logger.filters):
+        prefect_logger.addFilter(_AfterTheError())
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: run the app, turning every bad input into one line and exit 2."""
     # Prefect's telemetry heartbeat races the first flow run on a temporary server's SQLite
@@ -245,9 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
         code = app(args=argv, prog_name="tidal", standalone_mode=False)
+    except RunError as exc:  # a run that started and could not go on (StoreLost: exit 3)
+        return _fail(str(exc), exc.exit_code)
     except (ConfigError, UnknownPolicyError, BadInput, StoreError) as exc:
-        print(f"tidal: error: {_one_line(exc)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _fail(str(exc), EXIT_BAD_INPUT)
     except click_exc.NoArgsIsHelpError:
         return 0
     except click_exc.UsageError as exc:

@@ -11,17 +11,35 @@ from typing import Any
 
 import ray
 from prefect import flow, get_run_logger
+from pydantic import SecretStr
 
+from cluster.backends import CheckpointError
 from cluster.builders import DataPlane, prompts_for
 from cluster.ray_cluster import init_ray
 from config import TidalConfig, to_plain, write_resolved
+from flows.errors import CheckpointRefused, StoreLost, store_lost_message
 from flows.progress import StepPrinter
 from flows.report import write_report
 from flows.runners import step_flow_settings, task_runner_for
 from flows.training_step import training_step
-from storage import RunStatus, create_run, load_resume_state, migrate, session_scope, set_run_status
+from storage import (
+    RunStatus,
+    StoreUnavailable,
+    create_run,
+    load_resume_state,
+    migrate,
+    redact_url,
+    session_scope,
+    set_run_status,
+)
 from tasks.commit import engine_for
 from tasks.run_ref import RunRef
+
+
+def without_secrets(cfg: TidalConfig) -> TidalConfig:
+    """``cfg`` with the store URL's password hidden: what is written next to the run and stored in
+    its row (a resume gets the URL from ``--storage``, never from these copies)."""
+    return cfg.model_copy(update={"storage": cfg.storage.model_copy(update={"url": redact_url(cfg.storage.url)})})
 
 
 def _open_run(cfg: TidalConfig, resume_uid: str | None) -> tuple[str, Path, Any]:
@@ -35,15 +53,16 @@ def _open_run(cfg: TidalConfig, resume_uid: str | None) -> tuple[str, Path, Any]
 
             row = get_run(session, resume_uid)
             if row is None:
-                raise ValueError(f"run {resume_uid!r} is not in the store at {cfg.storage.url}")
+                raise ValueError(f"run {resume_uid!r} is not in the store at {redact_url(cfg.storage.url)}")
             set_run_status(session, resume_uid, RunStatus.RUNNING)
             return resume_uid, Path(row.output_dir), state
         uid = f"{cfg.trainer.experiment_name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         out = Path(cfg.trainer.default_local_dir) / uid
-        write_resolved(cfg, out)
+        shown = without_secrets(cfg)
+        write_resolved(shown, out)
         create_run(session, uid=uid, name=cfg.trainer.experiment_name, project=cfg.trainer.project_name,
                    policy=cfg.async_training.dynamic_schedule_policy, seed=cfg.trainer.seed,
-                   config=to_plain(cfg), output_dir=str(out))
+                   config=to_plain(shown), output_dir=str(out))
         return uid, out, None
 
 
@@ -52,7 +71,11 @@ def _restore(plane: DataPlane, cfg: TidalConfig, state: Any) -> tuple[int, int]:
     if state is None:
         return 1, 0
     if state.checkpoint is not None:
-        ray.get(plane.trainer.load_checkpoint.remote(state.checkpoint.path, state.checkpoint.sha256))
+        try:
+            ray.get(plane.trainer.load_checkpoint.remote(state.checkpoint.path, state.checkpoint.sha256))
+        except CheckpointError as exc:  # raised in the trainer actor; Ray wraps it with its traceback
+            cause = getattr(exc, "cause", None) or exc
+            raise CheckpointRefused(f"cannot resume from step {state.step}: {cause}") from None
     ray.get(plane.controller.load_policy_state.remote(state.policy_state))
     controller_state = dict(state.controller_state)
     controller_state["state"] = "STANDALONE_ONLY"  # the actors are new: the hybrids start asleep
@@ -75,11 +98,29 @@ def _warm_up(plane: DataPlane, run: RunRef, version: int, was_active: bool, prom
         ray.get(plane.controller.call.remote("activate"))
 
 
+def _mark_failed(cfg: TidalConfig, uid: str) -> None:
+    try:
+        with session_scope(engine_for(cfg.storage.url, cfg.storage.busy_timeout_ms)) as session:
+            set_run_status(session, uid, RunStatus.FAILED)
+    except Exception:  # noqa: BLE001 - the original error matters more (the store may be what failed)
+        pass
+
+
 @flow(name="training-run", log_prints=True, validate_parameters=False)
-def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, resume: str | None = None) -> dict[str, Any]:
+def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, resume: str | None = None,
+                 storage_url: SecretStr | None = None) -> dict[str, Any]:
+    """Train (or resume ``resume``) the config ``config`` with ``overrides``.
+
+    ``storage_url`` replaces the config's store URL. It is a secret so that Prefect records it as
+    ``**********`` among the flow run's parameters: the CLI passes the store URL here (it may carry
+    a password) and the overrides with any password already hidden.
+    """
     from flows.cli import load_checked  # the same validation as the CLI
 
-    cfg = load_checked(config, overrides or [])
+    overrides = list(overrides or [])
+    if storage_url is not None:
+        overrides.append(f"storage.url={storage_url.get_secret_value()}")
+    cfg = load_checked(config, overrides)
     logger = get_run_logger()
     uid, out_dir, state = _open_run(cfg, resume)
     ray_temp_dir = init_ray(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus,
@@ -90,6 +131,7 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
     version = state.param_version if state else 0
     plane = DataPlane.build(cfg, uid, consumed=consumed_set, param_version=version)
     printer = StepPrinter(uid, cfg)
+    committed = state.step if state else 0
     try:
         next_step, consumed = _restore(plane, cfg, state)
         run = RunRef.from_config(cfg, uid=uid, output_dir=str(out_dir), consumed_before=consumed,
@@ -106,6 +148,7 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
         while step <= last_step:
             with step_flow_settings():
                 result = step_flow(run, step)
+            committed = step
             printer.step(step, result)
             consumed += result["trained"]
             run = run.model_copy(update={"consumed_before": consumed})
@@ -117,12 +160,12 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
             set_run_status(session, uid, RunStatus.FINISHED)
         printer.done(report)
         return {"run": uid, "steps": step, "output_dir": str(out_dir), "report": report}
+    except StoreUnavailable as exc:  # the database went away mid-run: say so in one line, resumably
+        _mark_failed(cfg, uid)
+        raise StoreLost(store_lost_message(url=redact_url(cfg.storage.url), reason=exc.reason or str(exc), uid=uid,
+                                           last_step=committed, storage_arg=redact_url(cfg.storage.url))) from exc
     except BaseException:
-        try:
-            with session_scope(engine_for(cfg.storage.url, cfg.storage.busy_timeout_ms)) as session:
-                set_run_status(session, uid, RunStatus.FAILED)
-        except Exception:  # noqa: BLE001 - the original error matters more
-            pass
+        _mark_failed(cfg, uid)
         raise
     finally:
         plane.shutdown()

@@ -8,7 +8,7 @@ step's rows commit together or not at all. Migrations own the schema (no ``creat
 May import: config. Must not: import Ray, torch, cluster, tasks or flows.
 """
 
-from storage.engine import StoreError, make_engine, session_scope, sqlite_url
+from storage.engine import StoreError, StoreUnavailable, make_engine, redact_url, session_scope, sqlite_url
 from storage.migrate import current_revision, downgrade, head_revision, migrate
 from storage.models import Base, RunStatus
 from storage.store import (
@@ -36,6 +36,7 @@ __all__ = [
     "RunSummary",
     "StepRecord",
     "StoreError",
+    "StoreUnavailable",
     "consumed_prompts",
     "create_run",
     "current_revision",
@@ -48,6 +49,7 @@ __all__ = [
     "make_engine",
     "migrate",
     "record_step",
+    "redact_url",
     "run_summaries",
     "session_scope",
     "set_run_status",

@@ -8,6 +8,7 @@ rolls back on any error, so a block of store calls is all or nothing.
 
 from __future__ import annotations
 
+import re
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-__all__ = ["StoreError", "make_engine", "session_scope", "sqlite_url"]
+__all__ = ["StoreError", "StoreUnavailable", "make_engine", "redact_url", "session_scope", "sqlite_url"]
 
 # Connection execution option that makes the SQLite "begin" hook emit BEGIN IMMEDIATE.
 _BEGIN_IMMEDIATE = "tidal_begin_immediate"
@@ -33,6 +34,58 @@ class StoreError(RuntimeError):
 
     def __init__(self, message: str) -> None:
         super().__init__(" ".join(str(message).split()))
+
+
+class StoreUnavailable(StoreError):
+    """The store's server cannot be reached (stopped, restarting, network gone): nothing is wrong
+    with the request, and the same call succeeds once the server is back. ``url`` is the store's
+    URL with any password hidden; ``reason`` is the driver's one-line explanation."""
+
+    def __init__(self, message: str, *, url: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.url, self.reason = url, reason
+
+    def __reduce__(self):  # keyword-only fields survive pickling (Ray workers, Prefect results)
+        return (_rebuild_unavailable, (str(self), self.url, self.reason))
+
+
+def _rebuild_unavailable(message: str, url: str, reason: str) -> StoreUnavailable:
+    return StoreUnavailable(message, url=url, reason=reason)
+
+
+# SQLSTATEs of a server that went away or is not accepting connections: class 08 (connection
+# exception) and 57P01-57P03 (admin shutdown, crash shutdown, cannot connect now).
+_UNREACHABLE_SQLSTATES = ("08", "57P01", "57P02", "57P03")
+
+
+def _unreachable(exc: sa.exc.DBAPIError) -> bool:
+    """Whether a PostgreSQL error means the server cannot be reached (rather than a refused request).
+
+    psycopg reports a refused or dropped connection as an ``OperationalError`` with no SQLSTATE
+    (the server never answered) or one of the connection SQLSTATEs; SQLAlchemy flags errors it
+    recognises as disconnects with ``connection_invalidated``.
+    """
+    if exc.connection_invalidated:
+        return True
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    return sqlstate is None or sqlstate.startswith(_UNREACHABLE_SQLSTATES)
+
+
+def redact_url(url: str | sa.URL) -> str:
+    """``url`` with its password replaced by ``***``: what messages, logs and stored copies show.
+
+    Works on the text itself rather than a parse, so the URL comes back otherwise unchanged, and
+    a password with an unescaped ``@`` or ``/`` is still hidden whole (everything between
+    ``user:`` and the last ``@``). A URL without a password comes back as it was.
+    """
+    if isinstance(url, sa.URL):
+        return url.render_as_string(hide_password=True)
+    text = str(url)
+    scheme, sep, rest = text.partition("://")
+    found = re.match(r"(?P<user>[^:/@]*):(?P<password>.*)@(?P<host>[^@]*)$", rest, re.DOTALL) if sep else None
+    if found is None:
+        return text
+    return f"{scheme}://{found['user']}:***@{found['host']}"
 
 
 def first_line(exc: BaseException) -> str:
@@ -147,7 +200,8 @@ def session_scope(engine: sa.Engine, *, immediate: bool = False) -> Iterator[Ses
     busy timeout for other writers; use it for read-modify-write blocks, where a plain BEGIN can
     fail when the read lock cannot be upgraded. On PostgreSQL it changes nothing (row locks and
     unique keys already keep concurrent writers apart). A lock that stays busy past the timeout
-    surfaces as ``StoreError``; other errors propagate unchanged after the rollback.
+    surfaces as ``StoreError``, a PostgreSQL server that cannot be reached as ``StoreUnavailable``;
+    other errors propagate unchanged after the rollback.
     """
     session = Session(engine, expire_on_commit=False)
     try:
@@ -156,13 +210,26 @@ def session_scope(engine: sa.Engine, *, immediate: bool = False) -> Iterator[Ses
         yield session
         session.commit()
     except sa.exc.OperationalError as exc:
-        session.rollback()
+        _rollback_quietly(session)
+        if engine.dialect.name != "sqlite" and _unreachable(exc):
+            shown, reason = _shown(engine.url), first_line(exc)
+            raise StoreUnavailable(f"the store at {shown} is unreachable: {reason}", url=shown,
+                                   reason=reason) from exc
         raise StoreError(_operational_message(engine, exc)) from exc
     except BaseException:
         session.rollback()
         raise
     finally:
         session.close()
+
+
+def _rollback_quietly(session: Session) -> None:
+    """Roll back after a failed block; on a connection that is already gone this fails too, and
+    the first error is the one worth reporting."""
+    try:
+        session.rollback()
+    except sa.exc.SQLAlchemyError:
+        pass
 
 
 def _operational_message(engine: sa.Engine, exc: sa.exc.OperationalError) -> str:

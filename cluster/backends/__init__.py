@@ -17,6 +17,7 @@ from cluster.backends.base import (
     CheckpointInfo,
     StepResult,
     TrainBackend,
+    UnsafeCheckpointError,
     read_checkpoint,
     write_checkpoint,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "StepResult",
     "TorchBackend",
     "TrainBackend",
+    "UnsafeCheckpointError",
     "TrainBatch",
     "build_backend",
     "build_batch",

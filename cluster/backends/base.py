@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import random
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -64,6 +65,11 @@ class CheckpointInfo:
 
 class CheckpointError(ValueError):
     """A checkpoint file that is not ours, is corrupt, or does not match the backend."""
+
+
+class UnsafeCheckpointError(CheckpointError, pickle.UnpicklingError):
+    """A checkpoint whose pickle holds more than tensors and plain values: loading it whole could
+    run arbitrary code, so it is refused (``torch.load(weights_only=True)`` stopped at it)."""
 
 
 @runtime_checkable
@@ -137,7 +143,16 @@ def read_checkpoint(path: str | os.PathLike[str], *, expected_sha256: str | None
         got = sha256_file(path)
         if got != expected_sha256:
             raise CheckpointError(f"{path}: sha256 {got} does not match the expected {expected_sha256}")
-    payload = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        # torch's message is a page of advice; its first line names what was refused.
+        what = next((line.strip() for line in str(exc).splitlines() if "Unsupported" in line), "")
+        what = what.split(" Please", 1)[0]  # drop torch's "allowlist it if you trust it" advice
+        raise UnsafeCheckpointError(
+            f"{path}: refused to load: the checkpoint holds pickled objects besides tensors and plain values "
+            f"(they could run code when loaded; loading uses weights_only=True){': ' + what if what else ''}"
+        ) from exc
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path}: not a {CHECKPOINT_FORMAT} checkpoint")
     return payload

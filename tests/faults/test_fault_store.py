@@ -9,13 +9,7 @@ small fakes: the subject here is the transaction, not the data plane.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import sqlite3
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 import types
 from pathlib import Path
@@ -41,15 +35,6 @@ from tasks.run_ref import RunRef
 PER_STEP_TABLES = ("steps", "policy_states", "metrics", "switch_events", "decisions", "checkpoints",
                    "consumed_prompts")
 UID = "fault-run"
-
-# The PostgreSQL helpers of the storage tests, loaded by path (a second `conftest` module name
-# would clash with this folder's).
-_spec = importlib.util.spec_from_file_location(
-    "tidal_tests_storage_conftest", Path(__file__).resolve().parents[1] / "storage" / "conftest.py")
-pgtools = sys.modules.setdefault(_spec.name, importlib.util.module_from_spec(_spec))
-if not hasattr(pgtools, "PostgresServer"):
-    _spec.loader.exec_module(pgtools)
-
 
 # --------------------------------------------------------------------------------------- fakes
 
@@ -216,67 +201,6 @@ def test_a_failure_in_the_middle_of_a_step_leaves_no_row_of_it(tmp_path):
 
 
 # ---------------------------------------------------------------------------------- PostgreSQL
-
-
-class StoppablePostgres:
-    """A throwaway PostgreSQL cluster that a test can stop and start again on the same port."""
-
-    def __init__(self, bin_dir: Path, account, root: Path):
-        self.bin_dir, self.root, self.data = bin_dir, root, root / "data"
-        self.as_user = {} if account is None else {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
-        self.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "TZ": "UTC"}
-        self.port = pgtools._free_port()
-        self.options = " ".join([
-            "-c listen_addresses=127.0.0.1", f"-c port={self.port}", f"-c unix_socket_directories={root}",
-            "-c fsync=off", "-c full_page_writes=off",
-        ])
-        self.server = pgtools.PostgresServer(host="127.0.0.1", port=self.port, user="tidal")
-
-    def pg(self, *args: str) -> None:
-        done = subprocess.run([str(self.bin_dir / args[0]), *args[1:]], cwd=self.root, env=self.env,
-                              capture_output=True, text=True, timeout=60, **self.as_user)
-        if done.returncode != 0:
-            log = (self.root / "server.log").read_text() if (self.root / "server.log").exists() else ""
-            raise RuntimeError(f"{args[0]} failed ({done.returncode}):\n{done.stderr}\n{log[-2000:]}")
-
-    def init(self) -> None:
-        self.pg("initdb", "-D", str(self.data), "-U", "tidal", "--auth=trust", "-E", "UTF8", "--no-sync")
-
-    def start(self) -> None:
-        self.pg("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-o", self.options,
-                "-w", "-t", "30", "start")
-
-    def stop(self, mode: str = "immediate") -> None:
-        """``immediate`` is a crash as far as clients are concerned: connections just drop."""
-        self.pg("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
-
-    def running(self) -> bool:
-        return (self.data / "postmaster.pid").exists()
-
-
-@pytest.fixture(scope="module")
-def stoppable_pg():
-    pytest.importorskip("psycopg", reason="psycopg 3 is missing (pip install tidal[postgres])")
-    bin_dir = pgtools._pg_bin_dir()
-    if bin_dir is None:
-        pytest.skip(f"PostgreSQL server binaries (initdb, pg_ctl) not found on {pgtools.PG_SEARCH}")
-    account = pgtools._unprivileged_account()
-    root = Path(tempfile.mkdtemp(prefix="tidal-pg-fault-", dir="/tmp" if account else None))
-    if account is not None:
-        os.chown(root, account.pw_uid, account.pw_gid)
-    pg = StoppablePostgres(bin_dir, account, root)
-    try:
-        pg.init()
-        pg.start()
-        pg.server.create()
-        yield pg
-    finally:
-        if pg.running():
-            try:
-                pg.stop("fast")
-            except Exception:  # noqa: BLE001 - the temp folder goes anyway
-                pass
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

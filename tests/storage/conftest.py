@@ -77,9 +77,12 @@ class PostgresServer:
     port: int
     user: str
     database: str = "tidal_test"
+    password: str | None = None
+    """Set when the cluster asks TCP clients for a password (it then goes into every URL)."""
 
     def url(self, database: str | None = None) -> str:
-        return f"postgresql://{self.user}@{self.host}:{self.port}/{database or self.database}"
+        login = self.user if self.password is None else f"{self.user}:{self.password}"
+        return f"postgresql://{login}@{self.host}:{self.port}/{database or self.database}"
 
     def _admin(self, database: str) -> sa.Engine:
         url = self.url(database).replace("postgresql://", "postgresql+psycopg://")

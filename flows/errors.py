@@ -1,0 +1,46 @@
+"""Why a run stopped, in one line, and the exit code the CLI maps it to.
+
+Kept free of Ray, torch and Prefect so that ``flows.cli`` can catch these without importing them.
+"""
+
+from __future__ import annotations
+
+EXIT_BAD_INPUT = 2
+"""Something the user gave (config, flag, store URL, a run's files) is wrong; nothing was started."""
+EXIT_STORE_LOST = 3
+"""The store became unreachable while the run was going; every committed step is intact and
+``tidal resume`` continues once the store is back."""
+
+
+class RunError(RuntimeError):
+    """A run could not go on; ``str()`` is one line fit for the terminal."""
+
+    exit_code = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(str(message).split()))
+
+
+class StoreLost(RunError):
+    """The store's server went away in the middle of a run (exit 3)."""
+
+    exit_code = EXIT_STORE_LOST
+
+
+class CheckpointRefused(RunError):
+    """A resume refused the run's trainer checkpoint (checksum mismatch, not ours, or carrying
+    pickled objects that could run code when loaded); exit 2, nothing was trained."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+def store_lost_message(*, url: str, reason: str, uid: str, last_step: int, storage_arg: str) -> str:
+    """``the store at URL is unreachable (REASON); the run stopped after step K; resume with: ...``.
+
+    ``url`` and ``storage_arg`` must already have their password hidden (``storage.redact_url``).
+    """
+    after = f"after step {last_step}" if last_step else "before its first step"
+    hint = " (with the password in place of ***)" if ":***@" in storage_arg else ""
+    return (f"the store at {url} is unreachable ({reason}); the run stopped {after} and every committed "
+            f"step is intact; once the store is back, resume with: tidal resume {uid} --storage '{storage_arg}'"
+            f"{hint}")

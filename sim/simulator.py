@@ -214,13 +214,17 @@ class Simulator:
         has_hybrids = bool(r.hybrids)
         log = _StepLog(step=step, start=now(), waste0=self._waste())
         self._wait_sums = ([], [])
+        task = Delay(spec.task_overhead_s)  # before each phase: one Prefect task each in Tidal
 
         # 1-2. take the hybrids back once enough samples are buffered (a threshold above the
         # queue's capacity could never be met: it is clamped to it)
+        yield task
         if has_hybrids and self._ask(step, "should_deactivate") and self.hybrid_active:
             want = min(self._ask(step, "deactivate_wait_samples"), spec.max_required_samples)
+            yield task
+            t = now()
             yield UntilQueued(want)
-            log.wait_for_samples_s = now() - log.start
+            log.wait_for_samples_s = now() - t
             t = now()
             self._record_trace("deactivate")
             r.remove(r.hybrids)
@@ -230,6 +234,7 @@ class Simulator:
 
         # 3. train: trigger_parameter_sync_step micro-steps
         for i in range(spec.trigger_parameter_sync_step):
+            yield task
             t = now()
             queued = len(r.queue)
             yield UntilQueued(spec.required_samples)
@@ -248,6 +253,7 @@ class Simulator:
 
         # 4. broadcast sync to the routable replicas; generation pauses (partial rollout) or
         # drains first (no partial rollout); then a new version and a reset staleness count
+        yield task
         if not spec.partial_rollout:
             r.accepting = False
             yield UntilIdle()
@@ -266,14 +272,19 @@ class Simulator:
         self._record_trace("sync", r.version)
 
         # 5. lend the trainer GPUs again?
+        yield task
         if has_hybrids and self._ask(step, "should_activate_after_step") and not self.hybrid_active:
+            yield task
             t = now()
             yield Delay(spec.hybrid_sync_s)
+            synced_s = now() - t
+            yield task
+            t = now()
             yield Delay(spec.activate_s)
             r.add(r.hybrids)
             self.hybrid_active, log.activated = True, True
             self._record_trace("activate")
-            self._switched("activate", t)
+            self._switched("activate", t - synced_s)  # hybrid sync + activate, not the tasks between
             if spec.enable_rebalance and self._ask(step, "request_rebalance"):
                 t = now()
                 aborted = r.pause(list(r.routable))
@@ -282,9 +293,11 @@ class Simulator:
                 self.switch_s += now() - t
                 log.rebalanced = True
                 self._record_trace("rebalance")
-        log.micro[-1][TRAIN_ALLOCATED_TIME_S] += now() - last_micro_end
+        tasks_s = spec.task_overhead_s * (2 + 2 * log.activated)  # the reference counts syncs, not tasks
+        log.micro[-1][TRAIN_ALLOCATED_TIME_S] += now() - last_micro_end - tasks_s
 
         # 6. adapt the policy, 7. commit
+        yield task
         if has_hybrids:
             self._ask(step, "update_after_step")
         yield Delay(spec.step_overhead_s)

@@ -61,6 +61,11 @@ class SimSpec:
     deactivate_s: float = 3.0
     rebalance_s: float = 0.5
     step_overhead_s: float = 0.0
+    task_overhead_s: float = 0.0
+    """Control-plane seconds before each phase of a step (in Tidal one Prefect task each:
+    should_deactivate, wait_for_samples, every train micro-step, broadcast_sync, should_activate,
+    hybrid_sync, activate, update_policy); ``step_overhead_s`` is then the rest (flow run, commit).
+    Not a config key; ``benchmarks/bench_emulated.py`` measures and uses it."""
     sync_aborts: bool = True
     """The broadcast sync aborts what the routable replicas are generating and resumes it after
     (re-prefilling it), as verl's partial rollout does; False = Tidal's engines: the standalone

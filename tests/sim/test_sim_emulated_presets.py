@@ -52,3 +52,24 @@ def test_a_sync_without_aborts_stalls_the_standalones_and_re_prefills_nothing():
     assert (stalling.waste.reprefilled_tokens, stalling.waste.aborted_requests) == (0, 0)
     free = Simulator(dataclasses.replace(spec, sync_aborts=False, broadcast_sync_s=0.0), policy_from_config(cfg)).run()
     assert free.wall_clock_s < stalling.wall_clock_s  # the stall is real time on the rollout side
+
+
+def test_task_overhead_delays_every_phase_but_not_the_switch_timings_the_policy_sees():
+    """``task_overhead_s`` (Tidal's per-phase Prefect cost) is paid before each of a step's phases:
+    a static, train-bound step has 8 of them, so it costs what ``step_overhead_s`` = 8 × it costs;
+    the activation the policy measures is still hybrid sync + activate, without the tasks between."""
+    cfg = load_config("sim/qwen35-35b-emulated-static-8-24")
+    spec = spec_from_config(cfg, steps=6)
+    spread = Simulator(dataclasses.replace(spec, task_overhead_s=0.1), policy_from_config(cfg)).run()
+    lumped = Simulator(dataclasses.replace(spec, step_overhead_s=0.8), policy_from_config(cfg)).run()
+    bare = Simulator(spec, policy_from_config(cfg)).run()
+    assert spread.wall_clock_s == pytest.approx(lumped.wall_clock_s, rel=0.02)
+    assert spread.wall_clock_s > bare.wall_clock_s + 0.75 * 6 * 0.8  # (a little overlaps waits for samples)
+    assert [s.train_compute_s for s in spread.steps] == pytest.approx([s.train_compute_s for s in bare.steps], rel=0.05)
+
+    dyn = load_config("sim/qwen35-35b-emulated-dynamic")
+    sim = Simulator(dataclasses.replace(spec_from_config(dyn, steps=3), task_overhead_s=0.2), policy_from_config(dyn))
+    result = sim.run()
+    assert result.steps[0].start_s == pytest.approx(dyn.sim.hybrid_sync_s + dyn.sim.activate_s)  # warm-up: no tasks
+    assert any(s.activated for s in result.steps)
+    assert sim.last_activate_s == pytest.approx(dyn.sim.hybrid_sync_s + dyn.sim.activate_s)

@@ -118,8 +118,9 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
     from flows.cli import load_checked  # the same validation as the CLI
 
     overrides = list(overrides or [])
-    if storage_url is not None:
-        overrides.append(f"storage.url={storage_url.get_secret_value()}")
+    if storage_url is not None:  # a deployment run may pass it as a plain string (no validation)
+        url = storage_url.get_secret_value() if isinstance(storage_url, SecretStr) else str(storage_url)
+        overrides.append(f"storage.url={url}")
     cfg = load_checked(config, overrides)
     logger = get_run_logger()
     uid, out_dir, state = _open_run(cfg, resume)

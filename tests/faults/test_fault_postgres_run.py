@@ -37,11 +37,13 @@ from fault_report import record
 from storage import load_resume_state, make_engine, run_summaries, session_scope
 from storage.store import consumed_prompts, step_metrics
 
-pytestmark = pytest.mark.slow
+# ~2.5 min alone; three full CLI runs, so allow for a machine shared with other test runs.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 POLICY_DIR = Path(__file__).resolve().parents[1] / "integration"  # step_counting_policy.py
 STEPS = 8
 EXIT_DEADLINE_S = 120.0
+CLI_TIMEOUT_S = 420.0
 ACTOR_CLASSES = ("TrainerActor", "ReplicaActor", "RolloutService", "ControllerActor")
 CLI = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main(sys.argv[1:]))"]
 
@@ -93,13 +95,18 @@ def _end_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _run(args: list[str], tmp_path: Path, name: str, timeout: float = 300) -> tuple[int, str]:
+def _run(args: list[str], tmp_path: Path, name: str, timeout: float = CLI_TIMEOUT_S) -> tuple[int, str]:
     proc, out, err = _start(args, tmp_path, name)
     try:
         code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        code = None
     finally:
         _end_group(proc)
-    return code, out.read_text() + err.read_text()
+    log = out.read_text() + err.read_text()
+    if code is None:
+        pytest.fail(f"`tidal {args[0]}` did not end within {timeout:.0f} s:\n{log[-3000:]}")
+    return code, log
 
 
 def _group_members(pgid: int) -> list[str]:
@@ -198,10 +205,10 @@ def test_postgresql_stopped_mid_run_fails_in_one_line_and_the_run_resumes_to_the
     proc, out, err = _start(["run", "tiny-cpu", *_set_args(_overrides(stopped_url, tmp_path, "stopped", cluster.address))],
                             tmp_path, "stopped")
     try:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + CLI_TIMEOUT_S
         while _committed_steps(stopped_url) < 2:
             assert proc.poll() is None, f"the run ended (code {proc.returncode}) before 2 steps:\n{err.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, "no 2 committed steps within 240 s"
+            assert time.monotonic() < deadline, f"no 2 committed steps within {CLI_TIMEOUT_S:.0f} s:\n{err.read_text()[-3000:]}"
             time.sleep(0.2)
         running_actors = _actor_processes(cluster)  # the probe below sees the run's actors while they live
         stoppable_pg.stop("immediate")

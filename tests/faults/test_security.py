@@ -199,11 +199,11 @@ def secret_run(tmp_path_factory):
         proc = subprocess.Popen([*CLI, *args], cwd=tmp, env=env, stdout=out_f, stderr=err_f, start_new_session=True)
         listeners: set = set()
         try:
-            deadline = time.monotonic() + 400
+            deadline = time.monotonic() + 420
             while proc.poll() is None and time.monotonic() < deadline:
                 listeners |= _listeners([proc.pid])
                 time.sleep(0.5)
-            code = proc.wait(timeout=5)
+            code = proc.poll()
         finally:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -213,18 +213,21 @@ def secret_run(tmp_path_factory):
             out_f.close()
             err_f.close()
         output = (tmp / "run.out").read_text() + (tmp / "run.err").read_text()
-        assert code == 0, output[-3000:]
+        assert code == 0, f"exit code {code} (None: still running after 420 s):\n{output[-3000:]}"
         runs = _cli(["runs", "--storage", url], tmp, env)
         assert runs.returncode == 0, runs.stderr
+        (uid,) = [line.split()[0] for line in runs.stdout.splitlines() if line.startswith("tiny-cpu-")]
+        report = _cli(["report", uid, "--storage", url], tmp, env)  # reads the store by --storage
+        assert report.returncode == 0 and f"# Tidal run `{uid}`" in report.stdout, report.stderr[-3000:]
 
         engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://"), poolclass=sa.NullPool)
         with engine.connect() as conn:
             tables = {t: [tuple(map(str, row)) for row in conn.execute(sa.text(f'SELECT * FROM "{t}"'))]
                       for t in sa.inspect(conn).get_table_names()}
-            (uid,) = conn.execute(sa.text("SELECT uid FROM runs")).scalars()
         engine.dispose()
         try:
-            yield {"pg": pg, "url": url, "tmp": tmp, "env": env, "uid": uid, "output": output, "runs": runs.stdout + runs.stderr,
+            yield {"pg": pg, "url": url, "tmp": tmp, "env": env, "uid": uid, "output": output,
+                   "runs": runs.stdout + runs.stderr + report.stdout + report.stderr,
                    "tables": tables, "prefect_home": prefect_home, "ray_tmp": ray_tmp, "listeners": listeners,
                    "run_dir": tmp / "runs" / uid}
         finally:
@@ -244,6 +247,7 @@ def _files_holding(root: Path, needle: bytes) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # includes the module's one `tidal run` (secret_run)
 def test_a_every_listener_of_a_tidal_run_binds_loopback(secret_run):
     seen = secret_run["listeners"]
     print("listeners of the run:", sorted(seen))
@@ -254,6 +258,7 @@ def test_a_every_listener_of_a_tidal_run_binds_loopback(secret_run):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_b_the_store_password_is_nowhere_the_run_wrote(secret_run):
     needle = PASSWORD.encode()
     run_dir, masked = secret_run["run_dir"], secret_run["url"].replace(PASSWORD, "***")
@@ -333,6 +338,7 @@ def test_c_the_torch_backend_refuses_a_checkpoint_that_would_run_code(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_c_resume_refuses_a_checkpoint_that_would_run_code_even_with_a_matching_checksum(secret_run):
     url, uid = secret_run["url"], secret_run["uid"]
     engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://"), poolclass=sa.NullPool)

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 import ray
+from driver_support import pythonpath
 
 from cluster.ray_cluster import LocalRayCluster
-
-HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="session")
 def ray_address():
     # Workers import the test-only policy in this folder by `module:Class`.
-    pythonpath = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH", "")]))
     cluster = LocalRayCluster(num_cpus=2, gpus=4, memory_gb=4.0, object_store_memory_gb=0.5,
-                              env={"PYTHONPATH": pythonpath}).start()
+                              env={"PYTHONPATH": pythonpath()}).start()
     try:
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
         yield cluster.address

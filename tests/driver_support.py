@@ -1,0 +1,130 @@
+"""The `tidal` CLI as a child process, for the tests that kill the driver (tests/integration/test_resume.py,
+tests/faults/test_fault_driver_kill.py): one process group per run, ended by that group id only.
+
+A SIGKILLed driver leaves its ephemeral Prefect server (and its other children) behind: they are in
+the driver's process group, so :func:`end_group` after every run ends them, and
+:func:`live_group_members` lets a test check that nothing of its groups is left.
+
+Importable from every test folder: pytest puts ``tests/`` on ``sys.path`` (``tests/conftest.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+POLICY_DIR = Path(__file__).resolve().parent / "integration"
+"""Holds ``step_counting_policy``: on the PYTHONPATH of the drivers and of the Ray workers."""
+
+POLICY = "step_counting_policy:StepCountingPolicy"
+CLI = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main(sys.argv[1:]))"]
+
+
+def pythonpath() -> str:
+    """PYTHONPATH with the folder of the test-only policy first (Ray workers import it by name)."""
+    return os.pathsep.join(filter(None, [str(POLICY_DIR), os.environ.get("PYTHONPATH", "")]))
+
+
+def cli_env(crash: str | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The driver's environment: this one, the policy folder on PYTHONPATH, `TIDAL_CRASH_AT` only
+    when ``crash`` names a failpoint (tasks/faults.py)."""
+    env = {**os.environ, "PYTHONPATH": pythonpath(), "PYTHONUNBUFFERED": "1", **(extra or {})}
+    env.pop("TIDAL_CRASH_AT", None)
+    if crash:
+        env["TIDAL_CRASH_AT"] = crash
+    return env
+
+
+def config_args(tmp_path: Path, ray_address: str, name: str, steps: int) -> list[str]:
+    """`--set` overrides of the crash tests: tiny-cpu on the given Ray cluster, its own SQLite store
+    ``tmp_path/NAME.db`` and output folder, ``steps`` steps, the timing-independent policy."""
+    return [
+        "--set", f"storage.url={store_url(tmp_path, name)}", "--set", f"trainer.default_local_dir={tmp_path}/{name}",
+        "--set", f"ray.address={ray_address}", "--set", f"trainer.total_training_steps={steps}",
+        "--set", f"async_training.dynamic_schedule_policy={POLICY}",
+        "--set", "async_training.trigger_parameter_sync_step=2", "--set", "actor_rollout_ref.rollout.response_length=8",
+    ]
+
+
+def store_url(tmp_path: Path, name: str) -> str:
+    return f"sqlite:///{tmp_path}/{name}.db"
+
+
+def next_log(tmp_path: Path) -> Path:
+    return tmp_path / f"cli-{len(list(tmp_path.glob('cli-*.log')))}.log"
+
+
+def start(args: list[str], cwd: Path, out: IO[Any], env: Mapping[str, str]) -> subprocess.Popen:
+    """Start `tidal ARGS` as the leader of a new process group (its pid is the group id)."""
+    return subprocess.Popen([*CLI, *args], cwd=cwd, env=dict(env), stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def end_group(proc: subprocess.Popen) -> int:
+    """SIGKILL the process group led by ``proc`` (whatever is still in it), reap ``proc``, return its
+    exit code (``-SIGKILL`` when the signal is what ended it)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return proc.wait()
+
+
+def run_tidal(args: list[str], tmp_path: Path, crash: str | None = None, timeout: float = 240) -> tuple[int, str]:
+    """Run `tidal ARGS` to its end (or ``timeout``); afterwards end what it left behind. Returns
+    (exit code, log)."""
+    log = next_log(tmp_path)
+    with open(log, "w") as out:
+        proc = start(args, tmp_path, out, cli_env(crash))
+        try:
+            code = proc.wait(timeout=timeout)
+        finally:
+            end_group(proc)
+    return code, log.read_text()
+
+
+def final_state(url: str) -> tuple[Any, Any, list[dict[str, Any]], list[tuple[int, int]]]:
+    """(summary, resume state, per-step rows, trained prompts) of the only run in the store at ``url``."""
+    from storage import load_resume_state, make_engine, run_summaries, session_scope
+    from storage.store import consumed_prompts, step_metrics
+
+    engine = make_engine(url)
+    try:
+        with session_scope(engine) as s:
+            (summary,) = run_summaries(s)
+            state = load_resume_state(s, summary.uid)
+            rows = step_metrics(s, summary.uid)
+            prompts = consumed_prompts(s, summary.uid)
+    finally:
+        engine.dispose()
+    return summary, state, rows, prompts
+
+
+def live_group_members(pgids: Iterable[int], wait_s: float = 10.0) -> list[str]:
+    """Processes still alive (not zombies) in any of the process groups ``pgids``, or in the
+    sessions they lead (a child that moved to a group of its own stays in its session), as
+    ``"pid pgid state cmdline"``; waits up to ``wait_s`` for ones that are dying."""
+    wanted = set(pgids)
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = []
+        for proc_dir in Path("/proc").iterdir():
+            if not proc_dir.name.isdigit():
+                continue
+            try:
+                stat = (proc_dir / "stat").read_text()
+                cmd = (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:  # gone meanwhile
+                continue
+            state, _ppid, pgrp, session = stat.rsplit(")", 1)[1].split()[:4]
+            if (int(pgrp) in wanted or int(session) in wanted) and state != "Z":
+                alive.append(f"{proc_dir.name} {pgrp} {state} {cmd[:200]}")
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)

@@ -345,6 +345,12 @@ class RolloutService:
     def lb_in_flight(self, ids: Sequence[str] | None = None) -> int:
         return self.lb.in_flight(None if ids is None else list(ids))
 
+    def lb_hold(self) -> None:
+        self.lb.hold()
+
+    def lb_unhold(self) -> None:
+        self.lb.unhold()
+
     def on_weight_sync(self, version: int) -> dict[str, float]:
         """The rollouter's window metrics plus the replica counts at this sync."""
         assert self.rollouter is not None, "start() first"
@@ -450,6 +456,12 @@ class _BalancerAdapter:
 
     def in_flight(self, ids: Sequence[str] | None = None) -> int:
         return ray.get(self.service.lb_in_flight.remote(None if ids is None else list(ids)))
+
+    def hold(self) -> None:
+        ray.get(self.service.lb_hold.remote())
+
+    def unhold(self) -> None:
+        ray.get(self.service.lb_unhold.remote())
 
 
 class _PoolAdapter:

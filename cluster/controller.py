@@ -63,6 +63,12 @@ class LoadBalancer(Protocol):
     def clear_sticky(self) -> int:
         """Forget every sticky-session entry; returns how many were cleared."""
 
+    def hold(self) -> None:
+        """Route nothing (new requests and retries wait) until ``unhold``."""
+
+    def unhold(self) -> None:
+        """Route again."""
+
     def in_flight(self, ids: Sequence[str] | None = None) -> int:
         """Total requests in flight on these replicas (on all replicas when ``ids`` is None)."""
 
@@ -434,11 +440,17 @@ class DynamicResourceController:
         return timing
 
     def rebalance(self) -> SwitchTiming:
-        """Spread the work onto the fresh hybrids: clear sticky -> abort -> drain -> resume.
+        """Spread the work onto the fresh hybrids: clear sticky -> hold -> abort -> drain ->
+        resume -> unhold.
+
+        Routing is held from before the abort until the replicas are resumed, so the aborted
+        requests' retries wait in the balancer instead of bouncing off the paused replicas (which
+        kept the in-flight count from ever reaching zero with hundreds of requests), and then
+        spread least-loaded over every active replica.
 
         Raises ``TimeoutError`` when requests are still in flight after
-        ``rebalance_timeout_s``; the replicas are resumed first, so generation never stays
-        paused.
+        ``rebalance_timeout_s``; the replicas are resumed and routing released first, so
+        generation never stays paused.
         """
         self._require_hybrids("rebalance")
         if not self.is_hybrid_active:
@@ -446,19 +458,26 @@ class DynamicResourceController:
         ids = self.active_replica_ids()
         timer = _PhaseTimer(self._clock)
         timer.run("clear_sticky", self._lb.clear_sticky)
-        aborted = timer.run("abort", self._pool.abort, ids)
+        self._lb.hold()
         left = None
         try:
+            aborted = timer.run("abort", self._pool.abort, ids)
             left = timer.run("drain", self._wait_for_drain, ids)
         finally:
-            if left != 0:  # timed out, or the balancer failed: never leave generation paused
-                self._pool.resume(ids)
+            if left != 0:  # timed out, or a call failed: never leave generation paused or held
+                try:
+                    self._pool.resume(ids)
+                finally:
+                    self._lb.unhold()
         if left:
             raise TimeoutError(
                 f"rebalance: {left} requests still in flight on {len(ids)} replicas after "
                 f"{self._rebalance_timeout_s:g}s; the replicas were resumed"
             )
-        timer.run("resume", self._pool.resume, ids)
+        try:
+            timer.run("resume", self._pool.resume, ids)
+        finally:
+            self._lb.unhold()
         timing = timer.finish("rebalance", aborted)
         self._switch_log.append(timing)
         return timing

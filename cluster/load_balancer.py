@@ -58,6 +58,7 @@ class LoadBalancer:
         self._waiters: list[asyncio.Future[None]] = []
         self._acquired = 0
         self._ignored_releases = 0
+        self._held = False  # routing held (a rebalance drains): acquire answers None
         if replica_ids:
             self.add_replicas(replica_ids)
 
@@ -114,9 +115,28 @@ class LoadBalancer:
 
         return unsubscribe
 
+    def hold(self) -> None:
+        """Route nothing until ``unhold``: ``acquire`` answers None and ``wait_routable`` waits.
+
+        The routable set (and so the capacity the rollouter computes from it) is unchanged. A
+        rebalance holds routing while it drains, so the retries of the requests it aborted wait
+        here instead of being sent straight back to the paused replicas (which would keep the
+        in-flight count above zero for as long as there are retries to send).
+        """
+        self._held = True
+
+    def unhold(self) -> None:
+        """Route again; wakes everything waiting in ``wait_routable``."""
+        self._held = False
+        self._wake_waiters()
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
     async def wait_routable(self) -> None:
-        """Return once at least one replica is routable (at once when one already is)."""
-        while not self._active:
+        """Return once a replica is routable and routing is not held (at once when so)."""
+        while not self._active or self._held:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiters.append(fut)
             try:
@@ -130,8 +150,10 @@ class LoadBalancer:
     def acquire(self, request_key: str) -> str | None:
         """Pick the replica for ``request_key`` and count one request in flight on it.
 
-        Returns None (and counts nothing) when no replica is routable.
+        Returns None (and counts nothing) when no replica is routable or routing is held.
         """
+        if self._held:
+            return None
         rid = self._sticky.get(request_key)
         if rid is None or rid not in self._active:
             if not self._active:
@@ -197,6 +219,7 @@ class LoadBalancer:
             "sticky_entries": len(self._sticky),
             "acquired": self._acquired,
             "ignored_releases": self._ignored_releases,
+            "held": int(self._held),
         }
 
     # --------------------------------------------------------------- helpers

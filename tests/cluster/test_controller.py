@@ -94,6 +94,12 @@ class FakeLoadBalancer:
         self.clock.advance(COSTS["clear_sticky"])
         return 7
 
+    def hold(self):
+        self.events.append(("lb.hold",))
+
+    def unhold(self):
+        self.events.append(("lb.unhold",))
+
     def in_flight(self, ids=None):
         self.events.append(("lb.in_flight", None if ids is None else tuple(ids)))
         if len(self.scripted_in_flight) > 1:
@@ -280,6 +286,7 @@ def test_rebalance_clears_sticky_aborts_every_active_replica_and_waits_for_the_d
 
     assert rig.events == [
         ("lb.clear_sticky",),
+        ("lb.hold",),  # the aborted requests' retries wait instead of bouncing off paused replicas
         ("pool.abort", ALL),
         ("lb.in_flight", ALL),
         ("wait", 0.01),
@@ -287,6 +294,7 @@ def test_rebalance_clears_sticky_aborts_every_active_replica_and_waits_for_the_d
         ("wait", 0.01),
         ("lb.in_flight", ALL),
         ("pool.resume", ALL),
+        ("lb.unhold",),
     ]
     assert timing.kind == "rebalance"
     assert timing.started_at == started
@@ -311,7 +319,8 @@ def test_a_replaced_standalone_takes_the_dead_ones_place_in_every_later_switch()
     rig.controller.rebalance()
 
     ids = (f"{dead}.r1", *STANDALONES[1:], *HYBRIDS)
-    assert rig.events == [("lb.clear_sticky",), ("pool.abort", ids), ("lb.in_flight", ids), ("pool.resume", ids)]
+    assert rig.events == [("lb.clear_sticky",), ("lb.hold",), ("pool.abort", ids), ("lb.in_flight", ids),
+                          ("pool.resume", ids), ("lb.unhold",)]
     with pytest.raises(ValueError, match="already in use"):
         rig.controller.replace_standalone(STANDALONES[1], f"{dead}.r1")
 
@@ -332,6 +341,7 @@ def test_rebalance_that_times_out_resumes_the_replicas_before_raising():
     )
     assert rig.events == [
         ("lb.clear_sticky",),
+        ("lb.hold",),
         ("pool.abort", ALL),
         ("lb.in_flight", ALL),
         ("wait", 0.01),
@@ -341,6 +351,7 @@ def test_rebalance_that_times_out_resumes_the_replicas_before_raising():
         ("wait", 0.01),
         ("lb.in_flight", ALL),
         ("pool.resume", ALL),
+        ("lb.unhold",),
     ]
     assert rig.controller.state is ControllerState.HYBRID_ACTIVE
     assert rig.controller.switch_log == log_before

@@ -43,6 +43,7 @@ class FakeEngine:
         self.hold_after = hold_after
         self.fail = fail
         self.paused = False
+        self.reject_s = 0.0  # how long a paused replica takes to turn a request away
         self.calls: list[GenerationRequest] = []
         self.held: set[str] = set()
         self._aborts: dict[str, asyncio.Event] = {}
@@ -52,6 +53,7 @@ class FakeEngine:
         if self.fail:
             raise ConnectionError(f"replica {self.name} is gone")
         if self.paused:
+            await asyncio.sleep(self.reject_s)
             return GenerationResult(request.request_id, [], [], "abort", self.param_version, 0)
         abort = self._aborts[request.request_id] = asyncio.Event()
         start = len(request.prompt_tokens)
@@ -331,6 +333,68 @@ def test_a_paused_replica_turning_requests_away_is_retried_with_backoff_and_not_
     assert stats["rejected_requests"] >= 3
     assert (stats["aborted_requests"], stats["reprefilled_tokens"]) == (0, 0)
     assert sample.responses[0].tokens == list(range(5, 13))
+
+
+def test_a_rebalance_drain_reaches_zero_and_stays_there_while_routing_is_held_then_the_retries_spread():
+    """The controller's rebalance: hold routing, pause + abort every active replica, wait until
+    nothing is in flight, resume, unhold. Without the hold, the aborted requests' retries go
+    straight back to the paused replicas (turned away, backing off, retried...); with hundreds of
+    requests and Ray round trips the balancer then always counts some in flight and the drain
+    never completes (seen at 32 emulated GPUs: 6–44 s drains, then the 60 s timeout). Held, the
+    retries wait in ``wait_routable``: the count drops to zero and stays there."""
+
+    async def scenario(hold: bool):
+        engines = {r: FakeEngine(r, hold_after=2) for r in ("a", "b")}
+        for e in engines.values():
+            e.reject_s = 0.005  # a round trip to a remote replica
+        lb = LoadBalancer(["a"])
+        queue = MessageQueue(32)
+        ro = make(lb, engines, queue, count=16, max_required=32, per_replica=16)
+        ro.start()
+        await until(lambda: len(engines["a"].held) == 16)
+        lb.add_replicas(["b"])  # the fresh hybrid
+        lb.clear_sticky()
+        if hold:
+            lb.hold()
+        for e in engines.values():  # pool.abort: pause, then abort what runs
+            e.paused = True
+            e.abort_all()
+        seen = []
+        for _ in range(100):  # the drain poll, kept going for ~0.1 s after it first reads 0
+            seen.append(lb.in_flight(["a", "b"]))
+            await asyncio.sleep(0.001)
+        held_calls = {r: len(e.calls) for r, e in engines.items()}
+        for e in engines.values():  # resume
+            e.paused = False
+            e.hold_after = None
+        lb.unhold()
+        await ro.wait_exhausted()
+        samples = await queue.get_batch(16)
+        return seen, samples, held_calls, {r: len(e.calls) for r, e in engines.items()}
+
+    seen, samples, held_calls, calls = asyncio.run(scenario(hold=True))
+    first_zero = seen.index(0)
+    assert set(seen[first_zero:]) == {0}  # drained, and nothing bounces back while held
+    assert held_calls == {"a": 16, "b": 0}  # no retry was sent to a paused replica
+    assert len(samples) == 16
+    assert all(s.responses[0].tokens == list(range(5, 13)) for s in samples)  # nothing lost
+    assert calls["b"] > 0  # the retries spread onto the fresh replica
+
+
+def test_a_held_balancer_routes_nothing_and_unhold_wakes_the_waiters():
+    async def scenario():
+        lb = LoadBalancer(["a"])
+        lb.hold()
+        assert lb.acquire("k") is None and lb.in_flight() == 0
+        waiter = asyncio.ensure_future(lb.wait_routable())
+        await settle()
+        assert not waiter.done()
+        lb.unhold()
+        await asyncio.wait_for(waiter, 1.0)
+        assert lb.acquire("k") == "a"
+        return lb.stats()
+
+    assert asyncio.run(scenario())["held"] == 0
 
 
 def test_a_replica_whose_engine_raises_is_taken_out_and_its_requests_finish_elsewhere():

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import os
 import shlex
@@ -234,6 +235,7 @@ def summarize_run(run: dict[str, Any], cal: dict[str, float], process_wall: floa
         "staleness_bound": staleness_bound,
         "gen_tokens": gen_tokens,
         "train_tokens": train_tokens,
+        "train_compute_s": sum(_col(rows, "dynamic_resource/train_compute_time_s")),
     }
 
 
@@ -269,9 +271,27 @@ def band_check(results: dict[str, dict[int, dict]], setup: str) -> dict[str, Any
     return {"steps": n, "inside": inside, "share_inside": inside / n if n else math.nan, "worst_outside": worst}
 
 
+def in_system_bound(static: dict) -> float:
+    """The fluid bound with per-sample costs measured inside the system, in the static run of the
+    same seed: rollout = the standalone core's busy seconds per trained sample (wall × rollout
+    utilization / samples), train = the trainer's compute seconds per sample. It includes what the
+    platform itself costs on these shared cores (Ray, the rollout service, Prefect, the driver),
+    which the isolated per-token bound does not."""
+    n = static["trained_samples"]
+    r = static["wall_s"] * static["rollout_util"] / n
+    t = static["train_compute_s"] / n
+    return n * (r + t) / 2.0
+
+
 def summarize_preset(results: dict[str, dict[int, dict]]) -> dict[str, Any]:
     seeds = sorted(results["static"])
     out: dict[str, Any] = {"seeds": seeds, "setups": {}}
+    for seed in seeds:
+        bound = in_system_bound(results["static"][seed])
+        for per_seed in results.values():
+            if seed in per_seed:
+                per_seed[seed]["in_system_fluid_bound_s"] = bound
+                per_seed[seed]["fraction_of_in_system_bound"] = bound / per_seed[seed]["wall_s"]
     for setup, per_seed in results.items():
         ratios = [results["static"][s]["wall_s"] / per_seed[s]["wall_s"] for s in seeds if s in per_seed]
         out["setups"][setup] = {
@@ -279,6 +299,8 @@ def summarize_preset(results: dict[str, dict[int, dict]]) -> dict[str, Any]:
             "speedup_vs_static_median": statistics.median(ratios),
             "speedup_vs_static_per_seed": ratios,
             "fraction_of_fluid_bound_median": statistics.median(r["fraction_of_fluid_bound"] for r in per_seed.values()),
+            "fraction_of_in_system_bound_median": statistics.median(
+                r["fraction_of_in_system_bound"] for r in per_seed.values()),
             "train_util": _mean([r["train_util"] for r in per_seed.values()]),
             "rollout_util": _mean([r["rollout_util"] for r in per_seed.values()]),
             "cluster_util": _mean([r["cluster_util"] for r in per_seed.values()]),
@@ -371,7 +393,10 @@ def markdown(command: str, presets: dict[str, dict], cal: dict[str, dict], runs:
         "start → last step's end; speed-up = static wall / setup wall, median over seeds. Fluid bound = "
         "(generated response tokens × c_gen + trained tokens × c_train) / 2 cores, with per-token costs measured "
         "as CPU seconds in the same benchmark process on one thread before the runs (c_gen: torch engine at the preset's full "
-        "concurrency; c_train: torch backend, the preset's PPO epochs); fraction = fluid bound / wall.",
+        "concurrency; c_train: torch backend, the preset's PPO epochs); fraction = fluid bound / wall. The "
+        "*in-system* bound takes the per-sample costs from the static run of the same seed instead (rollout core "
+        "busy seconds and trainer compute seconds per sample), so it includes what Ray, the rollout service, "
+        "Prefect and the driver cost on the same two cores.",
         "",
     ]
     for preset, summ in presets.items():
@@ -382,7 +407,8 @@ def markdown(command: str, presets: dict[str, dict], cal: dict[str, dict], runs:
             f"c_gen {1e6 * c['gen_s_per_token']:.1f} µs/token, c_train {1e6 * c['train_s_per_token']:.1f} µs/token; "
             f"seeds {summ['seeds']}.",
             "",
-            "| setup | wall s (median) | speed-up vs static | per seed | × fluid bound | train / rollout / cluster U "
+            "| setup | wall s (median) | speed-up vs static | per seed | fluid bound / wall (isolated; in-system) "
+            "| train / rollout / cluster U "
             "| mean mq_size | deactivations | aborted / re-prefilled tokens | switch s | max staleness (bound) "
             "| reward last 3 | reward in static band |",
             "|---|---:|---:|---|---:|---|---:|---:|---|---:|---:|---:|---:|",
@@ -393,7 +419,8 @@ def markdown(command: str, presets: dict[str, dict], cal: dict[str, dict], runs:
             lines.append(
                 f"| {setup} | {s['wall_s_median']:.1f} | {s['speedup_vs_static_median']:.3f} | "
                 f"{', '.join(f'{x:.2f}' for x in s['speedup_vs_static_per_seed'])} | "
-                f"{s['fraction_of_fluid_bound_median']:.2f} | {s['train_util']:.2f} / {s['rollout_util']:.2f} / "
+                f"{s['fraction_of_fluid_bound_median']:.2f}; {s['fraction_of_in_system_bound_median']:.2f} | "
+                f"{s['train_util']:.2f} / {s['rollout_util']:.2f} / "
                 f"{s['cluster_util']:.2f} | {s['mq_size_mean']:.1f} | {s['deactivations_mean']:.1f} | "
                 f"{s['aborted_tokens_mean']:.0f} / {s['reprefilled_tokens_mean']:.0f} | {s['switch_s_mean']:.2f} | "
                 f"{s['max_staleness']:.0f} ({s['staleness_bound']}) | {s['reward_last3_mean']:.3f} | {band_txt} |")
@@ -417,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ray-address", default=None, help="use this Ray cluster (default: start one for the benchmark)")
     ap.add_argument("--timeout", type=float, default=900.0, help="per run")
     ap.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md and results/ alone")
+    ap.add_argument("--reuse", action="store_true", help="run nothing: read the runs and calibration.json already "
+                    "in --workdir (to re-render a finished benchmark)")
     args = ap.parse_args(argv)
 
     presets = [p for p in args.presets.split(",") if p]
@@ -434,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cluster = None
     address = args.ray_address
-    if address is None:
+    if address is None and not args.reuse:
         from cluster.ray_cluster import LocalRayCluster
 
         cluster = LocalRayCluster(num_cpus=2, gpus=2, memory_gb=6.0, object_store_memory_gb=1.0).start()
@@ -443,15 +472,25 @@ def main(argv: list[str] | None = None) -> int:
         cal, per_preset, runs_flat = {}, {}, {}
         for preset in presets:
             cfg = load_config(f"bench/{preset}", extra)
-            print(f"calibrating bench/{preset} ...", flush=True)
-            cal[preset] = calibrate(cfg)
+            cal_file = work / "calibration.json"
+            saved = json.loads(cal_file.read_text()) if cal_file.exists() else {}
+            if args.reuse:
+                cal[preset] = saved[preset]
+            else:
+                print(f"calibrating bench/{preset} ...", flush=True)
+                cal[preset] = calibrate(cfg)
+                cal_file.write_text(json.dumps({**saved, preset: cal[preset]}, indent=2))
             print(f"  c_gen {1e6 * cal[preset]['gen_s_per_token']:.1f} µs/token, "
                   f"c_train {1e6 * cal[preset]['train_s_per_token']:.1f} µs/token", flush=True)
             results: dict[str, dict[int, dict]] = {s: {} for s in setups}
             for seed in seeds:
                 for setup in setups:
-                    cmd, pwall, code = tidal_run(preset, setup, seed, work, extra, address, args.timeout)
                     name = f"{preset}-{setup}-s{seed}"
+                    if args.reuse:
+                        pwall, code = float(json.loads((work / f"{name}.wall").read_text())), 0
+                    else:
+                        cmd, pwall, code = tidal_run(preset, setup, seed, work, extra, address, args.timeout)
+                        (work / f"{name}.wall").write_text(json.dumps(pwall))
                     if code != 0:
                         log = (work / f"{name}.log").read_text(errors="replace").splitlines()[-30:]
                         print(f"error: {name} exited with {code}:\n" + "\n".join(log), file=sys.stderr)
@@ -473,6 +512,11 @@ def main(argv: list[str] | None = None) -> int:
         if cluster is not None:
             cluster.stop()
     load1 = os.getloadavg()[0]
+    meta = work / "load.json"
+    if args.reuse and meta.exists():
+        load0, load1 = json.loads(meta.read_text())
+    elif not args.reuse:
+        meta.write_text(json.dumps([load0, load1]))
 
     plots = []
     for preset, summ in per_preset.items():
@@ -504,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
                 b = summ["setups"][head]
                 block["speedup_vs_static"] = b["speedup_vs_static_median"]
                 block["fraction_of_fluid_bound"] = b["fraction_of_fluid_bound_median"]
+                block["fraction_of_in_system_bound"] = b["fraction_of_in_system_bound_median"]
                 block["slowdown_vs_static"] = 1.0 / b["speedup_vs_static_median"] - 1.0
             data[key] = block
         data["runs"] = {k: {kk: vv for kk, vv in v.items() if not kk.startswith("_")} for k, v in runs_flat.items()}

@@ -66,7 +66,8 @@ def merge() -> dict:
     dyn_speed = next((v for k, v in speed.get("setups", {}).items() if k.startswith("dynamic")), {})
     out = {
         "cpu_rollout_bound": {k: rb.get(k) for k in ("speedup_vs_static", "fraction_of_fluid_bound",
-                                                    "headline_setup", "best_dynamic")},
+                                                    "fraction_of_in_system_bound", "headline_setup",
+                                                    "best_dynamic")},
         "cpu_training_bound": {k: tb.get(k) for k in ("slowdown_vs_static", "headline_setup")},
         "emulated": {"relative_error_vs_sim": emulated.get("relative_error_vs_sim")},
         "overhead": {"fraction_at_60s_step": overhead.get("fraction_at_60s_step"),

@@ -317,10 +317,11 @@ def test_killed_standalone_replicas_are_replaced_and_rejoin_at_the_current_versi
         served = stats["replica_versions"]
         for d in deaths:
             got = served.get(d["replacement"])
-            if d["replacement"] in killed:  # killed mid-generation: it had served
-                assert got is not None and got["results"] > 0, (d, served)
             if got is not None:
                 assert got["behind"] == 0 and got["min_version"] >= d["version"], (d, got)
+        # replacements really served (one killed mid-generation may die before its first result
+        # comes back, as seen on a loaded machine, so this is asked of the replacements together)
+        assert sum(served.get(r, {}).get("results", 0) for r in replacements) > 0, (deaths, served)
         assert all(entry["behind"] == 0 for entry in served.values()), served  # nor any other replica
 
         # the count and the capacity are back to the full values

@@ -351,8 +351,7 @@ def plot(preset: str, results: dict[str, dict[int, dict]], plot_dir: Path) -> li
     a_rew.set_title("training quality")
     for setup, per_seed in results.items():  # reward against wall time: the point of the exercise
         for i, r in enumerate(per_seed.values()):
-            t = _cum(r)
-            a_wall.plot(t, _rolling(r["reward"]), color=colors.get(setup), alpha=0.8, lw=1.5,
+            a_wall.plot(r["_elapsed"], _rolling(r["reward"]), color=colors.get(setup), alpha=0.8, lw=1.5,
                         label=setup if i == 0 else None)
     a_wall.set_xlabel("seconds since step 1 started")
     a_wall.set_ylabel("mean reward (rolling 3)")
@@ -374,10 +373,6 @@ def plot(preset: str, results: dict[str, dict[int, dict]], plot_dir: Path) -> li
     plt.close(fig)
     paths.append(path)
     return paths
-
-
-def _cum(r: dict) -> list[float]:
-    return r["_elapsed"]
 
 
 def markdown(command: str, presets: dict[str, dict], cal: dict[str, dict], runs: dict, load: tuple[float, float],

@@ -176,6 +176,23 @@ def _check_accounting(plane, trained: int) -> dict:
     return stats
 
 
+def _check_every_prompt_trained_once(cfg, engine, run, trained: int, killer: Killer) -> tuple[list, list, list]:
+    """The run went on to the end: every prompt of the run trained exactly once, and the samples
+    in flight on each kill were finished elsewhere and trained. Returns (want, got, step rows)."""
+    assert trained == STEPS * cfg.step_required_samples
+    want = sorted((e, i) for e, i, _ in prompts_for(cfg))
+    with session_scope(engine) as s:
+        got = consumed_prompts(s, run.uid)
+        rows = step_metrics(s, run.uid)
+    assert len(got) == len(set(got)) == trained  # nothing duplicated
+    assert sorted(got) == want  # nothing lost
+    trained_uids = {sample_uid(e, i) for e, i in got}
+    for k in killer.killed:
+        assert set(k["samples_in_flight"]) <= trained_uids, k
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    return want, got, rows
+
+
 def test_standalone_replicas_killed_at_random_moments_lose_and_duplicate_no_sample(tmp_path, ray_address):
     cfg, plane, run, engine = _start(tmp_path, ray_address)
     rng = random.Random(SEED)
@@ -217,19 +234,7 @@ def test_standalone_replicas_killed_at_random_moments_lose_and_duplicate_no_samp
         print("per step (step, dead, routable standalone, max_concurrent_samples):", per_step)
         print("kills:", [(k["replica"], k["step"], k["requests_on_it"]) for k in killer.killed])
 
-        # the run went on to the end: every prompt of the run trained exactly once
-        assert trained == STEPS * cfg.step_required_samples
-        want = sorted((e, i) for e, i, _ in prompts_for(cfg))
-        with session_scope(engine) as s:
-            got = consumed_prompts(s, run.uid)
-            rows = step_metrics(s, run.uid)
-        assert len(got) == len(set(got)) == trained  # nothing duplicated
-        assert sorted(got) == want  # nothing lost
-        # the samples that were in flight on each kill were finished elsewhere and trained
-        trained_uids = {sample_uid(e, i) for e, i in got}
-        for k in killer.killed:
-            assert set(k["samples_in_flight"]) <= trained_uids, k
-        assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+        want, got, rows = _check_every_prompt_trained_once(cfg, engine, run, trained, killer)
         assert stats["replaced_replicas"] == []  # the option is off
         record("standalone_replica_kill", injected=len(killer.killed), survived=len(killer.killed),
                samples_lost=len(set(want) - set(got)), samples_duplicated=len(got) - len(set(got)), replaced=0)
@@ -333,18 +338,7 @@ def test_killed_standalone_replicas_are_replaced_and_rejoin_at_the_current_versi
         assert sorted(stats["failed_replicas"]) == sorted(killed)
         assert ray.get(plane.controller.standalone_alive.remote()) == STANDALONE
 
-        # the run went on to the end: every prompt of the run trained exactly once
-        assert trained == STEPS * cfg.step_required_samples
-        want = sorted((e, i) for e, i, _ in prompts_for(cfg))
-        with session_scope(engine) as s:
-            got = consumed_prompts(s, run.uid)
-            rows = step_metrics(s, run.uid)
-        assert len(got) == len(set(got)) == trained  # nothing duplicated
-        assert sorted(got) == want  # nothing lost
-        trained_uids = {sample_uid(e, i) for e, i in got}
-        for k in killer.killed:
-            assert set(k["samples_in_flight"]) <= trained_uids, k
-        assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+        want, got, rows = _check_every_prompt_trained_once(cfg, engine, run, trained, killer)
         # the per-step metrics follow: counts at each step's sync, all back by the last one
         print("metrics (step, standalone, failed, replaced):",
               [(r["step"], r[REPLICAS], r[FAILED], r[REPLACED]) for r in rows])

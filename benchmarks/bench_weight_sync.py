@@ -50,7 +50,8 @@ import torch  # noqa: E402
 
 from cluster.model import TinyLMConfig  # noqa: E402
 from cluster.problems import CharTokenizer, make_problems  # noqa: E402
-from cluster.ray_cluster import LocalRayCluster, _ray_env, free_port  # noqa: E402
+from cluster.ports import free_port  # noqa: E402
+from cluster.ray_cluster import LocalRayCluster, _ray_env  # noqa: E402
 from config import load_config  # noqa: E402
 
 # name → (n_layer, n_head, n_embd); "tiny" is taken from the preset at run time.

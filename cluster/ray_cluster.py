@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,17 +28,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cluster.ports import free_port, wait_listening
+
 GPU_RESOURCE = "tidal_gpu"
 """Ray resource name of one emulated (or real) accelerator."""
 LOOPBACK = "127.0.0.1"
 SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 """``0``: Ray treats this machine as a one-node cluster whose IP is the loopback address."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ray_env() -> dict[str, str]:
@@ -112,17 +107,24 @@ class LocalRayCluster:
         log = open(Path(self.temp_dir) / "head.log", "w")  # noqa: SIM115 - closed with the process
         env = {**_ray_env(), **self.env, SINGLE_MACHINE_ENV: "0"}
         self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"ray head exited with {self._proc.returncode}; see {log.name}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    time.sleep(1.0)
-                    return self
-            time.sleep(0.25)
-        self.stop()
-        raise TimeoutError(f"ray head did not listen on {self.address} within {timeout_s:.0f}s")
+        # Wait until the head has bound every port it was given (GCS, raylet, object manager, client
+        # server, both agents): until then another server started by this or any process could take
+        # one, and the raylet dies with the agent that lost its port (cluster/ports.py).
+        own = {"GCS": self.port, "node manager": ports[0], "object manager": ports[1],
+               "client server": ports[2], "dashboard agent": ports[3], "dashboard agent gRPC": ports[4],
+               "runtime-env agent": ports[5]}
+        pending = wait_listening(list(own.values()), time.monotonic() + timeout_s,
+                                 alive=lambda: self._proc.poll() is None)
+        if self._proc.poll() is not None:
+            raise RuntimeError(f"ray head exited with {self._proc.returncode}; see {log.name}")
+        if pending:
+            self.stop()
+            names = ", ".join(f"{name} {port}" for name, port in own.items() if port in pending)
+            raise TimeoutError(f"ray head {self.address} did not listen on {names} within {timeout_s:.0f}s")
+        time.sleep(0.5)
+        if self._proc.poll() is not None:
+            raise RuntimeError(f"ray head exited with {self._proc.returncode}; see {log.name}")
+        return self
 
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

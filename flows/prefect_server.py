@@ -20,7 +20,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.ray_cluster import free_port
+from cluster.ports import free_port
 
 
 @dataclass

@@ -26,7 +26,6 @@ import importlib.util
 import logging
 import math
 import os
-import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,6 +34,7 @@ import torch
 from cluster.backends.base import CheckpointError
 from cluster.backends.torch_backend import _ADAM_KEYS, TorchBackend
 from cluster.model import TinyLMConfig
+from cluster.ports import free_port
 from cluster.problems import CharTokenizer, Problem
 
 
@@ -42,12 +42,6 @@ def deepspeed_available() -> bool:
     """Whether DeepSpeed is installed. Does not import it: importing picks DeepSpeed's
     accelerator once per process, which ``import_deepspeed`` must do first."""
     return importlib.util.find_spec("deepspeed") is not None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def import_deepspeed(device: torch.device) -> Any:
@@ -79,7 +73,7 @@ def ensure_distributed(deepspeed: Any, device: torch.device) -> None:
     for key, value in env.items():
         os.environ.setdefault(key, value)
     if "MASTER_PORT" not in os.environ:
-        os.environ["MASTER_PORT"] = str(_free_port())
+        os.environ["MASTER_PORT"] = str(free_port())
     backend = "nccl" if device.type == "cuda" else "gloo"
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, dist_init_required=True)
     _started_group = True

@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from cluster.ports import free_port
+
 # The storage tests' PostgreSQL helpers, loaded by path (a second `conftest` module name would
 # clash with this folder's).
 _spec = importlib.util.spec_from_file_location(
@@ -41,7 +43,7 @@ class StoppablePostgres:
         self.bin_dir, self.root, self.data, self.password = bin_dir, root, root / "data", password
         self.as_user = {} if account is None else {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
         self.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "TZ": "UTC"}
-        self.port = pgtools._free_port()
+        self.port = free_port()
         self.options = " ".join([
             "-c listen_addresses=127.0.0.1", f"-c port={self.port}", f"-c unix_socket_directories={root}",
             "-c fsync=off", "-c full_page_writes=off",

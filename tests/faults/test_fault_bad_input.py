@@ -9,21 +9,15 @@ assumed: no training flow, no simulator run, no store file or output folder crea
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 
+from cluster.ports import free_port
 from flows.cli import main
 from storage import create_run, list_runs, make_engine, migrate, session_scope
 
 SECRET = "s3cr3t-pw"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]  # nothing listens here once the socket closes
 
 
 @pytest.fixture
@@ -114,7 +108,7 @@ def test_a_bad_cli_call_exits_2_in_one_line_and_starts_nothing(tmp_path, capsys,
     (tmp_path / "other.db").touch()
     if "psycopg" in expected or any("postgres" in a for a in argv):
         pytest.importorskip("psycopg", reason="psycopg 3 is not installed")
-    port = _free_port()
+    port = free_port()  # nothing listens here
     argv = [a.replace("{tmp}", str(tmp_path)).replace("{store}", store).replace("{port}", str(port)) for a in argv]
     argv += ["--set", f"trainer.default_local_dir={tmp_path}/runs"] if argv[0] in ("run", "simulate") else []
     before = _listing(tmp_path)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from cluster.ports import free_port
 from storage import make_engine, migrate, sqlite_url
 
 BACKENDS = ["sqlite", "postgresql"]
@@ -61,12 +61,6 @@ def _unprivileged_account() -> pwd.struct_passwd | None:
         check=True, capture_output=True,
     )
     return pwd.getpwnam(PG_FALLBACK_USER)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -137,7 +131,7 @@ def postgres_server() -> Iterator[PostgresServer]:
             raise RuntimeError(f"{args[0]} failed ({done.returncode}):\n{done.stderr}\n{log}")
 
     data = root / "data"
-    port = _free_port()
+    port = free_port()
     options = " ".join([
         "-c listen_addresses=127.0.0.1", f"-c port={port}", f"-c unix_socket_directories={root}",
         # A test cluster: durability off for speed.

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
 import pytest
+
+from cluster.ports import free_port
 
 from storage import (
     StepRecord,
@@ -74,9 +75,7 @@ def test_a_bad_url_is_refused_in_one_line(url, reason):
 
 def test_an_unreachable_postgresql_is_a_one_line_store_error():
     pytest.importorskip("psycopg", reason="psycopg 3 is not installed")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # nothing listens here once the socket closes
+    port = free_port()  # nothing listens here
     with pytest.raises(StoreError, match=f"cannot open the store at .*:{port}/") as raised:
         make_engine(f"postgresql://tidal:secret@127.0.0.1:{port}/tidal")
     assert "\n" not in str(raised.value)

@@ -49,7 +49,7 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
-from config import load_config  # noqa: E402
+from config import ConfigError, load_config  # noqa: E402
 from results_io import write_json, write_section  # noqa: E402
 
 SETUPS: dict[str, list[str]] = {
@@ -451,6 +451,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: setups must include static and be among {list(SETUPS)}; got {setups}", file=sys.stderr)
         return 2
     extra = list(args.extra) + ([f"trainer.total_training_steps={args.steps}"] if args.steps else [])
+    try:  # every preset and --set checked before anything starts
+        for preset in presets:
+            load_config(f"bench/{preset}", [*extra, *SETUPS["static"]])
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     work = (args.workdir or Path(tempfile.mkdtemp(prefix="tidal-compare-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
     print(f"scratch: {work}", flush=True)

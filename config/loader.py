@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -22,8 +23,19 @@ PRESETS_DIR = Path(__file__).parent / "presets"
 RESOLVED_FILENAME = "config.resolved.json"
 
 
+_URL_PASSWORD = re.compile(r"(\b[A-Za-z][\w+.-]*://[^\s:/@'\"]*:)[^\s'\"]*@")
+"""``scheme://user:PASSWORD@`` in free text; the password runs to the last ``@`` before a space or
+quote, so one with an unescaped ``@`` or ``/`` is hidden whole."""
+
+
 class ConfigError(ValueError):
-    """Bad config input; the message is one line naming the key and the rule."""
+    """Bad config input; the message is one line naming the key and the rule.
+
+    A password inside a URL in the message (`--set storage.url=postgresql://u:PW@h/db` with a
+    typo elsewhere) is shown as ``***``: these messages go to stderr and CI logs."""
+
+    def __init__(self, message: str):
+        super().__init__(_URL_PASSWORD.sub(r"\1***@", str(message)))
 
 
 def list_presets() -> list[str]:

@@ -424,3 +424,18 @@ def test_d_the_module_colon_class_form_is_the_explicit_opt_in_to_import_code(tmp
                  "async_training.dynamic_schedule_policy=tidal_marker_policy:MarkerPolicy"], tmp_path, env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("ok: tiny-cpu") and marker.exists()
+
+
+@pytest.mark.parametrize("sets", [
+    [f"storage.url postgresql://tidal:{PASSWORD}@db/tidal"],  # no '=': not a --set at all
+    [f"storage.url=postgresql://tidal:{PASSWORD}@db/tidal", "trainer.total_training_steps=[1"],  # unparsable
+    [f"storage.url=mysql://tidal:{PASSWORD}@db/tidal"],  # the URL itself is refused
+    [f"storage.url=mysql://tidal:a@b/{PASSWORD}@db/tidal"],  # unescaped @ and / in the password
+    [f"storage.url=postgresql://tidal:{PASSWORD}@db/tidal", "trainer.total_training_steps=x"],
+])
+def test_b_a_config_error_never_prints_the_store_password(sets, capsys):
+    from flows.cli import main
+
+    assert main(["run", "tiny-cpu", *[a for s in sets for a in ("--set", s)]]) == 2
+    err = capsys.readouterr().err
+    assert PASSWORD not in err and err.count("\n") == 1, err

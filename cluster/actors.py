@@ -125,7 +125,7 @@ class TrainerActor:
 
         Returns the micro-step report: wait seconds and wait samples (for the policy), the
         trained samples' identities and versions (for the store and staleness checks), the
-        backend's metrics and timings, and the queue size right after the pull.
+        backend's metrics and timings, and the queue size right after the update (``mq_size``).
         """
         rollout = ray.get_actor(ROLLOUT_SERVICE, namespace=self.namespace)
         async with self._train_lock:
@@ -140,16 +140,20 @@ class TrainerActor:
                 return {"samples": [], "wait_s": waited, "wait_samples": pulled["wait_samples"],
                         "mq_size": pulled["mq_size"], "exhausted": True, "allocated_s": waited}
             result = await asyncio.to_thread(self.backend.train_step, samples)
+            allocated = time.perf_counter() - t0
+            # the reference's mq_size: a snapshot of the queue right after the fit step, i.e. with
+            # what the rollout side produced while the trainer trained (DESIGN §6, reference §4.4)
+            mq_size = await rollout.queue_size.remote()
             return {
                 "samples": [(s.epoch, s.prompt_index, s.min_version, s.max_version) for s in samples],
                 "wait_s": waited,
                 "wait_samples": pulled["wait_samples"],
-                "mq_size": pulled["mq_size"],
+                "mq_size": int(mq_size),
                 "exhausted": False,
                 "metrics": dict(result.metrics),
                 "timing_s": dict(result.timing_s),
                 "compute_s": result.compute_s,
-                "allocated_s": time.perf_counter() - t0,
+                "allocated_s": allocated,
             }
 
     def weights(self) -> dict[str, Any]:

@@ -138,6 +138,85 @@ def calibrate(cfg, gen_seconds: float = 4.0, train_repeats: int = 15) -> dict[st
 
 
 # ------------------------------------------------------------------------------------------
+# Where the two cores went: CPU seconds per kind of process during a run
+# ------------------------------------------------------------------------------------------
+
+CPU_KINDS = (
+    ("standalone replica", ("ray::ReplicaActor",)),
+    ("trainer + hybrid", ("ray::TrainerActor",)),
+    ("rollout service", ("ray::RolloutService",)),
+    ("controller", ("ray::ControllerActor",)),
+    ("Prefect server", ("prefect.server.api.server", "uvicorn")),
+    ("driver", ("bin/tidal", "flows.cli")),
+    ("Ray daemons", ("gcs_server", "raylet", "ray::", "ray/dashboard", "ray/_private", "ray/autoscaler")),
+)
+
+
+def _cpu_kind(cmdline: str) -> str:
+    for kind, needles in CPU_KINDS:
+        if any(n in cmdline for n in needles):
+            return kind
+    return "other"
+
+
+class CpuSampler:
+    """Samples every process's CPU seconds twice a second while a run lasts; ``shares()`` is each
+    kind's CPU time over the window as a fraction of both cores, plus what stayed idle. Processes
+    that end between samples lose at most their last half second."""
+
+    def __init__(self, interval_s: float = 0.5):
+        import threading
+
+        self.interval_s, self._stop = interval_s, threading.Event()
+        self._first: dict[int, float] = {}
+        self._last: dict[int, tuple[str, float]] = {}
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _sample(self) -> None:
+        import psutil
+
+        for p in psutil.process_iter(["pid", "cmdline", "cpu_times"]):
+            times = p.info["cpu_times"]
+            if times is None:
+                continue
+            used = times.user + times.system
+            pid = p.info["pid"]
+            self._first.setdefault(pid, used)
+            # the latest title: a Ray worker is ray::IDLE until it becomes an actor
+            self._last[pid] = (_cpu_kind(" ".join(p.info["cmdline"] or [])), used)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def __enter__(self) -> CpuSampler:
+        import psutil
+
+        self._sample()
+        self._t0, self._cpu0 = time.perf_counter(), psutil.cpu_times()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import psutil
+
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        self.wall_s, cpu1 = time.perf_counter() - self._t0, psutil.cpu_times()
+        self.idle_s = (cpu1.idle - self._cpu0.idle) + (getattr(cpu1, "iowait", 0.0) - getattr(self._cpu0, "iowait", 0.0))
+
+    def shares(self, cores: int = 2) -> dict[str, float]:
+        budget = self.wall_s * cores
+        out: dict[str, float] = {kind: 0.0 for kind, _ in CPU_KINDS}
+        out["other"] = 0.0
+        for pid, (kind, used) in self._last.items():
+            out[kind] += max(0.0, used - self._first.get(pid, used)) / budget
+        out["idle"] = self.idle_s / budget
+        return out
+
+
+# ------------------------------------------------------------------------------------------
 # Runs
 # ------------------------------------------------------------------------------------------
 
@@ -158,7 +237,7 @@ def tidal_run(preset: str, setup: str, seed: int, work: Path, extra: list[str], 
     env.pop("PREFECT_API_URL", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     t0 = time.perf_counter()
-    with open(work / f"{name}.log", "w") as log:
+    with open(work / f"{name}.log", "w") as log, CpuSampler() as cpu:
         proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             code = proc.wait(timeout=timeout_s)
@@ -169,6 +248,7 @@ def tidal_run(preset: str, setup: str, seed: int, work: Path, extra: list[str], 
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    (work / f"{name}.cpu.json").write_text(json.dumps(cpu.shares(), indent=1))
     return cmd, time.perf_counter() - t0, code
 
 
@@ -313,6 +393,9 @@ def summarize_preset(results: dict[str, dict[int, dict]]) -> dict[str, Any]:
             "staleness_bound": next(iter(per_seed.values()))["staleness_bound"],
             "reward_last3_mean": _mean([r["reward_last3"] for r in per_seed.values()]),
         }
+        cpu = [r["cpu_shares"] for r in per_seed.values() if r.get("cpu_shares")]
+        if cpu:
+            out["setups"][setup]["cpu_shares"] = {k: _mean([c.get(k, math.nan) for c in cpu]) for k in cpu[0]}
         if setup != "static":
             out["setups"][setup]["reward_band"] = band_check(results, setup)
     best_dyn = max((s for s in DYNAMIC if s in results), key=lambda s: out["setups"][s]["speedup_vs_static_median"],
@@ -420,6 +503,19 @@ def markdown(command: str, presets: dict[str, dict], cal: dict[str, dict], runs:
                 f"{s['aborted_tokens_mean']:.0f} / {s['reprefilled_tokens_mean']:.0f} | {s['switch_s_mean']:.2f} | "
                 f"{s['max_staleness']:.0f} ({s['staleness_bound']}) | {s['reward_last3_mean']:.3f} | {band_txt} |")
         lines.append("")
+        cpu = {setup: s["cpu_shares"] for setup, s in summ["setups"].items() if s.get("cpu_shares")}
+        if cpu:
+            kinds = list(next(iter(cpu.values())))
+            lines += [
+                "Where the two cores went (CPU seconds of each kind of process over the whole `tidal run` "
+                "process, start-up included, as a share of 2 cores × its wall; mean of seeds; sampled every "
+                "0.5 s with psutil):",
+                "",
+                "| setup | " + " | ".join(kinds) + " |",
+                "|---|" + "---:|" * len(kinds),
+            ]
+            lines += [f"| {setup} | " + " | ".join(f"{c[k]:.2f}" for k in kinds) + " |" for setup, c in cpu.items()]
+            lines.append("")
     lines += ["Plots: " + ", ".join(f"`{p.relative_to(BENCH)}`" for p in plots), ""]
     lines += ["Runs (uid, status, steps, trained samples, wall s, whole process s):", ""]
     for key, r in runs.items():
@@ -498,6 +594,8 @@ def main(argv: list[str] | None = None) -> int:
                         return 1
                     run = read_run(work / f"{name}.db")
                     r = summarize_run(run, cal[preset], pwall, staleness_bound(cfg))
+                    cpu_file = work / f"{name}.cpu.json"
+                    r["cpu_shares"] = json.loads(cpu_file.read_text()) if cpu_file.exists() else None
                     t0 = float(run["rows"][0]["started_at"])
                     r["_elapsed"] = [float(x["finished_at"]) - t0 for x in run["rows"]]
                     results[setup][seed] = r

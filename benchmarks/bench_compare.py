@@ -182,8 +182,11 @@ class CpuSampler:
             used = times.user + times.system
             pid = p.info["pid"]
             self._first.setdefault(pid, used)
-            # the latest title: a Ray worker is ray::IDLE until it becomes an actor
-            self._last[pid] = (_cpu_kind(" ".join(p.info["cmdline"] or [])), used)
+            # the latest title (a Ray worker is ray::IDLE until it becomes an actor); a zombie has
+            # no command line left and keeps the kind it had
+            cmdline = " ".join(p.info["cmdline"] or [])
+            kind = _cpu_kind(cmdline) if cmdline or pid not in self._last else self._last[pid][0]
+            self._last[pid] = (kind, used)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):

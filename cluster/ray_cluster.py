@@ -45,6 +45,11 @@ def _ray_env() -> dict[str, str]:
     return env
 
 
+AUTOSCALER_PORT_ENV = "AUTOSCALER_METRIC_PORT"
+"""The autoscaler monitor's metrics port, a fixed 44217 unless set: every cluster we start gets a
+free one, so that two side by side (tests, benchmarks, another user's run) do not collide there."""
+
+
 def is_loopback_address(address: str | None) -> bool:
     """Whether ``host:port`` names this machine's loopback interface."""
     if not address:
@@ -105,7 +110,7 @@ class LocalRayCluster:
             "--min-worker-port=0", "--max-worker-port=0",
         ]
         log = open(Path(self.temp_dir) / "head.log", "w")  # noqa: SIM115 - closed with the process
-        env = {**_ray_env(), **self.env, SINGLE_MACHINE_ENV: "0"}
+        env = {**_ray_env(), AUTOSCALER_PORT_ENV: str(free_port()), **self.env, SINGLE_MACHINE_ENV: "0"}
         self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         # Wait until the head has bound every port it was given (GCS, raylet, object manager, client
         # server, both agents): until then another server started by this or any process could take
@@ -166,6 +171,7 @@ def init_ray(*, address: str | None, num_cpus: int | None, gpus: int, memory_gb:
         ray.init(address=address, **common)
         return None
     use_loopback_ray()
+    os.environ[AUTOSCALER_PORT_ENV] = str(free_port())  # read by the monitor this init starts
     owned = temp_dir or tempfile.mkdtemp(prefix="tidal-ray-", dir="/tmp")
     ray.init(
         num_cpus=num_cpus,

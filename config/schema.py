@@ -349,6 +349,15 @@ class SimSection(_Section):
     step_overhead_s: float = Field(0.0, ge=0.0, le=3600.0)
     """Fixed control-plane seconds per step (e.g. ~1 s per Prefect flow run in Tidal; 0 in verl)."""
 
+    task_overhead_s: float = Field(0.0, ge=0.0, le=3600.0)
+    """Control-plane seconds before each phase of a step (one Prefect task each in Tidal, ≈ 0.08 s
+    measured by `benchmarks/bench_emulated.py`); ``step_overhead_s`` is then the rest of a step's."""
+
+    sync_aborts: bool = True
+    """The broadcast sync aborts the standalone replicas' requests and resumes them after (verl's
+    partial rollout; the presets are calibrated with it); false = Tidal's engines, which only stall
+    for ``broadcast_sync_s`` while loading and keep their requests."""
+
     initial_hybrid_active: bool = False
     """Start with the hybrid replicas lent to rollout (at version 0, no activation cost); only-hybrid
     runs always start so. Tidal's controller starts STANDALONE_ONLY."""

@@ -65,12 +65,12 @@ class SimSpec:
     """Control-plane seconds before each phase of a step (in Tidal one Prefect task each:
     should_deactivate, wait_for_samples, every train micro-step, broadcast_sync, should_activate,
     hybrid_sync, activate, update_policy); ``step_overhead_s`` is then the rest (flow run, commit).
-    Not a config key; ``benchmarks/bench_emulated.py`` measures and uses it."""
+    Config key ``sim.task_overhead_s``; ``benchmarks/bench_emulated.py`` measures it."""
     sync_aborts: bool = True
     """The broadcast sync aborts what the routable replicas are generating and resumes it after
     (re-prefilling it), as verl's partial rollout does; False = Tidal's engines: the standalone
-    replicas only stall for ``broadcast_sync_s`` while loading and keep their requests. Not a
-    config key (the presets are calibrated with True); ``benchmarks/bench_emulated.py`` uses both."""
+    replicas only stall for ``broadcast_sync_s`` while loading and keep their requests. Config key
+    ``sim.sync_aborts`` (the presets are calibrated with True); ``benchmarks/bench_emulated.py`` uses both."""
 
     @property
     def step_required_samples(self) -> int:
@@ -148,4 +148,6 @@ def spec_from_config(cfg: TidalConfig, steps: int | None = None) -> SimSpec:
         deactivate_s=s.deactivate_s,
         rebalance_s=s.rebalance_s,
         step_overhead_s=s.step_overhead_s,
+        task_overhead_s=s.task_overhead_s,
+        sync_aborts=s.sync_aborts,
     )

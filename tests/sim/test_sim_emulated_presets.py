@@ -73,3 +73,11 @@ def test_task_overhead_delays_every_phase_but_not_the_switch_timings_the_policy_
     assert result.steps[0].start_s == pytest.approx(dyn.sim.hybrid_sync_s + dyn.sim.activate_s)  # warm-up: no tasks
     assert any(s.activated for s in result.steps)
     assert sim.last_activate_s == pytest.approx(dyn.sim.hybrid_sync_s + dyn.sim.activate_s)
+
+
+def test_the_task_overhead_and_the_sync_mode_are_config_keys():
+    cfg = load_config("sim/qwen35-35b-emulated-static-16-16", ["sim.task_overhead_s=0.08", "sim.sync_aborts=false"])
+    spec = spec_from_config(cfg, steps=6)
+    assert (spec.task_overhead_s, spec.sync_aborts) == (0.08, False)
+    default = spec_from_config(load_config("sim/qwen35-35b-emulated-static-16-16"), steps=6)
+    assert (default.task_overhead_s, default.sync_aborts) == (0.0, True)

@@ -1,0 +1,106 @@
+"""CPU per generated response: the torch engine alone vs the same engine in a ``ReplicaActor`` over Ray.
+
+Both serve the same seeded requests (the `count` task's prompts, 16-token budget, EOS honoured) with
+up to ``requests_per_replica`` in flight, as the rollouter keeps them. The engine alone runs in
+this process; the actor runs in a local Ray cluster of its own and is called from this process the
+way the rollout service calls it (one ``generate`` call per response). Reported: CPU milliseconds
+per response in the engine alone, in the actor's process, and in the caller; wall per response.
+
+Usage:
+    .venv/bin/python benchmarks/bench_replica_call.py [--preset bench/rollout-bound] [--responses 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from config import ConfigError, load_config  # noqa: E402
+
+
+async def _drive(generate, prompts, n: int, concurrency: int) -> None:
+    from cluster.types import GenerationRequest, SamplingSpec
+
+    sent = 0
+
+    async def worker() -> None:
+        nonlocal sent
+        while sent < n:
+            sent += 1
+            i = sent
+            await generate(GenerationRequest(f"r{i}", prompts[i % len(prompts)], SamplingSpec(16, temperature=1.0, seed=i)))
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="bench/rollout-bound")
+    ap.add_argument("--responses", type=int, default=1024)
+    args = ap.parse_args(argv)
+    try:
+        cfg = load_config(args.preset)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    import psutil
+    import ray
+    import torch
+
+    from cluster.actors import ReplicaActor
+    from cluster.builders import engine_factory, model_config, requests_per_replica
+    from cluster.model import TinyLM
+    from cluster.problems import CharTokenizer, make_problems
+    from cluster.ray_cluster import LocalRayCluster
+
+    tok = CharTokenizer()
+    state = TinyLM(model_config(cfg, tok)).state_dict()
+    prompts = [tok.encode(p.prompt) for p in make_problems(cfg.task.name, 256, seed=1)]
+    conc, n = requests_per_replica(cfg), args.responses
+
+    torch.set_num_threads(1)
+    engine = engine_factory(cfg, tok, hybrid=False, seed=0)()
+
+    async def alone() -> tuple[float, float]:
+        await engine.load_weights(state, 0)
+        c0, t0 = time.process_time(), time.perf_counter()
+        await _drive(engine.generate, prompts, n, conc)
+        return time.process_time() - c0, time.perf_counter() - t0
+
+    cpu, wall = asyncio.run(alone())
+    print(f"{args.preset}: {n} responses, up to {conc} in flight, 16-token budget")
+    print(f"engine alone:          {1e3 * cpu / n:.2f} ms CPU per response, {1e3 * wall / n:.2f} ms wall")
+
+    with LocalRayCluster(num_cpus=2, gpus=2) as head:
+        ray.init(address=head.address, log_to_driver=False, configure_logging=False)
+        try:
+            actor = ReplicaActor.remote("r0", engine_factory(cfg, tok, hybrid=False, seed=0))
+            ray.get(actor.load_weights.remote(state, 0))
+            proc = psutil.Process(ray.get(actor.__ray_call__.remote(lambda self: os.getpid())))
+
+            async def generate(request):
+                return await actor.generate.remote(request)
+
+            async def over_ray() -> tuple[float, float, float]:
+                a0, c0, t0 = sum(proc.cpu_times()[:2]), time.process_time(), time.perf_counter()
+                await _drive(generate, prompts, n, conc)
+                return sum(proc.cpu_times()[:2]) - a0, time.process_time() - c0, time.perf_counter() - t0
+
+            actor_cpu, caller_cpu, wall = asyncio.run(over_ray())
+        finally:
+            ray.shutdown()
+    print(f"ReplicaActor over Ray: {1e3 * actor_cpu / n:.2f} ms CPU per response in the actor, "
+          f"{1e3 * caller_cpu / n:.2f} ms in the caller, {1e3 * wall / n:.2f} ms wall")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -5,6 +5,8 @@ A SIGKILLed driver leaves its ephemeral Prefect server (and its other children) 
 the driver's process group, so :func:`end_group` after every run ends them, and
 :func:`live_group_members` lets a test check that nothing of its groups is left.
 
+:func:`ray_head` is the local Ray cluster those tests (and the data-plane ones) attach to.
+
 Importable from every test folder: pytest puts ``tests/`` on ``sys.path`` (``tests/conftest.py``).
 """
 
@@ -15,7 +17,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -24,6 +27,28 @@ POLICY_DIR = Path(__file__).resolve().parent / "integration"
 
 POLICY = "step_counting_policy:StepCountingPolicy"
 CLI = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main(sys.argv[1:]))"]
+
+
+@contextmanager
+def ray_head(env: Mapping[str, str] | None = None, *, reuse: bool = False) -> Iterator[str]:
+    """A local Ray head of its own (2 CPUs, 4 emulated GPUs, 4 GiB), this process attached to it;
+    yields its address and ends it after. ``env`` goes to the head and its workers (e.g. PYTHONPATH).
+    With ``reuse``, a cluster this process is already attached to is yielded instead, left running."""
+    import ray
+
+    from cluster.ray_cluster import LocalRayCluster
+
+    if reuse and ray.is_initialized():
+        yield ray.get_runtime_context().gcs_address
+        return
+    cluster = LocalRayCluster(num_cpus=2, gpus=4, memory_gb=4.0, object_store_memory_gb=0.5, env=dict(env or {})).start()
+    try:
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        yield cluster.address
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.stop()
 
 
 def pythonpath() -> str:

@@ -39,12 +39,11 @@ from pathlib import Path
 import pytest
 import ray
 from driver_support import (cli_env, config_args, end_group, final_state, live_group_members, next_log,
-                            pythonpath, start, store_url)
+                            pythonpath, ray_head, start, store_url)
 from fault_report import record
 
 from cluster.actors import CONTROLLER, ROLLOUT_SERVICE, TRAINER, replica_name
 from cluster.backends.base import sha256_file
-from cluster.ray_cluster import LocalRayCluster
 
 # ~6 minutes on an idle 2-core machine; 12 were seen while other jobs loaded it to a load average of 70
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -64,18 +63,8 @@ VERBOSE = {"PREFECT_LOGGING_LEVEL": "INFO"}  # one log line per phase: tells whe
 def ray_address():
     """This module's own Ray head, its workers able to import the test-only policy (or the
     session's, when another test folder already made one: the integration one has the policy too)."""
-    if ray.is_initialized():
-        yield ray.get_runtime_context().gcs_address
-        return
-    cluster = LocalRayCluster(num_cpus=2, gpus=4, memory_gb=4.0, object_store_memory_gb=0.5,
-                              env={"PYTHONPATH": pythonpath()}).start()
-    try:
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-        yield cluster.address
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        cluster.stop()
+    with ray_head({"PYTHONPATH": pythonpath()}, reuse=True) as address:
+        yield address
 
 
 @dataclass

@@ -22,11 +22,11 @@ import uuid
 
 import pytest
 import ray
+from driver_support import ray_head
 
 from cluster.actors import replica_name
 from cluster.builders import DataPlane, prompts_for
 from cluster.rollouter import sample_uid
-from cluster.ray_cluster import LocalRayCluster
 from config import load_config, to_plain
 from fault_report import record
 from flows.training_step import training_step
@@ -45,17 +45,8 @@ PER_REPLICA = 4  # samples per replica: small enough that every lost replica low
 @pytest.fixture(scope="module")
 def ray_address():
     """This module's own Ray head (or the session's, when another test folder already made one)."""
-    if ray.is_initialized():
-        yield ray.get_runtime_context().gcs_address
-        return
-    cluster = LocalRayCluster(num_cpus=2, gpus=4, memory_gb=4.0, object_store_memory_gb=0.5).start()
-    try:
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-        yield cluster.address
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        cluster.stop()
+    with ray_head(reuse=True) as address:
+        yield address
 
 
 def _start(tmp_path, ray_address, *overrides, lend_hybrid=True):

@@ -3,21 +3,11 @@
 from __future__ import annotations
 
 import pytest
-import ray
-from driver_support import pythonpath
-
-from cluster.ray_cluster import LocalRayCluster
+from driver_support import pythonpath, ray_head
 
 
 @pytest.fixture(scope="session")
 def ray_address():
     # Workers import the test-only policy in this folder by `module:Class`.
-    cluster = LocalRayCluster(num_cpus=2, gpus=4, memory_gb=4.0, object_store_memory_gb=0.5,
-                              env={"PYTHONPATH": pythonpath()}).start()
-    try:
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-        yield cluster.address
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        cluster.stop()
+    with ray_head({"PYTHONPATH": pythonpath()}) as address:
+        yield address

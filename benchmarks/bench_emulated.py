@@ -52,7 +52,6 @@ import os
 import platform
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -66,6 +65,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.procs import wait_or_stop  # noqa: E402
 from benchmarks.results_io import write_json, write_section  # noqa: E402
 from config import TidalConfig, load_config  # noqa: E402
 from policies import policy_from_config  # noqa: E402
@@ -234,15 +234,7 @@ def run_emulated(preset: str, overrides: list[str], steps: int | None, work: Pat
         monitor = Monitor({proc.pid} | ({ray_session} if ray_session else set()), poll_engines=bool(ray_address))
         monitor.start()
         try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            code = 124
+            code = wait_or_stop(proc, timeout_s)
         finally:
             monitor.stop()
     process_s = time.perf_counter() - t0

@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.procs import wait_or_stop  # noqa: E402
 from config import load_config  # noqa: E402
 from storage import make_engine, run_summaries, session_scope, step_metrics  # noqa: E402
 
@@ -78,18 +79,7 @@ def run_training(args: argparse.Namespace, workdir: Path) -> tuple[list[str], fl
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-        try:
-            code = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            import signal
-
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            code = 124
+        code = wait_or_stop(proc, args.timeout)
     return cmd, time.perf_counter() - t0, code, log
 
 

@@ -40,9 +40,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -165,16 +168,12 @@ class CpuSampler:
     that end between samples lose at most their last half second."""
 
     def __init__(self, interval_s: float = 0.5):
-        import threading
-
         self.interval_s, self._stop = interval_s, threading.Event()
         self._first: dict[int, float] = {}
         self._last: dict[int, tuple[str, float]] = {}
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _sample(self) -> None:
-        import psutil
-
         for p in psutil.process_iter(["pid", "cmdline", "cpu_times"]):
             times = p.info["cpu_times"]
             if times is None:
@@ -193,16 +192,12 @@ class CpuSampler:
             self._sample()
 
     def __enter__(self) -> CpuSampler:
-        import psutil
-
         self._sample()
         self._t0, self._cpu0 = time.perf_counter(), psutil.cpu_times()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        import psutil
-
         self._stop.set()
         self._thread.join()
         self._sample()

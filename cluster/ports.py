@@ -13,6 +13,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 _handed_out: set[int] = set()
 _lock = threading.Lock()
@@ -38,7 +39,7 @@ def listening(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def wait_listening(ports: list[int], deadline: float, host: str = "127.0.0.1",
-                   alive: callable = lambda: True) -> list[int]:
+                   alive: Callable[[], bool] = lambda: True) -> list[int]:
     """Wait until every port accepts connections, ``alive()`` turns false or ``time.monotonic()``
     passes ``deadline``; returns the ports that are still not listening."""
     pending = list(ports)

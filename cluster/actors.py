@@ -142,7 +142,7 @@ class TrainerActor:
             result = await asyncio.to_thread(self.backend.train_step, samples)
             allocated = time.perf_counter() - t0
             # the reference's mq_size: a snapshot of the queue right after the fit step, i.e. with
-            # what the rollout side produced while the trainer trained (DESIGN §6, reference §4.4)
+            # what the rollout side produced while the trainer trained (reference §4.4)
             mq_size = await rollout.queue_size.remote()
             return {
                 "samples": [(s.epoch, s.prompt_index, s.min_version, s.max_version) for s in samples],

@@ -35,6 +35,9 @@ GPU_RESOURCE = "tidal_gpu"
 LOOPBACK = "127.0.0.1"
 SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 """``0``: Ray treats this machine as a one-node cluster whose IP is the loopback address."""
+AUTOSCALER_PORT_ENV = "AUTOSCALER_METRIC_PORT"
+"""The autoscaler monitor's metrics port, a fixed 44217 unless set: every cluster we start gets a
+free one, so that two side by side (tests, benchmarks, another user's run) do not collide there."""
 
 
 def _ray_env() -> dict[str, str]:
@@ -43,11 +46,6 @@ def _ray_env() -> dict[str, str]:
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     env.setdefault("RAY_DEDUP_LOGS", "0")
     return env
-
-
-AUTOSCALER_PORT_ENV = "AUTOSCALER_METRIC_PORT"
-"""The autoscaler monitor's metrics port, a fixed 44217 unless set: every cluster we start gets a
-free one, so that two side by side (tests, benchmarks, another user's run) do not collide there."""
 
 
 def is_loopback_address(address: str | None) -> bool:

@@ -3,8 +3,10 @@
 Both serve the same seeded requests (the `count` task's prompts, 16-token budget, EOS honoured) with
 up to ``requests_per_replica`` in flight, as the rollouter keeps them. The engine alone runs in
 this process; the actor runs in a local Ray cluster of its own and is called from this process the
-way the rollout service calls it (one ``generate`` call per response). Reported: CPU milliseconds
-per response in the engine alone, in the actor's process, and in the caller; wall per response.
+way the rollout service used to call it (one ``generate`` call per response) and the way it calls
+it now (through ``cluster.actors._RemoteEngine``: a sample's ``n`` responses start together and
+travel as one ``generate_batch`` call). Reported: CPU milliseconds per response in the engine
+alone, in the actor's process, and in the caller; wall per response.
 
 Usage:
     .venv/bin/python benchmarks/bench_replica_call.py [--preset bench/rollout-bound] [--responses 1024]
@@ -40,6 +42,24 @@ async def _drive(generate, prompts, n: int, concurrency: int) -> None:
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
+async def _drive_groups(generate, prompts, n: int, concurrency: int, group: int) -> None:
+    """Like ``_drive`` but ``group`` responses at a time start together (one sample's)."""
+    from cluster.types import GenerationRequest, SamplingSpec
+
+    sent = 0
+
+    async def worker() -> None:
+        nonlocal sent
+        while sent < n:
+            first, sent = sent, min(n, sent + group)
+            await asyncio.gather(*(
+                generate(GenerationRequest(f"r{i}", prompts[i % len(prompts)], SamplingSpec(16, temperature=1.0, seed=i)))
+                for i in range(first + 1, sent + 1)
+            ))
+
+    await asyncio.gather(*(worker() for _ in range(max(1, concurrency // group))))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="bench/rollout-bound")
@@ -55,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     import torch
 
-    from cluster.actors import ReplicaActor
+    from cluster.actors import ReplicaActor, _RemoteEngine
     from cluster.builders import engine_factory, model_config, requests_per_replica
     from cluster.model import TinyLM
     from cluster.problems import CharTokenizer, make_problems
@@ -95,10 +115,22 @@ def main(argv: list[str] | None = None) -> int:
                 return sum(proc.cpu_times()[:2]) - a0, time.process_time() - c0, time.perf_counter() - t0
 
             actor_cpu, caller_cpu, wall = asyncio.run(over_ray())
+            print(f"ReplicaActor over Ray, one call per response: {1e3 * actor_cpu / n:.2f} ms CPU per "
+                  f"response in the actor, {1e3 * caller_cpu / n:.2f} ms in the caller, {1e3 * wall / n:.2f} ms wall")
+
+            remote = _RemoteEngine("r0", actor, hybrid=False)
+
+            async def batched() -> tuple[float, float, float]:
+                a0, c0, t0 = sum(proc.cpu_times()[:2]), time.process_time(), time.perf_counter()
+                await _drive_groups(remote.generate, prompts, n, conc, cfg.actor_rollout_ref.rollout.n)
+                return sum(proc.cpu_times()[:2]) - a0, time.process_time() - c0, time.perf_counter() - t0
+
+            actor_cpu, caller_cpu, wall = asyncio.run(batched())
+            print(f"ReplicaActor over Ray, one call per sample ({cfg.actor_rollout_ref.rollout.n} responses, "
+                  f"{remote.calls} calls): {1e3 * actor_cpu / n:.2f} ms CPU per response in the actor, "
+                  f"{1e3 * caller_cpu / n:.2f} ms in the caller, {1e3 * wall / n:.2f} ms wall")
         finally:
             ray.shutdown()
-    print(f"ReplicaActor over Ray: {1e3 * actor_cpu / n:.2f} ms CPU per response in the actor, "
-          f"{1e3 * caller_cpu / n:.2f} ms in the caller, {1e3 * wall / n:.2f} ms wall")
     return 0
 
 

@@ -48,6 +48,12 @@ def replica_name(replica_id: str) -> str:
 # Standalone replica
 
 
+async def generate_each(engine: Any, requests: Sequence[GenerationRequest]) -> list[GenerationResult | BaseException]:
+    """Run ``requests`` on ``engine`` side by side; one entry per request, in order: its result,
+    or the exception it raised (so that one bad request fails alone, as it would on its own)."""
+    return list(await asyncio.gather(*(engine.generate(r) for r in requests), return_exceptions=True))
+
+
 class _EngineHost:
     """The engine verbs shared by standalone replicas and the trainer's hybrid engines."""
 
@@ -55,6 +61,9 @@ class _EngineHost:
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         return await self.engine.generate(request)
+
+    async def generate_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult | BaseException]:
+        return await generate_each(self.engine, requests)
 
     async def abort_all(self) -> int:
         return await self.engine.abort_all()
@@ -170,8 +179,10 @@ class TrainerActor:
 
     # -- hybrid engines (same process: the weights never leave it) ----------------------------
 
-    async def hybrid_generate(self, replica_id: str, request: GenerationRequest) -> GenerationResult:
-        return await self.hybrids[replica_id].generate(request)
+    async def hybrid_generate_batch(
+        self, replica_id: str, requests: Sequence[GenerationRequest]
+    ) -> list[GenerationResult | BaseException]:
+        return await generate_each(self.hybrids[replica_id], requests)
 
     async def hybrid(self, op: str, replica_ids: Sequence[str]) -> int:
         """Run an engine verb (abort_all, pause, resume, sleep, wake_up) on hybrid engines."""
@@ -217,15 +228,63 @@ def _actor_is_dead(exc: BaseException) -> bool:
 
 
 class _RemoteEngine:
-    """What the rollouter calls ``generate`` on: a standalone actor or a hybrid in the trainer."""
+    """What the rollouter calls ``generate`` on: a standalone actor or a hybrid in the trainer.
+
+    The ``generate`` calls made in one turn of the event loop go to the actor as one Ray call
+    (``generate_batch``). A new sample starts its ``n`` responses in the same turn, so they travel
+    together: on CPU one Ray call costs about twice what the tiny engine spends generating a
+    16-token response (``benchmarks/bench_replica_call.py``). Each caller still gets its own
+    result or exception; a failed call (the actor died) fails every request in it, and each is
+    retried on its own. A batch returns when its last response ends, which costs nothing for a
+    sample's responses (the sample waits for all of them anyway).
+    """
 
     def __init__(self, replica_id: str, handle: Any, hybrid: bool):
         self.replica_id, self.handle, self.hybrid = replica_id, handle, hybrid
+        self._pending: list[tuple[GenerationRequest, asyncio.Future[GenerationResult]]] = []
+        self._sending: set[asyncio.Task[None]] = set()
+        self.calls = 0  # Ray calls made (for tests and benchmarks)
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        if self.hybrid:
-            return await self.handle.hybrid_generate.remote(self.replica_id, request)
-        return await self.handle.generate.remote(request)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[GenerationResult] = loop.create_future()
+        if not self._pending:
+            loop.call_soon(self._flush)
+        self._pending.append((request, future))
+        return await future
+
+    def _flush(self) -> None:
+        batch, self._pending = self._pending, []
+        task = asyncio.get_running_loop().create_task(self._send(batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(self, batch: list[tuple[GenerationRequest, asyncio.Future[GenerationResult]]]) -> None:
+        requests = [request for request, _ in batch]
+        self.calls += 1
+        try:
+            if self.hybrid:
+                results = await self.handle.hybrid_generate_batch.remote(self.replica_id, requests)
+            else:
+                results = await self.handle.generate_batch.remote(requests)
+        except asyncio.CancelledError:
+            for _, future in batch:
+                future.cancel()
+            raise
+        except Exception as exc:  # noqa: BLE001 - handed to every caller in the batch
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (request, future), result in zip(batch, results, strict=True):
+            if future.done():  # the caller gave up (cancelled)
+                continue
+            if isinstance(result, asyncio.CancelledError):  # not the caller's cancellation
+                future.set_exception(RuntimeError(f"{request.request_id} was cancelled on {self.replica_id}"))
+            elif isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
 
 
 @ray.remote(num_cpus=0, max_concurrency=10000)

@@ -514,7 +514,7 @@ def markdown(command: str, presets: dict[str, dict], cal: dict[str, dict], runs:
             ]
             lines += [f"| {setup} | " + " | ".join(f"{c[k]:.2f}" for k in kinds) + " |" for setup, c in cpu.items()]
             lines.append("")
-    lines += ["Plots: " + ", ".join(f"`{p.relative_to(BENCH)}`" for p in plots), ""]
+    lines += ["Plots: " + ", ".join(f"`{p.relative_to(BENCH) if p.is_relative_to(BENCH) else p}`" for p in plots), ""]
     lines += ["Runs (uid, status, steps, trained samples, wall s, whole process s):", ""]
     for key, r in runs.items():
         lines.append(f"- {key}: `{r['uid']}` {r['status']}, {r['steps']} steps, {r['trained_samples']:.0f} samples, "
@@ -616,8 +616,10 @@ def main(argv: list[str] | None = None) -> int:
         meta.write_text(json.dumps([load0, load1]))
 
     plots = []
+    # --no-write leaves the committed plots alone too (they go to the scratch directory)
+    plot_dir = work / "plots" if args.no_write else BENCH / "plots"
     for preset, summ in per_preset.items():
-        plots += plot(preset, summ.pop("_results"), BENCH / "plots")
+        plots += plot(preset, summ.pop("_results"), plot_dir)
     own = ["benchmarks/bench_compare.py"]
     if args.presets != "rollout-bound,training-bound":
         own += ["--presets", args.presets]

@@ -564,9 +564,8 @@ def markdown(results: list[dict[str, Any]], command: str, plot_path: Path) -> st
                      f"{r['step_abs_error_median_tidal_model']:.1%} / {r['step_abs_error_p90_tidal_model']:.1%} | "
                      f"{r['switches'][0]} / {r['switches_tidal_model']} | "
                      f"{_f(r['mq_size_mean'][0], '.1f')} / {_f(r['mq_size_mean_tidal_model'], '.1f')} |")
-    lines += ["", "`mq_size`: Tidal's trainer reports the queue right after its pull, the simulator (and the "
-              "reference, §4.4) after the update, so the emulated numbers are lower by what arrives during an "
-              "update."]
+    lines += ["", "`mq_size`: the queue right after the update, in Tidal's trainer as in the simulator and the "
+              "reference (§4.4)."]
     lines += ["", "Per phase, mean per step, emulated / simulated (with overhead):", "",
               "| setup | " + " | ".join(results[0]["phases"]) + " |",
               "|---|" + "---:|" * len(results[0]["phases"])]

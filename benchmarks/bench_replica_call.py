@@ -43,7 +43,8 @@ async def _drive(generate, prompts, n: int, concurrency: int) -> None:
 
 
 async def _drive_groups(generate, prompts, n: int, concurrency: int, group: int) -> None:
-    """Like ``_drive`` but ``group`` responses at a time start together (one sample's)."""
+    """Like ``_drive`` but ``group`` responses at a time start together, with request ids of one
+    sample (``g{k}-r{i}``, as ``cluster.rollouter.response_request_id`` makes them)."""
     from cluster.types import GenerationRequest, SamplingSpec
 
     sent = 0
@@ -53,7 +54,7 @@ async def _drive_groups(generate, prompts, n: int, concurrency: int, group: int)
         while sent < n:
             first, sent = sent, min(n, sent + group)
             await asyncio.gather(*(
-                generate(GenerationRequest(f"r{i}", prompts[i % len(prompts)], SamplingSpec(16, temperature=1.0, seed=i)))
+                generate(GenerationRequest(f"g{first}-r{i}", prompts[i % len(prompts)], SamplingSpec(16, temperature=1.0, seed=i)))
                 for i in range(first + 1, sent + 1)
             ))
 

@@ -30,7 +30,7 @@ from cluster.controller import DynamicResourceController
 from cluster.load_balancer import LoadBalancer
 from cluster.message_queue import MessageQueue
 from cluster.replacement import ReplicaReplacer
-from cluster.rollouter import Rollouter
+from cluster.rollouter import Rollouter, request_sample_uid
 from cluster.types import GenerationRequest, GenerationResult, Sample, SamplingSpec
 
 ROLLOUT_SERVICE = "rollout"
@@ -230,18 +230,19 @@ def _actor_is_dead(exc: BaseException) -> bool:
 class _RemoteEngine:
     """What the rollouter calls ``generate`` on: a standalone actor or a hybrid in the trainer.
 
-    The ``generate`` calls made in one turn of the event loop go to the actor as one Ray call
-    (``generate_batch``). A new sample starts its ``n`` responses in the same turn, so they travel
-    together: on CPU one Ray call costs about twice what the tiny engine spends generating a
-    16-token response (``benchmarks/bench_replica_call.py``). Each caller still gets its own
-    result or exception; a failed call (the actor died) fails every request in it, and each is
-    retried on its own. A batch returns when its last response ends, which costs nothing for a
-    sample's responses (the sample waits for all of them anyway).
+    The ``generate`` calls made in one turn of the event loop for one sample go to the actor as
+    one Ray call (``generate_batch``). A new sample starts its ``n`` responses in the same turn, so
+    they travel together: on CPU one Ray call costs about twice what the tiny engine spends
+    generating a 16-token response (``benchmarks/bench_replica_call.py``). A call returns when its
+    last response ends, which costs a sample nothing (it waits for all of them anyway); requests
+    of different samples never share a call, so no sample waits for another's long response. Each
+    caller gets its own result or exception; a failed call (the actor died) fails every request in
+    it, and each is retried on its own.
     """
 
     def __init__(self, replica_id: str, handle: Any, hybrid: bool):
         self.replica_id, self.handle, self.hybrid = replica_id, handle, hybrid
-        self._pending: list[tuple[GenerationRequest, asyncio.Future[GenerationResult]]] = []
+        self._pending: dict[str, list[tuple[GenerationRequest, asyncio.Future[GenerationResult]]]] = {}
         self._sending: set[asyncio.Task[None]] = set()
         self.calls = 0  # Ray calls made (for tests and benchmarks)
 
@@ -250,14 +251,16 @@ class _RemoteEngine:
         future: asyncio.Future[GenerationResult] = loop.create_future()
         if not self._pending:
             loop.call_soon(self._flush)
-        self._pending.append((request, future))
+        self._pending.setdefault(request_sample_uid(request.request_id), []).append((request, future))
         return await future
 
     def _flush(self) -> None:
-        batch, self._pending = self._pending, []
-        task = asyncio.get_running_loop().create_task(self._send(batch))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
+        groups, self._pending = self._pending, {}
+        loop = asyncio.get_running_loop()
+        for batch in groups.values():
+            task = loop.create_task(self._send(batch))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
 
     async def _send(self, batch: list[tuple[GenerationRequest, asyncio.Future[GenerationResult]]]) -> None:
         requests = [request for request, _ in batch]

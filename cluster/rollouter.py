@@ -132,6 +132,17 @@ def sample_uid(epoch: int, prompt_index: int) -> str:
     return f"e{epoch}-p{prompt_index}"
 
 
+def response_request_id(uid: str, j: int) -> str:
+    """The request id of response ``j`` of sample ``uid``; the same on every retry."""
+    return f"{uid}-r{j}"
+
+
+def request_sample_uid(request_id: str) -> str:
+    """The sample uid inside a request id made by ``response_request_id`` (an id made otherwise
+    is its own sample)."""
+    return request_id.rsplit("-r", 1)[0]
+
+
 class _Signal:
     """Wakes every coroutine waiting in ``wait_until`` whenever ``notify`` is called."""
 
@@ -548,7 +559,7 @@ class Rollouter:
 
     async def _run_response(self, sample: Sample, j: int) -> None:
         response = sample.responses[j]
-        request_id = f"{sample.uid}-r{j}"
+        request_id = response_request_id(sample.uid, j)
         budget = self._sampling.max_new_tokens
         calls = 0  # engine calls that returned a result
         idle_retries = 0  # consecutive retries without progress

@@ -1,4 +1,4 @@
-"""The rollout service's engine proxy sends the requests of one event-loop turn as one Ray call.
+"""The rollout service's engine proxy sends a sample's requests of one event-loop turn as one Ray call.
 
 ``_RemoteEngine`` is tested against an in-test handle that records each ``generate_batch`` (or
 ``hybrid_generate_batch``) call and answers it with what the test scripted; the real actor side,
@@ -14,11 +14,12 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from cluster.actors import _RemoteEngine, generate_each
+from cluster.rollouter import response_request_id
 from cluster.types import GenerationRequest, GenerationResult, SamplingSpec
 
 
-def _request(i: int) -> GenerationRequest:
-    return GenerationRequest(f"s-r{i}", [1, 2, 3], SamplingSpec(4, seed=i))
+def _request(i: int, sample: str = "s") -> GenerationRequest:
+    return GenerationRequest(response_request_id(sample, i), [1, 2, 3], SamplingSpec(4, seed=i))
 
 
 def _result(request: GenerationRequest) -> GenerationResult:
@@ -61,6 +62,41 @@ def test_requests_of_one_turn_travel_in_one_call_and_each_caller_gets_its_own_re
     assert len(handle.generate_batch.calls) == 1 and engine.calls == 1
     (requests,) = handle.generate_batch.calls[0]
     assert [r.request_id for r in requests] == [f"s-r{i}" for i in range(16)]
+
+
+def test_samples_never_share_a_call_so_none_waits_for_another():
+    release_long = asyncio.Event()
+
+    class SlowForB(FakeHandle):
+        def __init__(self):
+            super().__init__()
+            self.generate_batch = self
+
+        def remote(self, requests):
+            self.calls = getattr(self, "calls", []) + [[r.request_id for r in requests]]
+
+            async def reply():
+                if requests[0].request_id.startswith("b-"):
+                    await release_long.wait()  # sample b's long response
+                return [_result(r) for r in requests]
+
+            return reply()
+
+    handle = SlowForB()
+    engine = _RemoteEngine("standalone-0", handle, hybrid=False)
+
+    async def main():
+        a = [asyncio.ensure_future(engine.generate(_request(i, "a"))) for i in range(3)]
+        b = [asyncio.ensure_future(engine.generate(_request(i, "b"))) for i in range(3)]
+        done_a = await asyncio.wait_for(asyncio.gather(*a), timeout=5)  # b is still generating
+        still_running = not any(f.done() for f in b)
+        release_long.set()
+        return done_a, still_running, await asyncio.gather(*b)
+
+    done_a, b_was_running, done_b = asyncio.run(main())
+    assert [r.request_id for r in done_a] == ["a-r0", "a-r1", "a-r2"] and b_was_running
+    assert [r.request_id for r in done_b] == ["b-r0", "b-r1", "b-r2"]
+    assert sorted(handle.calls) == [["a-r0", "a-r1", "a-r2"], ["b-r0", "b-r1", "b-r2"]]
 
 
 def test_requests_of_different_turns_travel_separately():
@@ -173,4 +209,4 @@ def test_nothing_is_left_pending_after_a_batch(n):
         return engine._pending, engine._sending
 
     pending, sending = asyncio.run(main())
-    assert pending == [] and not sending
+    assert not pending and not sending

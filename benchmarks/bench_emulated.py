@@ -33,6 +33,15 @@ commit, so the final wall clock compared is the first step's start → the last 
 both sides (the simulator's last step minus that tail, measured as start of step k+1 − commit of
 step k).
 
+The headline (``emulated.relative_error_vs_sim`` in ``benchmarks/results.json``) is the Tidal
+model: it is ``tidal simulate`` with the settings that describe Tidal's control plane
+(``sim.task_overhead_s``, ``sim.step_overhead_s``, ``sim.sync_aborts``). The *with overhead*
+prediction puts all of a step's overhead after the activation, where a lent hybrid generates
+through it; in Tidal most of it lies inside the step, where the hybrid is not lent. For the
+dynamic setup that prediction can even come out faster than the one without overhead (85.8 s vs
+87.9 s, emulated 102.4 s, in the run of 2026-11-29); it is reported beside the headline, as
+``relative_error_vs_sim_step_end_overhead``.
+
 Faithfulness of the emulation itself: the CPU seconds of every process of the run (the
 ``tidal run`` session and the Ray cluster's) per wall second, the machine's busy share over the
 run, and the engines' ``stretch_s`` (modelled seconds their device timeline fell behind by more
@@ -40,7 +49,7 @@ than ``max_lag_s``, i.e. an emulated clock that ran slow because Python could no
 
 Usage:
     .venv/bin/python benchmarks/bench_emulated.py [--setups static-8-24,static-16-16,dynamic]
-        [--steps N] [--seed 0] [--workdir DIR] [--plot PATH] [--no-write]
+        [--steps N] [--seed 0] [--workdir DIR] [--plot PATH] [--no-write] [--reuse]
 """
 
 from __future__ import annotations
@@ -66,7 +75,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.procs import wait_or_stop  # noqa: E402
-from benchmarks.results_io import write_json, write_section  # noqa: E402
+from benchmarks.results_io import read_json, write_json, write_section  # noqa: E402
 from config import TidalConfig, load_config  # noqa: E402
 from policies import policy_from_config  # noqa: E402
 from sim import Simulator, spec_from_config  # noqa: E402
@@ -533,11 +542,13 @@ def markdown(results: list[dict[str, Any]], command: str, plot_path: Path) -> st
            "does not drain at this scale). " if overridden else "")
         + f"{platform.machine()}, {os.cpu_count()} CPUs shared with other jobs; {time.strftime('%Y-%m-%d')}.",
         "",
-        f"**Worst |relative error| of the final wall clock: {worst:.1%}** against `tidal simulate` with the measured "
-        f"overhead, {worst_tidal:.1%} against the Tidal model (target ≤ {TARGET:.0%}).",
+        f"**Worst |relative error| of the final wall clock: {worst_tidal:.1%}** against the Tidal model (`tidal "
+        f"simulate` with Tidal's control plane: `sim.task_overhead_s`, `sim.step_overhead_s`, `sim.sync_aborts`; the "
+        f"headline, target ≤ {TARGET:.0%}); {worst:.1%} against `tidal simulate` with the measured overhead at the "
+        "end of each step, where a lent hybrid generates through it (see the module docstring).",
         "",
         "| setup | steps | emulated final s | Σ step timers s | predicted s, no overhead | error | overhead s/step "
-        "mean (median) | predicted s, with overhead | **error** | predicted s, Tidal model | error | "
+        "mean (median) | predicted s, with overhead | error | predicted s, Tidal model | **error** | "
         "step mean s emu / sim | step median s emu / sim | per-step abs error median / p90 | switches emu / sim | "
         "mq_size mean emu / sim |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -547,8 +558,8 @@ def markdown(results: list[dict[str, Any]], command: str, plot_path: Path) -> st
             f"| {r['label']} | {r['steps']} | {r['emulated_final_s']:.1f} | {r['emulated_step_timer_sum_s']:.1f} | "
             f"{r['predicted_final_no_overhead_s']:.1f} | {r['relative_error_no_overhead']:+.1%} | "
             f"{r['overhead_s']:.2f} ({r['overhead_median_s']:.2f}) | {r['predicted_final_s']:.1f} | "
-            f"**{r['relative_error']:+.1%}** | {r['predicted_final_tidal_model_s']:.1f} | "
-            f"{r['relative_error_tidal_model']:+.1%} | "
+            f"{r['relative_error']:+.1%} | {r['predicted_final_tidal_model_s']:.1f} | "
+            f"**{r['relative_error_tidal_model']:+.1%}** | "
             f"{r['step_mean_s'][0]:.2f} / {r['step_mean_s'][1]:.2f} | "
             f"{r['step_median_s'][0]:.2f} / {r['step_median_s'][1]:.2f} | "
             f"{r['step_abs_error_median']:.1%} / {r['step_abs_error_p90']:.1%} | "
@@ -597,6 +608,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plot", default=str(ROOT / "benchmarks" / "plots" / "emulated_vs_sim.png"))
     p.add_argument("--timeout", type=float, default=900.0, help="kill a run after this many seconds")
     p.add_argument("--no-write", action="store_true", help="do not write RESULTS.md / results/emulated.json")
+    p.add_argument("--reuse", action="store_true",
+                   help="run nothing: render RESULTS.md, results/emulated.json and the plot again from the last run's JSON")
     args = p.parse_args(argv)
     unknown = [s for s in args.setups.split(",") if s not in SETUPS]
     if unknown:
@@ -608,6 +621,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.reuse:
+        return rerender(Path(args.plot))
     import ray
 
     from cluster.ray_cluster import LocalRayCluster
@@ -651,17 +666,32 @@ def main(argv: list[str] | None = None) -> int:
     section = markdown(results, command, plot_path)
     print(section)
     if not args.no_write:
-        write_section("bench_emulated", section)
-        worst = max(abs(r["relative_error"]) for r in results)
-        write_json("emulated", {
-            "command": command,
-            "relative_error_vs_sim": worst,
-            "relative_error_vs_sim_no_overhead": max(abs(r["relative_error_no_overhead"]) for r in results),
-            "relative_error_vs_sim_tidal_model": max(abs(r["relative_error_tidal_model"]) for r in results),
-            "target": TARGET,
-            "setups": {r["label"]: r for r in results},
-        })
-        print("wrote benchmarks/RESULTS.md (bench_emulated) and benchmarks/results/emulated.json")
+        write(results, command, section)
+    return 0
+
+
+def write(results: list[dict[str, Any]], command: str, section: str) -> None:
+    write_section("bench_emulated", section)
+    write_json("emulated", {
+        "command": command,
+        "relative_error_vs_sim": max(abs(r["relative_error_tidal_model"]) for r in results),
+        "relative_error_vs_sim_step_end_overhead": max(abs(r["relative_error"]) for r in results),
+        "relative_error_vs_sim_no_overhead": max(abs(r["relative_error_no_overhead"]) for r in results),
+        "target": TARGET,
+        "setups": {r["label"]: r for r in results},
+    })
+    print("wrote benchmarks/RESULTS.md (bench_emulated) and benchmarks/results/emulated.json")
+
+
+def rerender(plot_path: Path) -> int:
+    """``--reuse``: render the section, JSON and plot again from ``benchmarks/results/emulated.json``."""
+    saved = read_json("emulated")
+    if not saved or not saved.get("setups"):
+        print("error: --reuse needs benchmarks/results/emulated.json from an earlier run", file=sys.stderr)
+        return 2
+    results = list(saved["setups"].values())
+    plot(results, plot_path)
+    write(results, saved["command"], markdown(results, saved["command"], plot_path))
     return 0
 
 

@@ -8,6 +8,7 @@ and its figures to ``benchmarks/results/NAME.json``; this script runs them one a
     cpu_rollout_bound.fraction_of_fluid_bound  fluid bound / dynamic wall, median of seeds
     cpu_training_bound.slowdown_vs_static      dynamic wall / static wall − 1, median of seeds
     emulated.relative_error_vs_sim             worst |emulated − predicted| / predicted wall clock
+                                               (the Tidal model: `tidal simulate` with Tidal's control plane)
     overhead.fraction_at_60s_step              control-plane seconds per step / 60 s (default runner)
     sim.seconds_400_steps_32_gpus              one 400-step, 32-GPU simulation (dynamic, best of 5)
     faults.injected / samples_lost / samples_duplicated

@@ -4,8 +4,8 @@ Runs the real system end to end (Prefect flow per step, Ray actors, torch engine
 backend, the built-in task) as a subprocess in a scratch directory of its own (store, run outputs,
 `PREFECT_HOME`), then reads the committed per-step metrics back from the store
 (`storage.step_metrics`), prints the table, compares the mean reward of the first and the last
-`--window` steps, plots `train/reward_mean` per step and per wall-clock second, and appends the
-numbers and the command to `benchmarks/RESULTS.md`.
+`--window` steps, plots `train/reward_mean` per step and per wall-clock second, and writes the
+numbers and the command into the ``train_curve`` section of `benchmarks/RESULTS.md`.
 
 Exit status: 0 when the last window's mean reward beats the first window's by at least
 `--min-gain` (absolute), 1 when it does not, 2 when the run itself failed.
@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.procs import wait_or_stop  # noqa: E402
+from benchmarks.results_io import write_section  # noqa: E402
 from config import load_config  # noqa: E402
 from storage import make_engine, run_summaries, session_scope, step_metrics  # noqa: E402
 
@@ -51,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(default: a fresh temp dir)")
     p.add_argument("--plot", default=str(ROOT / "benchmarks" / "plots" / "reward_curve.png"))
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "RESULTS.md"))
-    p.add_argument("--no-results", action="store_true", help="do not append to RESULTS.md")
+    p.add_argument("--no-results", action="store_true", help="do not write to RESULTS.md")
     p.add_argument("--timeout", type=float, default=1800.0, help="kill the run after this many seconds")
     return p.parse_args(argv)
 
@@ -245,9 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         if Path(args.plot).resolve() != (ROOT / "benchmarks" / "plots" / "reward_curve.png"):
             own += ["--plot", args.plot]
         cmd_line = ".venv/bin/python " + shlex.join(own)
-        with open(args.results, "a", encoding="utf-8") as f:
-            f.write(results_section(args, cmd_line, cfg, uid, rows, s, wall_s, plot_path))
-        print(f"appended to {args.results}")
+        # its own block (replaced on every run, not appended): the notes after it stay
+        write_section("train_curve", results_section(args, cmd_line, cfg, uid, rows, s, wall_s, plot_path),
+                      Path(args.results))
+        print(f"wrote the train_curve section of {args.results}")
     ok = s["gain"] >= args.min_gain
     print("OK: the mean reward rose" if ok else f"FAIL: gain {s['gain']:+.3f} < --min-gain {args.min_gain}")
     return 0 if ok else 1

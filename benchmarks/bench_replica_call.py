@@ -27,24 +27,10 @@ sys.path.insert(0, str(ROOT))
 from config import ConfigError, load_config  # noqa: E402
 
 
-async def _drive(generate, prompts, n: int, concurrency: int) -> None:
-    from cluster.types import GenerationRequest, SamplingSpec
-
-    sent = 0
-
-    async def worker() -> None:
-        nonlocal sent
-        while sent < n:
-            sent += 1
-            i = sent
-            await generate(GenerationRequest(f"r{i}", prompts[i % len(prompts)], SamplingSpec(16, temperature=1.0, seed=i)))
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-
-
-async def _drive_groups(generate, prompts, n: int, concurrency: int, group: int) -> None:
-    """Like ``_drive`` but ``group`` responses at a time start together, with request ids of one
-    sample (``g{k}-r{i}``, as ``cluster.rollouter.response_request_id`` makes them)."""
+async def _drive(generate, prompts, n: int, concurrency: int, group: int = 1) -> None:
+    """Send ``n`` seeded requests through ``generate`` with up to ``concurrency`` in flight,
+    ``group`` at a time starting together with request ids of one sample (``g{k}-r{i}``, as
+    ``cluster.rollouter.response_request_id`` makes them)."""
     from cluster.types import GenerationRequest, SamplingSpec
 
     sent = 0
@@ -110,24 +96,19 @@ def main(argv: list[str] | None = None) -> int:
             async def generate(request):
                 return await actor.generate.remote(request)
 
-            async def over_ray() -> tuple[float, float, float]:
+            def over_ray(generate, group: int) -> tuple[float, float, float]:
+                """CPU seconds in the actor and in this process, and wall seconds, for the n responses."""
                 a0, c0, t0 = sum(proc.cpu_times()[:2]), time.process_time(), time.perf_counter()
-                await _drive(generate, prompts, n, conc)
+                asyncio.run(_drive(generate, prompts, n, conc, group))
                 return sum(proc.cpu_times()[:2]) - a0, time.process_time() - c0, time.perf_counter() - t0
 
-            actor_cpu, caller_cpu, wall = asyncio.run(over_ray())
+            actor_cpu, caller_cpu, wall = over_ray(generate, 1)
             print(f"ReplicaActor over Ray, one call per response: {1e3 * actor_cpu / n:.2f} ms CPU per "
                   f"response in the actor, {1e3 * caller_cpu / n:.2f} ms in the caller, {1e3 * wall / n:.2f} ms wall")
 
-            remote = _RemoteEngine("r0", actor, hybrid=False)
-
-            async def batched() -> tuple[float, float, float]:
-                a0, c0, t0 = sum(proc.cpu_times()[:2]), time.process_time(), time.perf_counter()
-                await _drive_groups(remote.generate, prompts, n, conc, cfg.actor_rollout_ref.rollout.n)
-                return sum(proc.cpu_times()[:2]) - a0, time.process_time() - c0, time.perf_counter() - t0
-
-            actor_cpu, caller_cpu, wall = asyncio.run(batched())
-            print(f"ReplicaActor over Ray, one call per sample ({cfg.actor_rollout_ref.rollout.n} responses, "
+            remote, group = _RemoteEngine("r0", actor, hybrid=False), cfg.actor_rollout_ref.rollout.n
+            actor_cpu, caller_cpu, wall = over_ray(remote.generate, group)
+            print(f"ReplicaActor over Ray, one call per sample ({group} responses, "
                   f"{remote.calls} calls): {1e3 * actor_cpu / n:.2f} ms CPU per response in the actor, "
                   f"{1e3 * caller_cpu / n:.2f} ms in the caller, {1e3 * wall / n:.2f} ms wall")
         finally:

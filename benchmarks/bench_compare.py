@@ -10,6 +10,13 @@ that the machine's load drifts over all of them alike:
     fixed_ratio  1 + 1, the same with ``fixed_ratio``
     colocated    no standalone pool: both cores on the trainer, its two hybrids generate between
                  training phases (only-hybrid mode)
+    static_again static once more (training-bound only): the noise floor of one pair of runs
+
+Odd seeds run the setups in reverse order, so that a drift in the machine's speed over a seed's
+runs does not always favour the same setup. Training-bound runs five seeds (rollout-bound three):
+its target is finer than the run-to-run noise. Beside the speed-up, a *speed-adjusted* speed-up
+scales it by the trainer's compute seconds per trained token in the two runs (same code, same
+batches: a difference there is the machine, not the setup).
 
 The fluid bound of a run is what two perfectly shared cores would need for that run's useful work:
 ``(generated response tokens × c_gen + trained tokens × c_train) / 2``, with ``c_gen`` (seconds per
@@ -23,7 +30,7 @@ Writes a RESULTS.md section (``bench_compare``), ``benchmarks/results/compare.js
 
 Usage:
     .venv/bin/python benchmarks/bench_compare.py [--presets rollout-bound,training-bound]
-        [--seeds 0,1,2] [--setups static,default,fixed_ratio,colocated] [--steps N]
+        [--seeds 0,1,2] [--setups static,default,fixed_ratio,colocated,static_again] [--steps N]
         [--workdir DIR] [--no-write]
 """
 
@@ -60,7 +67,16 @@ SETUPS: dict[str, list[str]] = {
     "default": ["async_training.dynamic_schedule_policy=default"],
     "fixed_ratio": ["async_training.dynamic_schedule_policy=fixed_ratio"],
     "colocated": ["rollout.nnodes=0", "trainer.n_gpus_per_node=2", "async_training.dynamic_schedule_policy=default"],
+    # static once more, the same seed: how far two identical runs land apart on this machine
+    "static_again": ["async_training.dynamic_schedule_policy=static_fully_async"],
 }
+PRESET_SETUPS = {
+    "rollout-bound": ["static", "default", "fixed_ratio", "colocated"],
+    # the training-bound target (within 2 % of static) is finer than run-to-run noise here: more
+    # seeds, and the static run repeated to show how far apart two identical runs land
+    "training-bound": ["static", "default", "fixed_ratio", "colocated", "static_again"],
+}
+PRESET_SEEDS = {"rollout-bound": [0, 1, 2], "training-bound": [0, 1, 2, 3, 4]}
 DYNAMIC = ("default", "fixed_ratio")
 REWARD = "train/reward_mean"
 
@@ -165,12 +181,15 @@ def _cpu_kind(cmdline: str) -> str:
 class CpuSampler:
     """Samples every process's CPU seconds twice a second while a run lasts; ``shares()`` is each
     kind's CPU time over the window as a fraction of both cores, plus what stayed idle. Processes
-    that end between samples lose at most their last half second."""
+    that end between samples lose at most their last half second. ``series`` keeps, per sample,
+    the epoch time and each kind's CPU seconds so far (and the machine's idle seconds), so that
+    ``window_shares`` can take any part of the run (the steps, without the start-up)."""
 
     def __init__(self, interval_s: float = 0.5):
         self.interval_s, self._stop = interval_s, threading.Event()
         self._first: dict[int, float] = {}
         self._last: dict[int, tuple[str, float]] = {}
+        self.series: list[tuple[float, dict[str, float]]] = []
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _sample(self) -> None:
@@ -186,6 +205,12 @@ class CpuSampler:
             cmdline = " ".join(p.info["cmdline"] or [])
             kind = _cpu_kind(cmdline) if cmdline or pid not in self._last else self._last[pid][0]
             self._last[pid] = (kind, used)
+        so_far: dict[str, float] = {}
+        for pid, (kind, used) in self._last.items():
+            so_far[kind] = so_far.get(kind, 0.0) + max(0.0, used - self._first[pid])
+        cpu = psutil.cpu_times()
+        so_far["idle"] = cpu.idle + getattr(cpu, "iowait", 0.0)
+        self.series.append((time.time(), so_far))
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -212,6 +237,18 @@ class CpuSampler:
             out[kind] += max(0.0, used - self._first.get(pid, used)) / budget
         out["idle"] = self.idle_s / budget
         return out
+
+
+def window_shares(series: list, start: float, end: float, cores: int = 2) -> dict[str, float] | None:
+    """Each kind's share of ``cores`` between the first sample at or after ``start`` and the last
+    at or before ``end`` (epoch seconds); None if fewer than two samples fall inside."""
+    inside = [(t, c) for t, c in series if start <= t <= end]
+    if len(inside) < 2:
+        return None
+    (t0, c0), (t1, c1) = inside[0], inside[-1]
+    budget = (t1 - t0) * cores
+    kinds = [kind for kind, _ in CPU_KINDS] + ["other", "idle"]
+    return {k: max(0.0, c1.get(k, 0.0) - c0.get(k, 0.0)) / budget for k in kinds}
 
 
 # ------------------------------------------------------------------------------------------
@@ -247,6 +284,7 @@ def tidal_run(preset: str, setup: str, seed: int, work: Path, extra: list[str], 
             except ProcessLookupError:
                 pass
     (work / f"{name}.cpu.json").write_text(json.dumps(cpu.shares(), indent=1))
+    (work / f"{name}.cpu_series.json").write_text(json.dumps(cpu.series))
     return cmd, time.perf_counter() - t0, code
 
 
@@ -361,6 +399,10 @@ def in_system_bound(static: dict) -> float:
     return n * (r + t) / 2.0
 
 
+def _train_s_per_token(r: dict) -> float:
+    return r["train_compute_s"] / r["train_tokens"] if r["train_tokens"] else math.nan
+
+
 def summarize_preset(results: dict[str, dict[int, dict]]) -> dict[str, Any]:
     seeds = sorted(results["static"])
     out: dict[str, Any] = {"seeds": seeds, "setups": {}}
@@ -372,10 +414,15 @@ def summarize_preset(results: dict[str, dict[int, dict]]) -> dict[str, Any]:
                 per_seed[seed]["fraction_of_in_system_bound"] = bound / per_seed[seed]["wall_s"]
     for setup, per_seed in results.items():
         ratios = [results["static"][s]["wall_s"] / per_seed[s]["wall_s"] for s in seeds if s in per_seed]
+        adjusted = [results["static"][s]["wall_s"] / per_seed[s]["wall_s"]
+                    * _train_s_per_token(per_seed[s]) / _train_s_per_token(results["static"][s])
+                    for s in seeds if s in per_seed]
         out["setups"][setup] = {
             "wall_s_median": statistics.median(r["wall_s"] for r in per_seed.values()),
             "speedup_vs_static_median": statistics.median(ratios),
             "speedup_vs_static_per_seed": ratios,
+            "speedup_speed_adjusted_median": statistics.median(adjusted),
+            "speedup_speed_adjusted_per_seed": adjusted,
             "fraction_of_fluid_bound_median": statistics.median(r["fraction_of_fluid_bound"] for r in per_seed.values()),
             "fraction_of_in_system_bound_median": statistics.median(
                 r["fraction_of_in_system_bound"] for r in per_seed.values()),
@@ -391,9 +438,10 @@ def summarize_preset(results: dict[str, dict[int, dict]]) -> dict[str, Any]:
             "staleness_bound": next(iter(per_seed.values()))["staleness_bound"],
             "reward_last3_mean": _mean([r["reward_last3"] for r in per_seed.values()]),
         }
-        cpu = [r["cpu_shares"] for r in per_seed.values() if r.get("cpu_shares")]
-        if cpu:
-            out["setups"][setup]["cpu_shares"] = {k: _mean([c.get(k, math.nan) for c in cpu]) for k in cpu[0]}
+        for key in ("cpu_shares", "cpu_shares_steps"):
+            cpu = [r[key] for r in per_seed.values() if r.get(key)]
+            if cpu:
+                out["setups"][setup][key] = {k: _mean([c.get(k, math.nan) for c in cpu]) for k in cpu[0]}
         if setup != "static":
             out["setups"][setup]["reward_band"] = band_check(results, setup)
     best_dyn = max((s for s in DYNAMIC if s in results), key=lambda s: out["setups"][s]["speedup_vs_static_median"],
@@ -408,7 +456,8 @@ def plot(preset: str, results: dict[str, dict[int, dict]], plot_dir: Path) -> li
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"static": "tab:grey", "default": "tab:blue", "fixed_ratio": "tab:orange", "colocated": "tab:green"}
+    colors = {"static": "tab:grey", "default": "tab:blue", "fixed_ratio": "tab:orange", "colocated": "tab:green",
+              "static_again": "black"}
     plot_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
@@ -500,14 +549,31 @@ def markdown(command: str, presets: dict[str, dict], cal: dict[str, dict], runs:
                 f"{s['cluster_util']:.2f} | {s['mq_size_mean']:.1f} | {s['deactivations_mean']:.1f} | "
                 f"{s['aborted_tokens_mean']:.0f} / {s['reprefilled_tokens_mean']:.0f} | {s['switch_s_mean']:.2f} | "
                 f"{s['max_staleness']:.0f} ({s['staleness_bound']}) | {s['reward_last3_mean']:.3f} | {band_txt} |")
+        lines += ["", "Speed-adjusted speed-up vs static (× the run's trainer compute seconds per trained token / "
+                  "the static run's, same seed; median, per seed): " + "; ".join(
+                      f"{setup} {s['speedup_speed_adjusted_median']:.3f} "
+                      f"({', '.join(f'{x:.2f}' for x in s['speedup_speed_adjusted_per_seed'])})"
+                      for setup, s in summ["setups"].items() if setup != "static") + "."]
+        again = summ["setups"].get("static_again")
+        if again:
+            spread = [abs(x - 1.0) for x in again["speedup_vs_static_per_seed"]]
+            lines += ["", f"Noise floor: `static_again` is the static run repeated with the same seed. The two land "
+                      f"{100 * statistics.median(spread):.1f} % apart (median over seeds; largest "
+                      f"{100 * max(spread):.1f} %), "
+                      f"{100 * statistics.median(abs(x - 1.0) for x in again['speedup_speed_adjusted_per_seed']):.1f} % "
+                      "after the speed adjustment."]
         lines.append("")
-        cpu = {setup: s["cpu_shares"] for setup, s in summ["setups"].items() if s.get("cpu_shares")}
-        if cpu:
+        for key, what in (("cpu_shares", "over the whole `tidal run` process, start-up included, as a share of "
+                                         "2 cores × its wall"),
+                          ("cpu_shares_steps", "from step 1's start to the last step's end only (the window the "
+                                               "wall clock and the fluid bound are about), as a share of 2 cores")):
+            cpu = {setup: s[key] for setup, s in summ["setups"].items() if s.get(key)}
+            if not cpu:
+                continue
             kinds = list(next(iter(cpu.values())))
             lines += [
-                "Where the two cores went (CPU seconds of each kind of process over the whole `tidal run` "
-                "process, start-up included, as a share of 2 cores × its wall; mean of seeds; sampled every "
-                "0.5 s with psutil):",
+                f"Where the two cores went (CPU seconds of each kind of process {what}; mean of seeds; sampled "
+                "every 0.5 s with psutil):",
                 "",
                 "| setup | " + " | ".join(kinds) + " |",
                 "|---|" + "---:|" * len(kinds),
@@ -525,8 +591,10 @@ def markdown(command: str, presets: dict[str, dict], cal: dict[str, dict], runs:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--presets", default="rollout-bound,training-bound")
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--setups", default=",".join(SETUPS))
+    ap.add_argument("--seeds", default=None, help="for every preset (default: "
+                    + "; ".join(f"{p} {','.join(map(str, s))}" for p, s in PRESET_SEEDS.items()) + ")")
+    ap.add_argument("--setups", default=None, help="for every preset (default: "
+                    + "; ".join(f"{p} {','.join(s)}" for p, s in PRESET_SETUPS.items()) + ")")
     ap.add_argument("--steps", type=int, default=None, help="trainer.total_training_steps (default: the preset's)")
     ap.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--workdir", type=Path, default=None)
@@ -538,12 +606,19 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     presets = [p for p in args.presets.split(",") if p]
-    seeds = [int(s) for s in args.seeds.split(",") if s]
-    setups = [s for s in args.setups.split(",") if s]
-    unknown = [s for s in setups if s not in SETUPS]
-    if unknown or "static" not in setups:
-        print(f"error: setups must include static and be among {list(SETUPS)}; got {setups}", file=sys.stderr)
+    try:
+        given_seeds = None if args.seeds is None else [int(s) for s in args.seeds.split(",") if s]
+    except ValueError:
+        print(f"error: --seeds must be integers separated by commas; got {args.seeds!r}", file=sys.stderr)
         return 2
+    given_setups = None if args.setups is None else [s for s in args.setups.split(",") if s]
+    seeds_of = {p: given_seeds or PRESET_SEEDS.get(p, [0, 1, 2]) for p in presets}
+    setups_of = {p: given_setups or PRESET_SETUPS.get(p, PRESET_SETUPS["rollout-bound"]) for p in presets}
+    for setups in setups_of.values():
+        unknown = [s for s in setups if s not in SETUPS]
+        if unknown or "static" not in setups:
+            print(f"error: setups must include static and be among {list(SETUPS)}; got {setups}", file=sys.stderr)
+            return 2
     extra = list(args.extra) + ([f"trainer.total_training_steps={args.steps}"] if args.steps else [])
     try:  # every preset and --set checked before anything starts
         for preset in presets:
@@ -577,9 +652,10 @@ def main(argv: list[str] | None = None) -> int:
                 cal_file.write_text(json.dumps({**saved, preset: cal[preset]}, indent=2))
             print(f"  c_gen {1e6 * cal[preset]['gen_s_per_token']:.1f} µs/token, "
                   f"c_train {1e6 * cal[preset]['train_s_per_token']:.1f} µs/token", flush=True)
+            setups = setups_of[preset]
             results: dict[str, dict[int, dict]] = {s: {} for s in setups}
-            for seed in seeds:
-                for setup in setups:
+            for k, seed in enumerate(seeds_of[preset]):
+                for setup in (setups if k % 2 == 0 else setups[::-1]):  # drift favours no setup
                     name = f"{preset}-{setup}-s{seed}"
                     if args.reuse:
                         pwall, code = float(json.loads((work / f"{name}.wall").read_text())), 0
@@ -594,6 +670,10 @@ def main(argv: list[str] | None = None) -> int:
                     r = summarize_run(run, cal[preset], pwall, staleness_bound(cfg))
                     cpu_file = work / f"{name}.cpu.json"
                     r["cpu_shares"] = json.loads(cpu_file.read_text()) if cpu_file.exists() else None
+                    series_file = work / f"{name}.cpu_series.json"
+                    r["cpu_shares_steps"] = window_shares(
+                        json.loads(series_file.read_text()), float(run["rows"][0]["started_at"]),
+                        float(run["rows"][-1]["finished_at"])) if series_file.exists() else None
                     t0 = float(run["rows"][0]["started_at"])
                     r["_elapsed"] = [float(x["finished_at"]) - t0 for x in run["rows"]]
                     results[setup][seed] = r
@@ -623,9 +703,9 @@ def main(argv: list[str] | None = None) -> int:
     own = ["benchmarks/bench_compare.py"]
     if args.presets != "rollout-bound,training-bound":
         own += ["--presets", args.presets]
-    if args.seeds != "0,1,2":
+    if args.seeds is not None:
         own += ["--seeds", args.seeds]
-    if args.setups != ",".join(SETUPS):
+    if args.setups is not None:
         own += ["--setups", args.setups]
     if args.steps:
         own += ["--steps", str(args.steps)]
@@ -649,6 +729,10 @@ def main(argv: list[str] | None = None) -> int:
                 block["fraction_of_fluid_bound"] = b["fraction_of_fluid_bound_median"]
                 block["fraction_of_in_system_bound"] = b["fraction_of_in_system_bound_median"]
                 block["slowdown_vs_static"] = 1.0 / b["speedup_vs_static_median"] - 1.0
+                block["slowdown_vs_static_speed_adjusted"] = 1.0 / b["speedup_speed_adjusted_median"] - 1.0
+            if "static_again" in summ["setups"]:  # two identical static runs, same seed: the noise floor
+                block["static_vs_static_spread"] = statistics.median(
+                    abs(x - 1.0) for x in summ["setups"]["static_again"]["speedup_vs_static_per_seed"])
             data[key] = block
         data["runs"] = {k: {kk: vv for kk, vv in v.items() if not kk.startswith("_")} for k, v in runs_flat.items()}
         print(f"wrote {write_json('compare', data)}")

@@ -7,6 +7,9 @@ and its figures to ``benchmarks/results/NAME.json``; this script runs them one a
     cpu_rollout_bound.speedup_vs_static        static wall / dynamic (`default`) wall, median of seeds
     cpu_rollout_bound.fraction_of_fluid_bound  fluid bound / dynamic wall, median of seeds
     cpu_training_bound.slowdown_vs_static      dynamic wall / static wall − 1, median of seeds
+                                               (beside it, not a target: the same with the machine's
+                                               speed in each run factored out, and how far two
+                                               identical static runs land apart)
     emulated.relative_error_vs_sim             worst |emulated − predicted| / predicted wall clock
                                                (the Tidal model: `tidal simulate` with Tidal's control plane)
     overhead.fraction_at_60s_step              control-plane seconds per step / 60 s (default runner)
@@ -69,7 +72,8 @@ def merge() -> dict:
         "cpu_rollout_bound": {k: rb.get(k) for k in ("speedup_vs_static", "fraction_of_fluid_bound",
                                                     "fraction_of_in_system_bound", "headline_setup",
                                                     "best_dynamic")},
-        "cpu_training_bound": {k: tb.get(k) for k in ("slowdown_vs_static", "headline_setup")},
+        "cpu_training_bound": {k: tb.get(k) for k in ("slowdown_vs_static", "slowdown_vs_static_speed_adjusted",
+                                                     "static_vs_static_spread", "headline_setup")},
         "emulated": {"relative_error_vs_sim": emulated.get("relative_error_vs_sim")},
         "overhead": {"fraction_at_60s_step": overhead.get("fraction_at_60s_step"),
                      "worst_fraction_at_60s_step": overhead.get("worst_fraction_at_60s_step")},

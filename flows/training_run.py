@@ -148,7 +148,7 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
         step = next_step
         while step <= last_step:
             with step_flow_settings():
-                result = step_flow(run, step)
+                result = step_flow(run, step, final=step == last_step)
             committed = step
             printer.step(step, result)
             consumed += result["trained"]

@@ -24,7 +24,10 @@ from tasks.summary import step_metrics
 
 
 @flow(name="training-step", flow_run_name="step-{step:05d}", log_prints=True, validate_parameters=False)
-def training_step(run: RunRef, step: int) -> dict[str, Any]:
+def training_step(run: RunRef, step: int, final: bool = False) -> dict[str, Any]:
+    """One step. ``final``: the run's last step, after which nothing trains, so the policy is not
+    asked to lend the trainer's GPUs (a lend would only cost a hybrid sync, an activation and three
+    Prefect tasks before the run ends)."""
     started = time.time()
     wait = activation = hybrid = None
     decision = run_phase(should_deactivate, run, step)
@@ -34,7 +37,7 @@ def training_step(run: RunRef, step: int) -> dict[str, Any]:
     micro = [m for m in micro if m.samples]
     version = step  # the weights after step N are param version N
     sync = run_phase(broadcast_sync, run, step, version)
-    if run_phase(should_activate, run, step, micro):
+    if not final and run_phase(should_activate, run, step, micro):
         hybrid = run_phase(hybrid_sync, run, step, version)
         activation = run_phase(activate, run, step, micro)
     policy_state = run_phase(update_policy, run, step, micro)

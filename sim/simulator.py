@@ -190,7 +190,7 @@ class Simulator:
     def _training_run(self) -> Iterator[Wait]:
         yield from self._warm_up()
         for step in range(1, self.spec.steps + 1):
-            yield from self._training_step(step)
+            yield from self._training_step(step, final=step == self.spec.steps)
 
     def _warm_up(self) -> Iterator[Wait]:
         """``tidal run``'s warm-up (``flows/training_run._warm_up``): with the standalones already
@@ -207,9 +207,10 @@ class Simulator:
         self._record_trace("activate")
         self._switched("activate", t)
 
-    def _training_step(self, step: int) -> Iterator[Wait]:
+    def _training_step(self, step: int, final: bool = False) -> Iterator[Wait]:
         """DESIGN §2: should_deactivate → [wait → deactivate] → train × k → broadcast_sync →
-        should_activate → [hybrid_sync → activate → rebalance] → update_policy → commit."""
+        should_activate → [hybrid_sync → activate → rebalance] → update_policy → commit. The
+        run's last step does not ask should_activate (``flows/training_step``: nothing trains after it)."""
         spec, r, now = self.spec, self.rollouter, lambda: self.loop.now
         has_hybrids = bool(r.hybrids)
         log = _StepLog(step=step, start=now(), waste0=self._waste())
@@ -271,9 +272,12 @@ class Simulator:
         r.reset_staleness()
         self._record_trace("sync", r.version)
 
-        # 5. lend the trainer GPUs again?
-        yield task
-        if has_hybrids and self._ask(step, "should_activate_after_step") and not self.hybrid_active:
+        # 5. lend the trainer GPUs again? (not after the last step: nothing would use them)
+        lend = False
+        if not final:
+            yield task
+            lend = has_hybrids and self._ask(step, "should_activate_after_step") and not self.hybrid_active
+        if lend:
             yield task
             t = now()
             yield Delay(spec.hybrid_sync_s)
@@ -293,7 +297,7 @@ class Simulator:
                 self.switch_s += now() - t
                 log.rebalanced = True
                 self._record_trace("rebalance")
-        tasks_s = spec.task_overhead_s * (2 + 2 * log.activated)  # the reference counts syncs, not tasks
+        tasks_s = spec.task_overhead_s * (1 + (not final) + 2 * log.activated)  # the reference counts syncs, not tasks
         log.micro[-1][TRAIN_ALLOCATED_TIME_S] += now() - last_micro_end - tasks_s
 
         # 6. adapt the policy, 7. commit

@@ -213,8 +213,8 @@ def store_decisions(db: Path) -> tuple[dict[int, bool], dict[int, bool], dict[in
     return active, activate, deactivate
 
 
-def expected_phases(trigger: int, deactivated: bool, activated: bool) -> tuple[str, ...]:
-    """DESIGN §2's order for one step."""
+def expected_phases(trigger: int, deactivated: bool, activated: bool, final: bool = False) -> tuple[str, ...]:
+    """DESIGN §2's order for one step; the run's last step asks no lend (nothing trains after it)."""
     return (("should_deactivate",) + (("wait_for_samples",) if deactivated else ())
-            + ("train",) * trigger + ("broadcast_sync", "should_activate")
+            + ("train",) * trigger + ("broadcast_sync",) + (() if final else ("should_activate",))
             + (("hybrid_sync", "activate") if activated else ()) + ("update_policy", "commit_step"))

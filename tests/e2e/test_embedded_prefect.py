@@ -43,6 +43,9 @@ def test_a_server_started_later_shows_every_step_with_its_phases_in_the_document
     active_after, should_activate, deactivated = store_decisions(embedded["store"])
     assert [(s.name, s.state) for s in steps] == [(f"step-{i:05d}", "Completed") for i in range(1, STEPS + 1)]
     assert [s.phases for s in steps] == [
-        expected_phases(TRIGGER, deactivated.get(i, False), active_after[i]) for i in range(1, STEPS + 1)
+        expected_phases(TRIGGER, deactivated.get(i, False), active_after[i], final=i == STEPS)
+        for i in range(1, STEPS + 1)
     ]
-    assert {i: "hybrid_sync" in s.phases for i, s in enumerate(steps, 1)} == should_activate
+    # the last step asks no lend: no decision, no hybrid sync
+    assert {i: "hybrid_sync" in s.phases for i, s in enumerate(steps, 1)} == {**should_activate, STEPS: False}
+    assert STEPS not in should_activate and not active_after[STEPS]

@@ -42,4 +42,4 @@ def test_the_training_run_flow_runs_its_steps_inside_step_flow_settings():
     import flows.training_run as tr
 
     src = inspect.getsource(tr)
-    assert "with step_flow_settings():\n                result = step_flow(run, step)" in src
+    assert "with step_flow_settings():\n                result = step_flow(run, step, final=step == last_step)" in src

@@ -71,11 +71,10 @@ def test_hooks_follow_the_documented_order_while_lending_and_reclaiming():
         ("update_after_step", 2, None),
         ("should_deactivate", 3, True),
         ("deactivate_wait_samples", None, None),
-        ("should_activate_after_step", 3, False),
-        ("request_rebalance", 3, None),
-        ("update_after_step", 3, None),
+        ("update_after_step", 3, None),  # the last step: no lend, nothing trains after it
     ]
-    assert [(s.deactivated, s.activated, s.rebalanced) for s in result.steps] == [(True, True, True)] * 3
+    assert [(s.deactivated, s.activated, s.rebalanced) for s in result.steps] == [(True, True, True)] * 2 + [
+        (True, False, False)]
     assert result.steps[0].start_s == 3.5  # the warm-up's hybrid sync 3 s + activate 0.5 s
     assert [hook for _, hook, _ in result.decisions] == [hook for hook, _, _ in policy.calls]
 
@@ -104,7 +103,8 @@ def test_the_context_carries_the_step_the_waits_and_the_clock():
         assert (ctx.standalone_replicas, ctx.hybrid_replicas, ctx.buffer_samples) == (4, 4, 32)
     nows = [ctx.now for ctx in policy.contexts]
     assert nows == sorted(nows) and nows[-1] > 0
-    (_, step2_activate), (_, step3_activate) = after_steps[1:]
+    assert [step for step, _ in after_steps] == [1, 2]  # not after the last step (3)
+    _, step2_activate = after_steps[1]
     assert step2_activate.last_switch_at is not None
     assert step2_activate.last_activate_duration_s == 3.5  # hybrid sync 3 s + activate 0.5 s
     assert step2_activate.last_deactivate_duration_s == 3.0
@@ -126,9 +126,11 @@ def test_simulate_accepts_a_policy_object_in_place_of_the_configured_one():
     recording = RecordingPolicy(build_policy("static_fully_async"))
     result = simulate(load_config("sim/qwen35-35b-dynamic"), steps=2, policy=recording)
     assert result.policy == "RecordingPolicy"
-    assert [hook for hook, _, _ in recording.calls] == ["should_activate_after_step"] + [
-        "should_deactivate", "should_activate_after_step", "update_after_step"
-    ] * 2
+    assert [hook for hook, _, _ in recording.calls] == [
+        "should_activate_after_step",
+        "should_deactivate", "should_activate_after_step", "update_after_step",
+        "should_deactivate", "update_after_step",  # the last step asks no lend
+    ]
 
 
 def test_the_warm_up_asks_once_before_step_1_and_only_when_the_hybrids_start_asleep():

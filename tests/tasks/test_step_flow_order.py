@@ -118,6 +118,20 @@ def test_a_hybrid_the_policy_keeps_off_is_neither_waited_for_nor_synced(fake):
     assert result["hybrid_active"] is False
 
 
+def test_the_last_step_of_a_run_does_not_ask_to_lend_the_trainer(fake):
+    cluster = fake(active=True, deactivate=True, activate=True)
+    result = training_step(RUN, 9, final=True)
+    assert cluster.events == [
+        *ctx_events(), ("controller", "hybrid_active"), ("controller", "should_deactivate"),
+        ("controller", "deactivate_wait_samples"), ("controller", "standalone_alive"),
+        ("rollout", "wait_for_queue"), ("controller", "deactivate"),
+        *TRAIN, *SYNC,
+        *ctx_events(), ("controller", "update_policy"), ("controller", "policy_state"),
+        ("store", "commit"),
+    ]
+    assert result["hybrid_active"] is False
+
+
 def test_with_every_standalone_replica_dead_the_hybrid_waits_for_a_whole_cycle_and_is_lent_again(fake):
     cluster = fake(active=True, deactivate=True, activate=False, standalone_alive=0)
     training_step(RUN, 2)

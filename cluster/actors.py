@@ -324,6 +324,7 @@ class RolloutService:
         replica_starters: Mapping[str, Callable[[str], Any]] | None = None,
         max_replacements: int = 0,
         replacement_timeout_s: float = 300.0,
+        replacement_state: Mapping[str, Any] | None = None,
     ):
         self.lb = LoadBalancer()
         self.queue = MessageQueue(max_required_samples)
@@ -333,7 +334,8 @@ class RolloutService:
         self._standalone = dict(standalone)  # every standalone actor started for this run, by id
         self._namespace = namespace
         self._starters = dict(replica_starters or {})
-        self._replacer = ReplicaReplacer(list(standalone), max_replacements) if self._starters else None
+        self._replacer = (ReplicaReplacer(list(standalone), max_replacements, replacement_state)
+                          if self._starters else None)
         self._replacement_timeout_s = float(replacement_timeout_s)
         self._replacing: dict[str, asyncio.Task[None]] = {}
         self._stopping = False
@@ -442,6 +444,10 @@ class RolloutService:
             error = self.rollouter.error
             base["error"] = None if error is None else repr(error)
         return base
+
+    def replacement_state(self) -> dict[str, Any]:
+        """The replacer's state (committed with each step; a resume continues from it)."""
+        return self._replacer.state_dict() if self._replacer else {}
 
     def standalone_handles(self) -> dict[str, Any]:
         """Every standalone actor started for this run (dead, replaced and starting ones too)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -208,8 +208,9 @@ class DataPlane:
 
     @classmethod
     def build(cls, cfg: TidalConfig, namespace: str, *, consumed: Iterable[tuple[int, int]] = (),
-              param_version: int = 0) -> DataPlane:
-        """Start every actor of a run; the rollout service is built but not yet started."""
+              param_version: int = 0, replacement_state: Mapping[str, Any] | None = None) -> DataPlane:
+        """Start every actor of a run; the rollout service is built but not yet started.
+        ``replacement_state``: the replacer's state at the step a resume starts from."""
         _kill_leftovers(namespace, standalone_ids(cfg))
         tokenizer, _ = tokenizer_and_problems(cfg)
         tp = cfg.gpus_per_replica
@@ -239,6 +240,7 @@ class DataPlane:
             partial_rollout=a.partial_rollout, seed=seed, param_version=param_version,
             namespace=namespace, replica_starters=starters if r.replace_failed_replicas else None,
             max_replacements=r.max_replacements, replacement_timeout_s=r.replacement_timeout_s,
+            replacement_state=replacement_state,
         )
         ray.get([trainer.ping.remote(), rollout.ping.remote(), *(h.ping.remote() for h in standalone.values())])
         controller = ControllerActor.options(name=CONTROLLER, **opts).remote(

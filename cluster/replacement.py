@@ -10,13 +10,16 @@ and reports back with ``joined`` or ``start_failed``.
   start counts too); a death after that leaves the slot out for the rest of the run, logged once,
   so a crash-looping replica cannot spin forever.
 - **One replacement per death.** A second report of the same death is ignored.
+- **Over a resume.** ``state_dict()`` (replacements started per slot, and joined) is committed
+  with every step; a resumed run's replacer starts from it, so the budget is per run, not per
+  driver process, and ids keep counting (``standalone-0.r2`` after ``standalone-0.r1``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,12 +62,15 @@ class ReplacementRecord:
 class ReplicaReplacer:
     """Decides replacements for the standalone ``slots`` (see the module docstring)."""
 
-    def __init__(self, slots: Sequence[str], max_replacements: int) -> None:
+    def __init__(self, slots: Sequence[str], max_replacements: int,
+                 state: Mapping[str, Any] | None = None) -> None:
         if max_replacements < 0:
             raise ValueError(f"max_replacements must be >= 0, got {max_replacements}")
         self.max_replacements = int(max_replacements)
         self._slot_of = {rid: rid for rid in slots}  # every id ever used -> its slot
-        self._spent = {rid: 0 for rid in slots}
+        spent_before = dict((state or {}).get("spent", {}))
+        self._spent = {rid: int(spent_before.get(rid, 0)) for rid in slots}
+        self._joined_before = int((state or {}).get("joined", 0))
         self._records: list[ReplacementRecord] = []
         self._record_of: dict[str, ReplacementRecord] = {}  # replacement id -> its record
         self._handled: set[str] = set()
@@ -117,5 +123,9 @@ class ReplicaReplacer:
 
     @property
     def replaced(self) -> int:
-        """Replacements that joined."""
-        return sum(r.joined_at is not None for r in self._records)
+        """Replacements that joined, over the whole run (earlier driver processes included)."""
+        return self._joined_before + sum(r.joined_at is not None for r in self._records)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run's replacer starts from: replacements started per slot, and joined."""
+        return {"spent": dict(self._spent), "joined": self.replaced}

@@ -86,8 +86,9 @@ class RolloutPool(_Section):
     until the run is resumed."""
 
     max_replacements: int = Field(3, ge=0, le=1000)
-    """Replacements per standalone replica slot over one run (counted anew on resume): a slot
-    whose replacements keep dying stays out once this many were started."""
+    """Replacements per standalone replica slot over one run (a resume continues the count from
+    the last committed step): a slot whose replacements keep dying stays out once this many were
+    started."""
 
     replacement_timeout_s: float = Field(300.0, gt=0.0, le=86_400.0)
     """Seconds a replacement may take to be scheduled, build its engine and load the weights; a

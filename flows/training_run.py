@@ -130,7 +130,8 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
                         namespace=uid)
     consumed_set = state.consumed if state else frozenset()
     version = state.param_version if state else 0
-    plane = DataPlane.build(cfg, uid, consumed=consumed_set, param_version=version)
+    plane = DataPlane.build(cfg, uid, consumed=consumed_set, param_version=version,
+                            replacement_state=state.data_position.get("replacements") if state else None)
     printer = StepPrinter(uid, cfg)
     committed = state.step if state else 0
     try:

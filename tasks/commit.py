@@ -7,7 +7,7 @@ from typing import Any
 
 import ray
 
-from cluster.actors import CONTROLLER, TRAINER
+from cluster.actors import CONTROLLER, ROLLOUT_SERVICE, TRAINER
 from storage import StepRecord, make_engine, record_step, session_scope
 from storage.store import get_run
 from tasks.faults import crash_point
@@ -32,6 +32,7 @@ def commit(run: RunRef, step: int, version: int, summary: dict[str, Any], now: f
     trainer = ray.get_actor(TRAINER, namespace=run.namespace)
     ckpt = ray.get(trainer.save_checkpoint.remote(str(checkpoint_path(run, step))))
     records = ray.get(controller.drain_records.remote())
+    rollout = ray.get_actor(ROLLOUT_SERVICE, namespace=run.namespace)
     record = StepRecord(
         step=step,
         param_version=version,
@@ -40,7 +41,8 @@ def commit(run: RunRef, step: int, version: int, summary: dict[str, Any], now: f
         wall_s=now - summary["started_at"],
         hybrid_active_after=ray.get(controller.hybrid_active.remote()),
         controller_state=ray.get(controller.controller_state.remote()),
-        data_position={"consumed_total": summary["consumed_total"]},
+        data_position={"consumed_total": summary["consumed_total"],
+                       "replacements": ray.get(rollout.replacement_state.remote())},
         policy_state=summary["policy_state"],
         metrics=summary["metrics"],
         switch_events=records["switch_events"],

@@ -52,3 +52,21 @@ def test_a_zero_budget_never_replaces_and_repeated_or_foreign_deaths_are_ignored
 def test_a_negative_budget_is_rejected():
     with pytest.raises(ValueError, match="max_replacements"):
         ReplicaReplacer(["standalone-0"], max_replacements=-1)
+
+
+def test_a_resumed_run_continues_the_budget_and_the_ids_from_the_committed_state():
+    before = ReplicaReplacer(["standalone-0", "standalone-1"], max_replacements=2)
+    assert before.on_failure("standalone-0", now=1.0) == "standalone-0.r1"
+    before.joined("standalone-0.r1", now=2.0, version=1)
+    state = before.state_dict()
+    assert state == {"spent": {"standalone-0": 1, "standalone-1": 0}, "joined": 1}
+
+    # the driver died; the resumed run starts fresh actors under the original ids
+    after = ReplicaReplacer(["standalone-0", "standalone-1"], max_replacements=2, state=state)
+    assert after.replaced == 1 and after.spent("standalone-0") == 1
+    assert after.on_failure("standalone-0", now=3.0) == "standalone-0.r2"  # not .r1 a second time
+    after.joined("standalone-0.r2", now=4.0, version=5)
+    assert after.on_failure("standalone-0.r2", now=5.0) is None  # two per slot over the whole run
+    assert after.on_failure("standalone-1", now=6.0) == "standalone-1.r1"
+    assert after.state_dict() == {"spent": {"standalone-0": 2, "standalone-1": 1}, "joined": 2}
+    assert ReplicaReplacer(["standalone-0"], 1, state={}).state_dict() == {"spent": {"standalone-0": 0}, "joined": 0}

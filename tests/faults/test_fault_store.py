@@ -67,9 +67,15 @@ class _FakeController:
         self.controller_state = _Remote(lambda: {"state": "STANDALONE_ONLY"})
 
 
+class _FakeRollout:
+    def __init__(self):
+        self.replacement_state = _Remote(lambda: {"spent": {"standalone-0": 1}, "joined": 1})
+
+
 @pytest.fixture
 def fake_ray(monkeypatch):
-    actors = {commit_mod.CONTROLLER: _FakeController(), commit_mod.TRAINER: _FakeTrainer()}
+    actors = {commit_mod.CONTROLLER: _FakeController(), commit_mod.TRAINER: _FakeTrainer(),
+              commit_mod.ROLLOUT_SERVICE: _FakeRollout()}
     fake = types.SimpleNamespace(get_actor=lambda name, namespace=None: actors[name], get=lambda ref: ref)
     monkeypatch.setattr(commit_mod, "ray", fake)
     monkeypatch.setattr(commit_mod, "_ENGINES", {})  # each test's own engine and busy timeout
@@ -156,6 +162,19 @@ def test_a_commit_blocked_by_another_sqlite_writer_past_the_timeout_fails_cleanl
     _commit(run, 2)  # the lock is gone: the same step commits whole
     assert _rows_of_step(url, 2) == FULL
     assert _resume_step(url) == 2
+
+
+def test_a_step_commits_the_replacement_state_that_a_resume_continues_from(tmp_path, fake_ray):
+    url = sqlite_url(tmp_path / "store.db")
+    _new_store(url)
+    _commit(_run_ref(url, tmp_path), 1)
+    engine = make_engine(url)
+    try:
+        with session_scope(engine) as s:
+            state = load_resume_state(s, UID)
+    finally:
+        engine.dispose()
+    assert state.data_position == {"consumed_total": 2, "replacements": {"spent": {"standalone-0": 1}, "joined": 1}}
 
 
 def test_a_lock_released_within_the_busy_timeout_is_waited_for(tmp_path, fake_ray):

@@ -1,0 +1,56 @@
+"""The trainer's ``mq_size``: the queue right after the fit step (reference §4.4), i.e. with what
+the rollout side produced while the trainer trained, not what was left right after the pull."""
+
+from __future__ import annotations
+
+import asyncio
+import types
+
+import cluster.actors as actors
+from cluster.backends.base import StepResult
+
+Trainer = actors.TrainerActor.__ray_metadata__.modified_class  # the plain class behind the Ray actor
+
+
+class Method:
+    def __init__(self, fn):
+        self.remote = fn
+
+
+class FakeRollout:
+    """A queue of ``size`` samples; ``get_batch`` takes ``n`` of them at once."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.get_batch = Method(self._get_batch)
+        self.queue_size = Method(self._queue_size)
+
+    async def _get_batch(self, n: int, timeout_s: float | None):
+        at_start = self.size
+        self.size -= n
+        samples = [types.SimpleNamespace(epoch=0, prompt_index=i, min_version=0, max_version=0) for i in range(n)]
+        return {"samples": samples, "wait_samples": 0, "size_at_start": at_start, "mq_size": self.size}
+
+    async def _queue_size(self) -> int:
+        return self.size
+
+
+class ProducingBackend:
+    """Training takes a while; meanwhile the rollout side queues ``produced`` more samples."""
+
+    def __init__(self, rollout: FakeRollout, produced: int):
+        self.rollout, self.produced = rollout, produced
+
+    def train_step(self, samples):
+        self.rollout.size += self.produced
+        return StepResult(metrics={"samples": float(len(samples))}, timing_s={"update_actor": 0.1})
+
+
+def test_mq_size_is_the_queue_after_the_update_not_after_the_pull(monkeypatch):
+    rollout = FakeRollout(size=8)
+    monkeypatch.setattr(actors, "ray", types.SimpleNamespace(get_actor=lambda name, namespace: rollout))
+    trainer = Trainer(lambda: ProducingBackend(rollout, produced=5), {}, namespace="unit", required_samples=4)
+    report = asyncio.run(trainer.train_micro_step())
+    assert len(report["samples"]) == 4
+    assert report["mq_size"] == 8 - 4 + 5  # after the pull alone it would be 4
+    assert report["wait_samples"] == 0 and report["exhausted"] is False

@@ -379,15 +379,17 @@ def _stats(plane) -> dict:
 
 def test_a_replacement_started_across_a_broadcast_joins_at_the_new_version_and_the_bound_holds(
         tmp_path, ray_address):
-    """One standalone replica, `max_replacements=1`, no Prefect flow: the rollout service and
+    """One standalone replica, `max_replacements=2`, no Prefect flow: the rollout service and
     controller driven by hand. Proves: (1) a broadcast made while the replacement is still
     starting reaches it: it joins holding the new version and serves nothing older; (2) resume
-    after a driver crash (a new data plane built in the same namespace while the old actors,
-    the replacement included, are still alive) ends the old replacement and reuses its name;
-    (3) once the slot's one replacement has died too, the slot stays out: no third actor, no
-    routable standalone replica, capacity 0, the death recorded as `not_replaced`."""
+    after a driver crash (a new data plane built in the same namespace, from the replacement
+    state the last step committed, while the old actors, the replacement included, are still
+    alive) ends the old replacement and continues the slot's ids and budget: the next
+    replacement is `.r2`, not `.r1` again; (3) once the slot's two replacements over the run
+    are spent, the slot stays out: no further actor, no routable standalone replica, capacity 0,
+    the death recorded as `not_replaced`."""
     cfg, plane, _, _ = _start(tmp_path, ray_address, "rollout.n_gpus_per_node=1",
-                              "rollout.replace_failed_replicas=true", "rollout.max_replacements=1", lend_hybrid=False)
+                              "rollout.replace_failed_replicas=true", "rollout.max_replacements=2", lend_hybrid=False)
     planes = [plane]
     try:
         _kill_mid_generation(plane, "standalone-0")
@@ -405,25 +407,31 @@ def test_a_replacement_started_across_a_broadcast_joins_at_the_new_version_and_t
         assert served["min_version"] == 1 and served["behind"] == 0, served
         old = ray.get_actor(replica_name("standalone-0.r1"), namespace=plane.namespace)
 
+        # what the step commits (tasks.commit: data_position["replacements"])
+        committed = ray.get(plane.rollout.replacement_state.remote())
+        assert committed == {"spent": {"standalone-0": 1}, "joined": 1}
+
         # a driver crash leaves the old actors behind; the resumed run's build ends them all
-        planes.append(plane := DataPlane.build(cfg, plane.namespace, param_version=1))
+        planes.append(plane := DataPlane.build(cfg, plane.namespace, param_version=1, replacement_state=committed))
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(old.ping.remote(), timeout=30)
         ray.get(plane.controller.broadcast.remote(1))
         ray.get(plane.rollout.start.remote(prompts_for(cfg)))
         _kill_mid_generation(plane, "standalone-0")
-        _wait(lambda: _stats(plane)["standalone_replicas"] == ["standalone-0.r1"], "rejoin under the reused name")
+        _wait(lambda: _stats(plane)["standalone_replicas"] == ["standalone-0.r2"], "rejoin as the slot's second")
+        assert ray.get(plane.rollout.on_weight_sync.remote(1))["fully_async/rollouter/replaced_replicas"] == 2
 
-        _kill_mid_generation(plane, "standalone-0.r1")  # the slot's budget is spent now
-        _wait(lambda: _stats(plane)["failed_replicas"] == ["standalone-0", "standalone-0.r1"], "second death noticed")
+        _kill_mid_generation(plane, "standalone-0.r2")  # the slot's budget is spent now
+        _wait(lambda: _stats(plane)["failed_replicas"] == ["standalone-0", "standalone-0.r2"], "second death noticed")
         time.sleep(1.0)  # nothing starts later either
         stats = _stats(plane)
-        assert [(d["failed"], d["status"]) for d in stats["replaced_replicas"]] == [
-            ("standalone-0", "joined"), ("standalone-0.r1", "not_replaced")]
+        assert [(d["failed"], d["replacement"], d["status"]) for d in stats["replaced_replicas"]] == [
+            ("standalone-0", "standalone-0.r2", "joined"), ("standalone-0.r2", None, "not_replaced")]
         assert stats["replacements_in_progress"] == [] and stats["standalone_replicas"] == []
         assert stats["max_concurrent_samples"] == 0 and stats["error"] is None
-        assert sorted(ray.get(plane.rollout.standalone_handles.remote())) == ["standalone-0", "standalone-0.r1"]
+        assert sorted(ray.get(plane.rollout.standalone_handles.remote())) == ["standalone-0", "standalone-0.r2"]
         assert ray.get(plane.controller.standalone_alive.remote()) == 0
+        assert ray.get(plane.rollout.replacement_state.remote()) == {"spent": {"standalone-0": 2}, "joined": 2}
     finally:
         for p in reversed(planes):
             p.shutdown()

@@ -315,9 +315,14 @@ def test_killed_standalone_replicas_are_replaced_and_rejoin_at_the_current_versi
             got = served.get(d["replacement"])
             if got is not None:
                 assert got["behind"] == 0 and got["min_version"] >= d["version"], (d, got)
-        # replacements really served (one killed mid-generation may die before its first result
-        # comes back, as seen on a loaded machine, so this is asked of the replacements together)
-        assert sum(served.get(r, {}).get("results", 0) for r in replacements) > 0, (deaths, served)
+        # replacements really took traffic: results came back from one, or one was killed with
+        # requests in flight on it. Results alone are not enough on a loaded machine: a
+        # replacement killed mid-generation may die before its first result comes back, and the
+        # last ones may join after the last step, with the queue full (seen in CI: .r1 and .r2
+        # killed in flight, .r3 and standalone-0.r1 joined at version 6 of 6)
+        served_results = sum(served.get(r, {}).get("results", 0) for r in replacements)
+        killed_in_flight = [k["replica"] for k in killer.killed if k["replica"] in replacements and k["requests_on_it"]]
+        assert served_results > 0 or killed_in_flight, (deaths, served, killer.killed)
         assert all(entry["behind"] == 0 for entry in served.values()), served  # nor any other replica
 
         # the count and the capacity are back to the full values

@@ -171,6 +171,10 @@ CPU_KINDS = (
 )
 
 
+SHARE_KEYS = (*(kind for kind, _ in CPU_KINDS), "other", "idle")
+"""The keys of a CPU-shares dict: every kind, the processes of no kind, and the machine's idle time."""
+
+
 def _cpu_kind(cmdline: str) -> str:
     for kind, needles in CPU_KINDS:
         if any(n in cmdline for n in needles):
@@ -231,8 +235,7 @@ class CpuSampler:
 
     def shares(self, cores: int = 2) -> dict[str, float]:
         budget = self.wall_s * cores
-        out: dict[str, float] = {kind: 0.0 for kind, _ in CPU_KINDS}
-        out["other"] = 0.0
+        out: dict[str, float] = dict.fromkeys(SHARE_KEYS, 0.0)
         for pid, (kind, used) in self._last.items():
             out[kind] += max(0.0, used - self._first.get(pid, used)) / budget
         out["idle"] = self.idle_s / budget
@@ -247,8 +250,7 @@ def window_shares(series: list, start: float, end: float, cores: int = 2) -> dic
         return None
     (t0, c0), (t1, c1) = inside[0], inside[-1]
     budget = (t1 - t0) * cores
-    kinds = [kind for kind, _ in CPU_KINDS] + ["other", "idle"]
-    return {k: max(0.0, c1.get(k, 0.0) - c0.get(k, 0.0)) / budget for k in kinds}
+    return {k: max(0.0, c1.get(k, 0.0) - c0.get(k, 0.0)) / budget for k in SHARE_KEYS}
 
 
 # ------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ async def _drive(generate, prompts, n: int, concurrency: int, group: int = 1) ->
     """Send ``n`` seeded requests through ``generate`` with up to ``concurrency`` in flight,
     ``group`` at a time starting together with request ids of one sample (``g{k}-r{i}``, as
     ``cluster.rollouter.response_request_id`` makes them)."""
+    from cluster.rollouter import response_request_id
     from cluster.types import GenerationRequest, SamplingSpec
 
     sent = 0
@@ -40,7 +41,7 @@ async def _drive(generate, prompts, n: int, concurrency: int, group: int = 1) ->
         while sent < n:
             first, sent = sent, min(n, sent + group)
             await asyncio.gather(*(
-                generate(GenerationRequest(f"g{first}-r{i}", prompts[i % len(prompts)], SamplingSpec(16, temperature=1.0, seed=i)))
+                generate(GenerationRequest(response_request_id(f"g{first}", i), prompts[i % len(prompts)], SamplingSpec(16, temperature=1.0, seed=i)))
                 for i in range(first + 1, sent + 1)
             ))
 

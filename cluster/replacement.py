@@ -68,9 +68,10 @@ class ReplicaReplacer:
             raise ValueError(f"max_replacements must be >= 0, got {max_replacements}")
         self.max_replacements = int(max_replacements)
         self._slot_of = {rid: rid for rid in slots}  # every id ever used -> its slot
-        spent_before = dict((state or {}).get("spent", {}))
+        state = state or {}
+        spent_before = state.get("spent", {})
         self._spent = {rid: int(spent_before.get(rid, 0)) for rid in slots}
-        self._joined_before = int((state or {}).get("joined", 0))
+        self._joined_before = int(state.get("joined", 0))
         self._records: list[ReplacementRecord] = []
         self._record_of: dict[str, ReplacementRecord] = {}  # replacement id -> its record
         self._handled: set[str] = set()

@@ -2,7 +2,10 @@
 
 `tidal run tiny-cpu` runs as its own process (own process group) on a local Ray cluster with its
 store on a real PostgreSQL. Once at least two steps are committed the PostgreSQL server is stopped
-(`pg_ctl stop -m immediate`: connections drop, like a crash). The test proves that:
+(`pg_ctl stop -m immediate`: connections drop, like a crash). It runs twice: with the phases on the
+in-process task runner (embedded Prefect), and against a real Prefect server, where the phases
+(the commit among them) run as Ray tasks on `RayTaskRunner` and the store's error has to come back
+through Ray and Prefect to the driver. Each time the test proves that:
 
 - the driver exits within a bounded time, with exit code 3 and, as the last line on stderr, one
   line that names the unreachable store, the last committed step and the `tidal resume` command
@@ -34,10 +37,12 @@ import sqlalchemy as sa
 from cluster.ray_cluster import LocalRayCluster
 from config import load_config
 from fault_report import record
+from flows.prefect_server import LocalPrefectServer
 from storage import load_resume_state, make_engine, run_summaries, session_scope
 from storage.store import consumed_prompts, step_metrics
 
-# ~2.5 min alone; three full CLI runs, so allow for a machine shared with other test runs.
+# ~4.5 min alone: a reference run, then a stopped run and its resume per runner; allow for a
+# machine shared with other test runs.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 POLICY_DIR = Path(__file__).resolve().parents[1] / "integration"  # step_counting_policy.py
@@ -63,6 +68,28 @@ def cluster():
         head.stop()
 
 
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory):
+    """A real Prefect server on a free loopback port (own home); stopped by its pid."""
+    server = LocalPrefectServer(home=str(tmp_path_factory.mktemp("prefect-home")))
+    server.start(timeout_s=120)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, cluster, stoppable_pg) -> str:
+    """The uninterrupted run both runners' stopped runs are compared with: its store's URL."""
+    tmp_path = tmp_path_factory.mktemp("straight")
+    url = stoppable_pg.new_database("straight")
+    code, log = _run(["run", "tiny-cpu", *_set_args(_overrides(url, tmp_path, "straight", cluster.address))],
+                     tmp_path, "straight")
+    assert code == 0, log[-3000:]
+    return url
+
+
 def _overrides(url: str, tmp_path: Path, name: str, ray_address: str) -> list[str]:
     return [
         f"storage.url={url}", f"trainer.default_local_dir={tmp_path}/{name}", f"ray.address={ray_address}",
@@ -76,10 +103,13 @@ def _set_args(overrides: list[str]) -> list[str]:
     return [arg for o in overrides for arg in ("--set", o)]
 
 
-def _start(args: list[str], tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path, Path]:
-    """`tidal ARGS` as the leader of a new process group, stdout and stderr in files of their own."""
+def _start(args: list[str], tmp_path: Path, name: str,
+           server: LocalPrefectServer | None = None) -> tuple[subprocess.Popen, Path, Path]:
+    """`tidal ARGS` as the leader of a new process group, stdout and stderr in files of their own;
+    a client of ``server`` when one is given (then the phases run on `RayTaskRunner`)."""
     # Prefect's default console level (the tests' own is WARNING): what a user sees.
-    env = {**os.environ, "PYTHONPATH": _pythonpath(), "PYTHONUNBUFFERED": "1", "PREFECT_LOGGING_LEVEL": "INFO"}
+    base = server.env() if server is not None else dict(os.environ)
+    env = {**base, "PYTHONPATH": _pythonpath(), "PYTHONUNBUFFERED": "1", "PREFECT_LOGGING_LEVEL": "INFO"}
     env.pop("TIDAL_CRASH_AT", None)
     out, err = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
     with open(out, "w") as o, open(err, "w") as e:
@@ -95,8 +125,9 @@ def _end_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _run(args: list[str], tmp_path: Path, name: str, timeout: float = CLI_TIMEOUT_S) -> tuple[int, str]:
-    proc, out, err = _start(args, tmp_path, name)
+def _run(args: list[str], tmp_path: Path, name: str, timeout: float = CLI_TIMEOUT_S,
+         server: LocalPrefectServer | None = None) -> tuple[int, str]:
+    proc, out, err = _start(args, tmp_path, name, server)
     try:
         code = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -192,18 +223,16 @@ def _final(url: str):
         engine.dispose()
 
 
+@pytest.mark.parametrize("runner", ["in-process", "ray"])
 def test_postgresql_stopped_mid_run_fails_in_one_line_and_the_run_resumes_to_the_uninterrupted_result(
-        tmp_path, cluster, stoppable_pg):
-    straight_url, stopped_url = stoppable_pg.new_database("straight"), stoppable_pg.new_database("stopped")
+        request, tmp_path, cluster, stoppable_pg, straight, runner):
+    server = request.getfixturevalue("prefect_server") if runner == "ray" else None
+    straight_url, stopped_url = straight, stoppable_pg.new_database(f"stopped_{runner.replace('-', '_')}")
     per_step = load_config("tiny-cpu", _overrides(stopped_url, tmp_path, "stopped", cluster.address)).step_required_samples
-
-    code, log = _run(["run", "tiny-cpu", *_set_args(_overrides(straight_url, tmp_path, "straight", cluster.address))],
-                     tmp_path, "straight")
-    assert code == 0, log[-3000:]
 
     # --- the run whose database goes away -----------------------------------------------------
     proc, out, err = _start(["run", "tiny-cpu", *_set_args(_overrides(stopped_url, tmp_path, "stopped", cluster.address))],
-                            tmp_path, "stopped")
+                            tmp_path, "stopped", server)
     try:
         deadline = time.monotonic() + CLI_TIMEOUT_S
         while _committed_steps(stopped_url) < 2:
@@ -262,7 +291,7 @@ def test_postgresql_stopped_mid_run_fails_in_one_line_and_the_run_resumes_to_the
     assert summary.uid == uid and summary.status != "finished"
 
     # --- resume --------------------------------------------------------------------------------
-    code, log = _run(["resume", uid, "--storage", stopped_url], tmp_path, "resume")
+    code, log = _run(["resume", uid, "--storage", stopped_url], tmp_path, "resume", server=server)
     assert code == 0, log[-3000:]
 
     want_summary, want_state, want_rows, want_prompts = _final(straight_url)
@@ -274,7 +303,9 @@ def test_postgresql_stopped_mid_run_fails_in_one_line_and_the_run_resumes_to_the
     assert sorted(got_prompts) == sorted(want_prompts)
     assert len(got_prompts) == len(set(got_prompts)) == STEPS * per_step
 
-    record("postgres_stopped_mid_run", injected=1, survived=1,
+    if server is not None:  # the phases really ran on Ray workers, as flow runs of this server
+        assert "phases run on RayTaskRunner" in out.read_text() + stderr, (out.read_text() + stderr)[-3000:]
+    record("postgres_stopped_mid_run", injected=1, survived=1, runner=runner,
            samples_lost=len(set(want_prompts) - set(got_prompts)),
            samples_duplicated=len(got_prompts) - len(set(got_prompts)),
            stopped_after_step=stopped_after, exit_code=stop_code, exit_s=round(exit_s, 1))

@@ -36,3 +36,38 @@ def test_a_run_killed_at_every_phase_resumes_to_the_uninterrupted_result(tmp_pat
     assert got_state.policy_state["steps_seen"] == list(range(1, STEPS + 1))
     assert sorted(got_prompts) == sorted(want_prompts)
     assert len(got_prompts) == len(set(got_prompts))
+
+
+def test_a_resume_continues_the_committed_replacement_state(tmp_path, ray_address):
+    """`tidal resume` hands the last committed step's replacement state (replacements spent per
+    standalone slot, and joined) to the new data plane: the resumed steps commit it again. A
+    resume that started the replacer afresh would commit ``spent 0, joined 0`` instead, and give
+    a slot whose budget was spent before the crash a new budget and reused replica ids."""
+    import json
+
+    import sqlalchemy as sa
+
+    args = [*config_args(tmp_path, ray_address, "replaced", 4),
+            "--set", "rollout.replace_failed_replicas=true", "--set", "rollout.max_replacements=3"]
+    code, log = run_tidal(["run", "tiny-cpu", *args], tmp_path, crash="train:3")
+    assert code == -signal.SIGKILL, log[-3000:]
+    url = store_url(tmp_path, "replaced")
+    summary, state, *_ = final_state(url)
+    assert state.step == 2
+    assert state.data_position["replacements"] == {"spent": {"standalone-0": 0}, "joined": 0}
+
+    # As if standalone-0 had died twice before the crash and both replacements had joined.
+    before_crash = {"spent": {"standalone-0": 2}, "joined": 2}
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        (position,) = conn.execute(sa.text("SELECT data_position_json FROM steps WHERE step = 2")).one()
+        position = json.loads(position) if isinstance(position, str) else position
+        conn.execute(sa.text("UPDATE steps SET data_position_json = :p WHERE step = 2"),
+                     {"p": json.dumps({**position, "replacements": before_crash})})
+    engine.dispose()
+
+    code, log = run_tidal(["resume", summary.uid, "--storage", url], tmp_path)
+    assert code == 0, log[-3000:]
+    summary, state, rows, _ = final_state(url)
+    assert summary.status == "finished" and state.step == 4
+    assert state.data_position["replacements"] == before_crash

@@ -41,7 +41,7 @@ from flows.prefect_server import LocalPrefectServer
 from storage import load_resume_state, make_engine, run_summaries, session_scope
 from storage.store import consumed_prompts, step_metrics
 
-# ~4.5 min alone: a reference run, then a stopped run and its resume per runner; allow for a
+# ~2 min alone (a reference run, then a stopped run and its resume per runner); allow for a
 # machine shared with other test runs.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

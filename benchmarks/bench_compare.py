@@ -280,6 +280,12 @@ def window_shares(series: list, start: float, end: float, cores: int = 2) -> dic
 # Runs
 # ------------------------------------------------------------------------------------------
 
+def _save_calibration(cal_file: Path, preset: str, cal: dict[str, Any]) -> None:
+    """Put ``preset``'s calibration into ``cal_file`` beside the other presets' (what --reuse reads)."""
+    saved = json.loads(cal_file.read_text()) if cal_file.exists() else {}
+    cal_file.write_text(json.dumps({**saved, preset: cal}, indent=2))
+
+
 def _print_costs(c: dict[str, float]) -> None:
     print(f"  c_gen {1e6 * c['gen_s_per_token']:.1f} µs/token, c_train {1e6 * c['train_s_per_token']:.1f} µs/token",
           flush=True)
@@ -683,14 +689,17 @@ def main(argv: list[str] | None = None) -> int:
         for preset in presets:
             cfg = load_config(f"bench/{preset}", extra)
             cal_file = work / "calibration.json"
-            saved = json.loads(cal_file.read_text()) if cal_file.exists() else {}
-            samples = list(saved[preset].get("samples") or [saved[preset]]) if args.reuse else []
+            samples = []
+            if args.reuse:
+                saved = json.loads(cal_file.read_text())[preset]
+                samples = list(saved.get("samples") or [saved])
             if not args.reuse or args.recalibrate:
                 print(f"calibrating bench/{preset} ...", flush=True)
                 samples.append(calibrate(cfg))
                 _print_costs(samples[-1])
             cal[preset] = fold_calibrations(samples)
-            cal_file.write_text(json.dumps({**saved, preset: cal[preset]}, indent=2))
+            if not args.reuse or args.recalibrate:
+                _save_calibration(cal_file, preset, cal[preset])
             setups = setups_of[preset]
             results: dict[str, dict[int, dict]] = {s: {} for s in setups}
             for k, seed in enumerate(seeds_of[preset]):
@@ -727,7 +736,7 @@ def main(argv: list[str] | None = None) -> int:
                 samples.append(calibrate(cfg))
                 _print_costs(samples[-1])
                 cal[preset] = fold_calibrations(samples)
-                cal_file.write_text(json.dumps({**json.loads(cal_file.read_text()), preset: cal[preset]}, indent=2))
+                _save_calibration(cal_file, preset, cal[preset])
             print(f"  bound uses c_gen {1e6 * cal[preset]['gen_s_per_token']:.1f} µs/token, "
                   f"c_train {1e6 * cal[preset]['train_s_per_token']:.1f} µs/token (lowest of {len(samples)})",
                   flush=True)

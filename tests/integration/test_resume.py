@@ -43,9 +43,10 @@ def test_a_resume_continues_the_committed_replacement_state(tmp_path, ray_addres
     standalone slot, and joined) to the new data plane: the resumed steps commit it again. A
     resume that started the replacer afresh would commit ``spent 0, joined 0`` instead, and give
     a slot whose budget was spent before the crash a new budget and reused replica ids."""
-    import json
-
     import sqlalchemy as sa
+
+    from storage import make_engine, session_scope
+    from storage.models import Step
 
     args = [*config_args(tmp_path, ray_address, "replaced", 4),
             "--set", "rollout.replace_failed_replicas=true", "--set", "rollout.max_replacements=3"]
@@ -58,13 +59,13 @@ def test_a_resume_continues_the_committed_replacement_state(tmp_path, ray_addres
 
     # As if standalone-0 had died twice before the crash and both replacements had joined.
     before_crash = {"spent": {"standalone-0": 2}, "joined": 2}
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:
-        (position,) = conn.execute(sa.text("SELECT data_position_json FROM steps WHERE step = 2")).one()
-        position = json.loads(position) if isinstance(position, str) else position
-        conn.execute(sa.text("UPDATE steps SET data_position_json = :p WHERE step = 2"),
-                     {"p": json.dumps({**position, "replacements": before_crash})})
-    engine.dispose()
+    engine = make_engine(url)
+    try:
+        with session_scope(engine) as session:
+            step = session.scalars(sa.select(Step).where(Step.step == 2)).one()
+            step.data_position_json = {**step.data_position_json, "replacements": before_crash}
+    finally:
+        engine.dispose()
 
     code, log = run_tidal(["resume", summary.uid, "--storage", url], tmp_path)
     assert code == 0, log[-3000:]

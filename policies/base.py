@@ -67,6 +67,8 @@ class DynamicScheduleContext:
     """Standalone replicas in the load balancer."""
     hybrid_replicas: int = 0
     """Hybrid replicas the trainer can lend (active or not)."""
+    standalone_lost: bool = False
+    """Every standalone replica of a run that had some has died: only the hybrids can generate."""
     step_required_samples: int = field(init=False)
     """Derived: required_samples × trigger_parameter_sync_step (one cycle's samples)."""
 

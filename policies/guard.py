@@ -69,3 +69,53 @@ class GuardedPolicy(DynamicSchedulePolicyBase):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.inner.load_state_dict(state)
+
+
+class LostStandaloneGuard(DynamicSchedulePolicyBase):
+    """Wrap ``inner`` so that a run whose standalone replicas all died behaves as only-hybrid.
+
+    When ``ctx.standalone_lost``: the hybrids are lent after every sync, and a deactivation waits
+    for a whole cycle's samples (nothing else would generate while the trainer trains). Otherwise
+    every answer is ``inner``'s. Stateless: ``state_dict`` is the wrapped policy's own. The
+    ``Decider`` applies it to every policy, so the forced answers are recorded decisions.
+    """
+
+    def __init__(self, inner: DynamicSchedulePolicyBase):
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
+        return self.inner.should_deactivate(global_steps, is_hybrid_active, ctx)
+
+    def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
+        if ctx.standalone_lost:
+            return ctx.step_required_samples
+        return self.inner.deactivate_wait_samples(ctx)
+
+    def should_activate_after_step(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> Any:
+        wanted = self.inner.should_activate_after_step(global_steps, is_hybrid_active, ctx)
+        return True if ctx.standalone_lost else wanted
+
+    def request_rebalance(self, global_steps: int, ctx: DynamicScheduleContext) -> bool | None:
+        return self.inner.request_rebalance(global_steps, ctx)
+
+    def update_after_step(self, global_steps: int, ctx: DynamicScheduleContext) -> None:
+        self.inner.update_after_step(global_steps, ctx)
+
+    def explain(self, hook: str, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> str:
+        reason = self.inner.explain(hook, global_steps, is_hybrid_active, ctx)
+        if ctx.standalone_lost and hook in ("deactivate_wait_samples", "should_activate_after_step"):
+            reason = f"guard: no standalone replica alive; {reason}".rstrip("; ")
+        return reason
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state)

@@ -8,21 +8,22 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = {"config", "policies", "metrics", "cluster", "sim", "tasks", "flows", "storage", "deployments"}
+OURS = {"config", "policies", "metrics", "loop", "cluster", "sim", "tasks", "flows", "storage", "deployments"}
 ALLOWED = {
     "config": set(),
     "policies": {"config"},
     "metrics": set(),
-    "cluster": {"config", "policies", "metrics"},
-    "sim": {"config", "policies", "metrics"},
+    "loop": {"config", "policies", "metrics"},
+    "cluster": {"config", "policies", "metrics", "loop"},
+    "sim": {"config", "policies", "metrics", "loop"},
     "storage": {"config"},
-    "tasks": {"cluster", "policies", "metrics", "storage", "config"},
-    "flows": {"tasks", "cluster", "config", "storage", "sim", "policies", "metrics"},
+    "tasks": {"cluster", "policies", "metrics", "storage", "config", "loop"},
+    "flows": {"tasks", "cluster", "config", "storage", "sim", "policies", "metrics", "loop"},
     "deployments": {"flows", "config"},
 }
 # Pure packages must not pull heavy runtimes in either.
 FORBIDDEN_THIRD_PARTY = {"config": {"ray", "torch"}, "policies": {"ray", "torch"}, "metrics": {"ray", "torch"},
-                         "sim": {"ray", "torch", "prefect"}}
+                         "loop": {"ray", "torch", "prefect", "time"}, "sim": {"ray", "torch", "prefect"}}
 
 
 def imported_top_levels(path: Path) -> set[str]:

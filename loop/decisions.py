@@ -1,0 +1,185 @@
+"""The policy questions of a step, asked in one order and recorded, and the switch durations.
+
+``Decider`` is the only caller of a policy's hooks, in production (inside the controller actor)
+and in the simulator, so both ask the same hooks in the same order and record the same
+decisions. It wraps the policy in ``LostStandaloneGuard`` (a run whose standalone replicas all
+died behaves as only-hybrid), so that every switch has a decision record saying why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from loop.plans import DeactivatePlan, LendPlan
+from policies import DynamicScheduleContext, DynamicSchedulePolicyBase
+from policies.guard import LostStandaloneGuard
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    """One policy call (or guard): which hook, at which step, with what inputs, answer and reason.
+
+    ``inputs`` summarises the context (totals rather than lists), small enough to store for every
+    step. ``duration_s`` is the policy call alone, by the caller's timer (0 in the simulator).
+    """
+
+    step: int
+    hook: str
+    answer: Any
+    reason: str
+    inputs: dict[str, Any]
+    duration_s: float
+
+
+def lend_count(answer: Any, of: int) -> int:
+    """How many of ``of`` hybrids a ``should_activate_after_step`` answer lends (True = all)."""
+    if answer is None or isinstance(answer, bool):
+        return of if answer else 0
+    return max(0, min(int(answer), of))
+
+
+@dataclass
+class SwitchDurations:
+    """Switch seconds of the current cycle, as the policy sees them (reference semantics).
+
+    Deactivations add to ``deactivate_s``; hybrid syncs, activations and rebalances add to
+    ``activate_s``. Both are reset after ``update_after_step``, so a cycle that did not switch
+    reports 0.
+    """
+
+    activate_s: float = 0.0
+    deactivate_s: float = 0.0
+
+    def add(self, kind: str, seconds: float) -> None:
+        if kind == "deactivate":
+            self.deactivate_s += float(seconds)
+        elif kind in ("hybrid_sync", "activate", "rebalance"):
+            self.activate_s += float(seconds)
+        else:
+            raise ValueError(f"unknown switch kind {kind!r}")
+
+    def reset(self) -> None:
+        self.activate_s = self.deactivate_s = 0.0
+
+    def state_dict(self) -> dict[str, float]:
+        return {"activate_s": self.activate_s, "deactivate_s": self.deactivate_s}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.activate_s = float(state.get("activate_s", 0.0))
+        self.deactivate_s = float(state.get("deactivate_s", 0.0))
+
+
+class Decider:
+    """Asks a policy a step's questions and records every answer.
+
+    Questions (each takes the context built for it, once, by the caller):
+
+    - ``begin_step``: ``should_deactivate`` only while the hybrids are active, then
+      ``deactivate_wait_samples`` only when it said yes;
+    - ``after_sync``: ``should_activate_after_step`` (a count or a bool; lends only when inactive);
+    - ``wants_rebalance``: ``request_rebalance``, only after a lend and when rebalance is enabled;
+    - ``end_step``: ``update_after_step``, always;
+    - ``warm_up``: ``should_activate_after_step(0)``, only for a policy with ``warm_up_lend``.
+
+    ``timer`` times the policy calls (production passes ``time.perf_counter``).
+    """
+
+    def __init__(
+        self,
+        policy: DynamicSchedulePolicyBase,
+        *,
+        enable_rebalance: bool = True,
+        timer: Callable[[], float] = lambda: 0.0,
+    ) -> None:
+        self.policy = policy
+        self._guarded = LostStandaloneGuard(policy)
+        self._enable_rebalance = enable_rebalance
+        self._timer = timer
+        self._records: list[DecisionRecord] = []
+
+    @property
+    def asks_warm_up(self) -> bool:
+        return bool(getattr(self.policy, "warm_up_lend", False))
+
+    @property
+    def records(self) -> list[DecisionRecord]:
+        return list(self._records)
+
+    def drain(self) -> list[DecisionRecord]:
+        """The records since the last drain, oldest first; forgets them."""
+        drained, self._records = self._records, []
+        return drained
+
+    # ------------------------------------------------------------------ questions
+
+    def begin_step(self, step: int, active: bool, ctx: DynamicScheduleContext) -> DeactivatePlan:
+        if not active:
+            return DeactivatePlan(step=step, hybrid_active=False)
+        yes = self._ask(step, "should_deactivate", active, ctx, bool)
+        wait = self._ask(step, "deactivate_wait_samples", active, ctx, lambda a: max(0, int(a))) if yes else 0
+        return DeactivatePlan(step=step, deactivate=yes, wait_samples=wait, hybrid_active=True)
+
+    def after_sync(self, step: int, active: bool, ctx: DynamicScheduleContext, of: int) -> LendPlan:
+        count = self._ask(step, "should_activate_after_step", active, ctx, lambda a: lend_count(a, of))
+        return LendPlan(step=step, count=0 if active else count, of=of)
+
+    def warm_up(self, ctx: DynamicScheduleContext, of: int) -> LendPlan:
+        if not self.asks_warm_up:
+            return LendPlan(step=0, of=of)
+        count = self._ask(0, "should_activate_after_step", False, ctx, lambda a: lend_count(a, of))
+        return LendPlan(step=0, count=count, of=of)
+
+    def wants_rebalance(self, step: int, ctx: DynamicScheduleContext) -> bool:
+        if not self._enable_rebalance:
+            return False
+        return self._ask(step, "request_rebalance", True, ctx, bool)
+
+    def end_step(self, step: int, active: bool, ctx: DynamicScheduleContext) -> None:
+        self._ask(step, "update_after_step", active, ctx, lambda _: None)
+
+    def record_guard(self, step: int, guard: str, answer: Any, reason: str, active: bool,
+                     ctx: DynamicScheduleContext) -> None:
+        """A switch that no policy hook asked for (e.g. the stranded refill): recorded all the same."""
+        self._records.append(DecisionRecord(step, guard, answer, reason, summarise(ctx, active), 0.0))
+
+    # ------------------------------------------------------------------ internals
+
+    def _ask(self, step: int, hook: str, active: bool, ctx: DynamicScheduleContext,
+             convert: Callable[[Any], Any]) -> Any:
+        """Call ``hook`` on the guarded policy, timed; record and return its converted answer.
+
+        The reason comes from ``explain``, called first with the same inputs so that it sees the
+        policy state the hook sees.
+        """
+        p = self._guarded
+        reason = str(p.explain(hook, step, active, ctx))
+        args: tuple[Any, ...]
+        if hook in ("should_deactivate", "should_activate_after_step"):
+            args = (step, active, ctx)
+        elif hook == "deactivate_wait_samples":
+            args = (ctx,)
+        else:
+            args = (step, ctx)
+        begin = self._timer()
+        raw = getattr(p, hook)(*args)
+        duration_s = self._timer() - begin
+        answer = convert(raw)
+        self._records.append(DecisionRecord(step, hook, answer, reason, summarise(ctx, active), duration_s))
+        return answer
+
+
+def summarise(ctx: DynamicScheduleContext, is_hybrid_active: bool) -> dict[str, Any]:
+    """The few numbers of a context that explain a decision, with lists reduced to totals."""
+    return {
+        "total_generated_samples": ctx.total_generated_samples,
+        "expected_samples": ctx.expected_samples,
+        "buffer_samples": ctx.buffer_samples,
+        "sum_step_wait_times": float(sum(ctx.step_wait_times)),
+        "sum_step_wait_samples": int(sum(ctx.step_wait_samples)),
+        "mq_size": ctx.mq_size,
+        "standalone_lost": ctx.standalone_lost,
+        "now": ctx.now,
+        "is_hybrid_active": is_hybrid_active,
+    }

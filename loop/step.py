@@ -1,0 +1,143 @@
+"""A Tidal step as a generator of phase intents, in DESIGN §2's order.
+
+The generator decides *what* happens next from the answers it is sent back; the caller decides
+*how* (production: a Prefect task around one controller call; the simulator: virtual time).
+Send each intent's result back with ``generator.send``:
+
+=====================  =======================================================
+intent                 what the caller sends back
+=====================  =======================================================
+``WarmUp``             a ``LendPlan`` (only for policies that ask a warm-up lend)
+``BeginStep``          a ``DeactivatePlan``
+``WaitAndDeactivate``  a ``WaitReport``
+``Train``              the micro-step's report (anything with ``exhausted``)
+``Broadcast``          the sync's timings (anything)
+``AfterSync``          a ``LendPlan``
+``HybridSync``         a ``SwitchReport``
+``Lend``               the activation's switch reports (anything)
+``EndStep``            anything (the policy has adapted)
+``Commit``             anything (the step is recorded)
+=====================  =======================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+from loop.plans import DeactivatePlan, LendPlan
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    """Before step 1: ask the policy for a warm-up lend (only if it wants to be asked)."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class BeginStep:
+    """Ask ``should_deactivate`` (only while the hybrids are active) and how many to wait for."""
+
+    step: int
+
+
+@dataclass(frozen=True)
+class WaitAndDeactivate:
+    """Let the hybrids generate until ``plan.wait_samples`` are queued, then take them back."""
+
+    plan: DeactivatePlan
+
+
+@dataclass(frozen=True)
+class Train:
+    """Micro-step ``micro`` (0-based) of ``step``: pull one micro-step's samples and update."""
+
+    step: int
+    micro: int
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """Trainer → standalone replicas at ``version``; resets the staleness window."""
+
+    step: int
+    version: int
+
+
+@dataclass(frozen=True)
+class AfterSync:
+    """Ask ``should_activate_after_step``: lend the trainer's GPUs until the next step?"""
+
+    step: int
+    version: int
+
+
+@dataclass(frozen=True)
+class HybridSync:
+    """Wake the lent hybrids and load ``version`` (only on steps that lend)."""
+
+    plan: LendPlan
+    version: int
+
+
+@dataclass(frozen=True)
+class Lend:
+    """Activate the synced hybrids; then ask ``request_rebalance`` and rebalance if it says so."""
+
+    plan: LendPlan
+
+
+@dataclass(frozen=True)
+class EndStep:
+    """``update_after_step``: always asked, hybrids or not."""
+
+    step: int
+
+
+@dataclass(frozen=True)
+class Commit:
+    """Record the step (checkpoint, then one transaction)."""
+
+    step: int
+    version: int
+
+
+Intent = WarmUp | BeginStep | WaitAndDeactivate | Train | Broadcast | AfterSync | HybridSync | Lend | EndStep | Commit
+
+
+def run_start(version: int, *, has_hybrids: bool, asks_warm_up: bool) -> Generator[Intent, Any, None]:
+    """What happens before step 1: nothing, unless the policy asks for a warm-up lend.
+
+    The reference never asks a question at step 0; a policy that wants the hybrids lent from the
+    start says so with ``warm_up_lend = True`` and its answer is then a recorded decision.
+    """
+    if not (has_hybrids and asks_warm_up):
+        return
+    plan: LendPlan = yield WarmUp(version)
+    if plan.lends:
+        yield HybridSync(plan, version)
+        yield Lend(plan)
+
+
+def step_sequence(
+    step: int, *, micro_steps: int, final: bool, has_hybrids: bool
+) -> Generator[Intent, Any, None]:
+    """One step. ``final``: the run's last step, after which nothing trains, so nothing is lent."""
+    plan: DeactivatePlan = yield BeginStep(step)
+    if plan.deactivate:
+        yield WaitAndDeactivate(plan)
+    for micro in range(micro_steps):
+        report = yield Train(step, micro)
+        if getattr(report, "exhausted", False):
+            break
+    version = step  # the weights after step N are param version N
+    yield Broadcast(step, version)
+    if has_hybrids and not final:
+        lend: LendPlan = yield AfterSync(step, version)
+        if lend.lends:
+            yield HybridSync(lend, version)
+            yield Lend(lend)
+    yield EndStep(step)
+    yield Commit(step, version)

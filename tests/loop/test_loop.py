@@ -1,0 +1,208 @@
+"""The shared loop rules: the step's intent order, the Decider's questions, switch durations."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+from loop import (
+    AfterSync,
+    BeginStep,
+    Broadcast,
+    Commit,
+    DeactivatePlan,
+    Decider,
+    EndStep,
+    HybridSync,
+    Lend,
+    LendPlan,
+    SwitchDurations,
+    Train,
+    WaitAndDeactivate,
+    WarmUp,
+    lend_count,
+    run_start,
+    step_sequence,
+)
+from policies import DynamicScheduleContext, DynamicSchedulePolicyBase
+
+CTX = DynamicScheduleContext(required_samples=4, trigger_parameter_sync_step=2)
+
+
+def drive(gen, answers):
+    """Run an intent generator, answering each intent with ``answers(intent)``; the intents seen."""
+    seen, reply = [], None
+    try:
+        while True:
+            intent = gen.send(reply)
+            seen.append(intent)
+            reply = answers(intent)
+    except StopIteration:
+        return seen
+
+
+def answers_for(deactivate=False, wait=0, lend=0, exhausted_at=None):
+    def answer(intent):
+        if isinstance(intent, BeginStep):
+            return DeactivatePlan(intent.step, deactivate, wait, deactivate)
+        if isinstance(intent, (AfterSync, WarmUp)):
+            return LendPlan(getattr(intent, "step", 0), lend, 1)
+        if isinstance(intent, Train):
+            return SimpleNamespace(exhausted=intent.micro == exhausted_at)
+        return None
+    return answer
+
+
+def test_a_step_that_deactivates_and_lends_runs_every_phase_in_design_order():
+    plan = DeactivatePlan(3, True, 5, True)
+    seen = drive(step_sequence(3, micro_steps=2, final=False, has_hybrids=True),
+                 answers_for(deactivate=True, wait=5, lend=1))
+    lend = LendPlan(3, 1, 1)
+    assert seen == [BeginStep(3), WaitAndDeactivate(plan), Train(3, 0), Train(3, 1), Broadcast(3, 3),
+                    AfterSync(3, 3), HybridSync(lend, 3), Lend(lend), EndStep(3), Commit(3, 3)]
+
+
+def test_a_skipped_lend_skips_the_hybrid_sync_and_the_activation():
+    seen = drive(step_sequence(2, micro_steps=1, final=False, has_hybrids=True), answers_for())
+    assert seen == [BeginStep(2), Train(2, 0), Broadcast(2, 2), AfterSync(2, 2), EndStep(2), Commit(2, 2)]
+
+
+def test_the_last_step_and_a_run_without_hybrids_never_ask_to_lend():
+    for kwargs in ({"final": True, "has_hybrids": True}, {"final": False, "has_hybrids": False}):
+        seen = drive(step_sequence(1, micro_steps=1, **kwargs), answers_for(lend=1))
+        assert seen == [BeginStep(1), Train(1, 0), Broadcast(1, 1), EndStep(1), Commit(1, 1)]
+
+
+def test_an_exhausted_micro_step_ends_training_early():
+    seen = drive(step_sequence(1, micro_steps=3, final=True, has_hybrids=False), answers_for(exhausted_at=0))
+    assert seen == [BeginStep(1), Train(1, 0), Broadcast(1, 1), EndStep(1), Commit(1, 1)]
+
+
+def test_the_run_start_asks_nothing_unless_the_policy_wants_a_warm_up_lend():
+    assert drive(run_start(0, has_hybrids=True, asks_warm_up=False), answers_for(lend=1)) == []
+    assert drive(run_start(0, has_hybrids=False, asks_warm_up=True), answers_for(lend=1)) == []
+    lend = LendPlan(0, 1, 1)
+    assert drive(run_start(0, has_hybrids=True, asks_warm_up=True), answers_for(lend=1)) == [
+        WarmUp(0), HybridSync(lend, 0), Lend(lend)]
+
+
+class Scripted(DynamicSchedulePolicyBase):
+    """Answers from a table and logs every hook it is asked, with the step."""
+
+    def __init__(self, deactivate=True, wait=3, activate=True, rebalance=True):
+        self.script = {"should_deactivate": deactivate, "deactivate_wait_samples": wait,
+                       "should_activate_after_step": activate, "request_rebalance": rebalance}
+        self.asked: list[tuple[str, int | None]] = []
+
+    def should_deactivate(self, global_steps, is_hybrid_active, ctx):
+        self.asked.append(("should_deactivate", global_steps))
+        return self.script["should_deactivate"]
+
+    def deactivate_wait_samples(self, ctx):
+        self.asked.append(("deactivate_wait_samples", None))
+        return self.script["deactivate_wait_samples"]
+
+    def should_activate_after_step(self, global_steps, is_hybrid_active, ctx):
+        self.asked.append(("should_activate_after_step", global_steps))
+        return self.script["should_activate_after_step"]
+
+    def request_rebalance(self, global_steps, ctx):
+        self.asked.append(("request_rebalance", global_steps))
+        return self.script["request_rebalance"]
+
+    def update_after_step(self, global_steps, ctx):
+        self.asked.append(("update_after_step", global_steps))
+
+    def explain(self, hook, global_steps, is_hybrid_active, ctx):
+        return f"scripted {hook}"
+
+
+def test_should_deactivate_is_asked_only_while_the_hybrids_are_active():
+    policy = Scripted()
+    decider = Decider(policy)
+    assert decider.begin_step(1, False, CTX) == DeactivatePlan(1, False, 0, False)
+    assert policy.asked == []
+    assert decider.begin_step(2, True, CTX) == DeactivatePlan(2, True, 3, True)
+    assert policy.asked == [("should_deactivate", 2), ("deactivate_wait_samples", None)]
+
+
+def test_every_question_is_recorded_with_its_answer_reason_and_inputs():
+    decider = Decider(Scripted(rebalance=False))
+    decider.begin_step(1, True, CTX)
+    decider.after_sync(1, False, CTX, of=2)
+    decider.wants_rebalance(1, CTX)
+    decider.end_step(1, True, CTX)
+    records = decider.drain()
+    assert [(r.step, r.hook, r.answer, r.reason) for r in records] == [
+        (1, "should_deactivate", True, "scripted should_deactivate"),
+        (1, "deactivate_wait_samples", 3, "scripted deactivate_wait_samples"),
+        (1, "should_activate_after_step", 2, "scripted should_activate_after_step"),
+        (1, "request_rebalance", False, "scripted request_rebalance"),
+        (1, "update_after_step", None, "scripted update_after_step"),
+    ]
+    assert records[0].inputs["is_hybrid_active"] is True and records[2].inputs["is_hybrid_active"] is False
+    assert decider.drain() == []
+
+
+def test_rebalance_is_not_asked_when_it_is_disabled():
+    policy = Scripted()
+    assert Decider(policy, enable_rebalance=False).wants_rebalance(1, CTX) is False
+    assert policy.asked == []
+
+
+def test_a_lend_answer_is_a_count_of_the_hybrids_and_active_hybrids_are_not_lent_again():
+    assert [lend_count(a, 3) for a in (True, False, None, 0, 2, 7, -1)] == [3, 0, 0, 0, 2, 3, 0]
+    decider = Decider(Scripted(activate=2))
+    assert decider.after_sync(1, False, CTX, of=3) == LendPlan(1, 2, 3)
+    assert decider.after_sync(2, True, CTX, of=3) == LendPlan(2, 0, 3)
+
+
+def test_the_warm_up_question_is_asked_only_of_a_policy_that_wants_it():
+    policy = Scripted()
+    assert Decider(policy).warm_up(CTX, of=1) == LendPlan(0, 0, 1)
+    assert policy.asked == []
+    policy.warm_up_lend = True
+    decider = Decider(policy)
+    assert decider.warm_up(CTX, of=1) == LendPlan(0, 1, 1)
+    assert [(r.step, r.hook) for r in decider.records] == [(0, "should_activate_after_step")]
+
+
+def test_with_every_standalone_lost_the_guard_lends_and_waits_for_a_whole_cycle_and_says_why():
+    decider = Decider(Scripted(wait=1, activate=False))
+    lost = dataclasses.replace(CTX, standalone_lost=True)
+    assert decider.begin_step(4, True, lost).wait_samples == lost.step_required_samples == 8
+    assert decider.after_sync(4, False, lost, of=1) == LendPlan(4, 1, 1)
+    reasons = [r.reason for r in decider.records]
+    assert reasons[1:] == ["guard: no standalone replica alive; scripted deactivate_wait_samples",
+                           "guard: no standalone replica alive; scripted should_activate_after_step"]
+
+
+def test_a_guard_decision_is_recorded_beside_the_policy_answers():
+    decider = Decider(Scripted())
+    decider.record_guard(5, "stranded_refill", True, "no standalone alive and 0 queued", False, CTX)
+    assert [(r.step, r.hook, r.answer, r.reason) for r in decider.records] == [
+        (5, "stranded_refill", True, "no standalone alive and 0 queued")]
+
+
+def test_policy_calls_are_timed_by_the_callers_timer():
+    ticks = iter(range(100))
+    decider = Decider(Scripted(), timer=lambda: float(next(ticks)))
+    decider.end_step(1, False, CTX)
+    assert decider.records[0].duration_s == 1.0
+
+
+def test_switch_durations_add_up_over_a_cycle_with_the_rebalance_in_the_activation_and_reset():
+    d = SwitchDurations()
+    for kind, s in (("deactivate", 1.0), ("deactivate", 0.5), ("hybrid_sync", 2.0), ("activate", 0.25),
+                    ("rebalance", 0.75)):
+        d.add(kind, s)
+    assert (d.activate_s, d.deactivate_s) == (3.0, 1.5)
+    restored = SwitchDurations()
+    restored.load_state_dict(d.state_dict())
+    assert restored == d
+    d.reset()
+    assert (d.activate_s, d.deactivate_s) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="unknown switch kind"):
+        d.add("broadcast", 1.0)

@@ -327,14 +327,14 @@ def tidal_run(preset: str, setup: str, seed: int, work: Path, extra: list[str], 
 def read_run(db: Path) -> dict[str, Any]:
     import sqlalchemy as sa
 
-    from storage import make_engine, run_summaries, session_scope, step_metrics
+    from storage import make_engine, read_step_metrics, run_summaries, session_scope
     from storage.models import Run, SwitchEvent
 
     engine = make_engine(f"sqlite:///{db}")
     try:
         with session_scope(engine) as s:
             (summary,) = run_summaries(s)
-            rows = step_metrics(s, summary.uid)
+            rows = read_step_metrics(s, summary.uid)
             run_id = s.scalar(sa.select(Run.id).where(Run.uid == summary.uid))
             kinds = s.execute(sa.select(SwitchEvent.kind, sa.func.count()).where(SwitchEvent.run_id == run_id)
                               .group_by(SwitchEvent.kind)).all()

@@ -6,7 +6,7 @@ system — ``tidal run`` with its Prefect flows, Ray actors, controller and poli
 simulated engine and backend spending the cost model's time — as a subprocess in a scratch
 directory of its own (store, run outputs, ``PREFECT_HOME``) on a Ray cluster this script starts
 (so that it can read the engines' own counters while the run goes on). It then reads every
-committed step back from the store (``storage.step_metrics`` and the switch events) and runs the
+committed step back from the store (``storage.read_step_metrics`` and the switch events) and runs the
 simulator (``sim.Simulator``) on the same preset, steps and seed, twice: as the preset stands, and
 with ``sim.step_overhead_s`` set to the control-plane overhead measured in that same run.
 
@@ -260,14 +260,14 @@ def run_emulated(preset: str, overrides: list[str], steps: int | None, work: Pat
 def read_store(db: Path) -> tuple[list[dict[str, Any]], list[tuple[int, str, float, float]]]:
     import sqlalchemy as sa
 
-    from storage import make_engine, run_summaries, session_scope, step_metrics
+    from storage import make_engine, read_step_metrics, run_summaries, session_scope
     from storage.models import Run, SwitchEvent
 
     engine = make_engine(f"sqlite:///{db}")
     try:
         with session_scope(engine) as s:
             uid = run_summaries(s)[-1].uid
-            rows = step_metrics(s, uid)
+            rows = read_step_metrics(s, uid)
             switches = s.execute(
                 sa.select(SwitchEvent.step, SwitchEvent.kind, SwitchEvent.started_at, SwitchEvent.duration_s)
                 .join(Run, Run.id == SwitchEvent.run_id).where(Run.uid == uid).order_by(SwitchEvent.id)

@@ -3,7 +3,7 @@
 Runs the real system end to end (Prefect flow per step, Ray actors, torch engine, torch GRPO
 backend, the built-in task) as a subprocess in a scratch directory of its own (store, run outputs,
 `PREFECT_HOME`), then reads the committed per-step metrics back from the store
-(`storage.step_metrics`), prints the table, compares the mean reward of the first and the last
+(`storage.read_step_metrics`), prints the table, compares the mean reward of the first and the last
 `--window` steps, plots `train/reward_mean` per step and per wall-clock second, and writes the
 numbers and the command into the ``train_curve`` section of `benchmarks/RESULTS.md`.
 
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.procs import wait_or_stop  # noqa: E402
 from benchmarks.results_io import write_section  # noqa: E402
 from config import load_config  # noqa: E402
-from storage import make_engine, run_summaries, session_scope, step_metrics  # noqa: E402
+from storage import make_engine, read_step_metrics, run_summaries, session_scope  # noqa: E402
 
 REWARD = "train/reward_mean"
 
@@ -92,7 +92,7 @@ def read_steps(workdir: Path) -> tuple[str, list[dict]]:
             if not runs:
                 raise RuntimeError(f"no run in the store at {workdir / 'tidal.db'}")
             uid = runs[-1].uid
-            return uid, step_metrics(s, uid)
+            return uid, read_step_metrics(s, uid)
     finally:
         engine.dispose()
 

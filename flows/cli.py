@@ -28,10 +28,11 @@ try:  # typer >= 0.20 vendors its own click; its exceptions are not click's
 except ImportError:  # pragma: no cover - older typer uses click itself
     from click import exceptions as click_exc
 
-from config import ConfigError, TidalConfig, list_presets, load_config, to_plain
+from config import ConfigError, list_presets, load_config, to_plain
+from flows.configs import load_checked, summarize_config
 from flows.errors import EXIT_BAD_INPUT, RunError
-from policies import UnknownPolicyError, resolve_policy_class
-from storage.engine import StoreError, StoreUnavailable, redact_url
+from policies import UnknownPolicyError
+from storage import StoreError, StoreUnavailable, redact_url
 
 app = typer.Typer(
     name="tidal",
@@ -53,29 +54,6 @@ class BadInput(Exception):
     """Anything the user can fix: printed as one line, exit 2."""
 
 
-def load_checked(config: str, overrides: list[str] | None) -> TidalConfig:
-    """Load a config and check what the schema alone cannot (the policy name resolves)."""
-    cfg = load_config(config, overrides or [])
-    name = cfg.async_training.dynamic_schedule_policy
-    try:
-        resolve_policy_class(name)
-    except UnknownPolicyError as exc:
-        raise ConfigError(f"async_training.dynamic_schedule_policy: {exc}") from None
-    return cfg
-
-
-def describe(cfg: TidalConfig) -> str:
-    """One line saying what the config will run."""
-    a = cfg.async_training
-    mode = "only-hybrid" if cfg.only_hybrid else ("dynamic" if a.use_dynamic_resource_scheduling else "static")
-    return (
-        f"{mode}: {cfg.trainer_gpus} trainer GPU(s) ({cfg.hybrid_replicas} hybrid replica(s)) + "
-        f"{cfg.standalone_gpus} rollout GPU(s) ({cfg.standalone_replicas} standalone replica(s)); "
-        f"policy {a.dynamic_schedule_policy}; {cfg.step_required_samples} samples/step; "
-        f"queue capacity {cfg.max_required_samples}"
-    )
-
-
 @config_app.command("show")
 def config_show(
     config: Annotated[str, typer.Argument(help="Preset name (see `tidal config presets`) or YAML file.")],
@@ -83,7 +61,7 @@ def config_show(
 ) -> None:
     """Print the resolved config (every key, defaults included) as YAML."""
     cfg = load_checked(config, set_)
-    typer.echo(f"# {describe(cfg)}")
+    typer.echo(f"# {summarize_config(cfg)}")
     typer.echo(yaml.safe_dump(to_plain(cfg), sort_keys=False), nl=False)
 
 
@@ -94,7 +72,7 @@ def config_check(
 ) -> None:
     """Validate a config; exit 0 and one summary line when it is good, exit 2 when not."""
     cfg = load_checked(config, set_)
-    typer.echo(f"ok: {config}: {describe(cfg)}")
+    typer.echo(f"ok: {config}: {summarize_config(cfg)}")
 
 
 @config_app.command("presets")
@@ -226,11 +204,10 @@ def _store_url(storage: str | None) -> str:
 def _open_store(storage: str | None):
     """An engine on an existing store; a SQLite file that is not there is bad input (reading
     commands never create a store), a malformed or unreachable URL is a StoreError."""
-    from storage import make_engine
-    from storage.engine import _parse_url, _sqlite_file
+    from storage import make_engine, store_file
 
-    url = _parse_url(_store_url(storage))
-    path = _sqlite_file(url) if url.get_backend_name() == "sqlite" else None
+    url = _store_url(storage)
+    path = store_file(url)
     if path is not None and not path.is_file():
         raise BadInput(f"no store at {path} (check --storage or storage.url)")
     return make_engine(url)

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from config import TidalConfig
-from storage import session_scope, step_metrics
+from storage import read_step_metrics, session_scope
 from tasks.commit import engine_for
 
 PLOTTED = {
@@ -21,7 +21,7 @@ PLOTTED = {
 
 def write_report(cfg: TidalConfig, uid: str, out_dir: Path) -> dict[str, Any]:
     with session_scope(engine_for(cfg.storage.url, cfg.storage.busy_timeout_ms)) as session:
-        rows = step_metrics(session, uid)
+        rows = read_step_metrics(session, uid)
     png = _plot(rows, out_dir / "report.png")
     lines = [f"# Tidal run `{uid}`", "", f"policy `{cfg.async_training.dynamic_schedule_policy}`, "
              f"{cfg.trainer_gpus} trainer + {cfg.standalone_gpus} rollout GPU(s), {len(rows)} steps", "",

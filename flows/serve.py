@@ -24,9 +24,10 @@ from typing import Any
 
 import yaml
 
+from flows.errors import EXIT_BAD_INPUT
+
 PREFECT_YAML = Path(__file__).resolve().parents[1] / "deployments" / "prefect.yaml"
 FLOW_NAME = "training-run"
-EXIT_BAD_INPUT = 2
 
 
 def deployment_specs(path: Path = PREFECT_YAML, only: list[str] | None = None) -> list[dict[str, Any]]:
@@ -37,6 +38,22 @@ def deployment_specs(path: Path = PREFECT_YAML, only: list[str] | None = None) -
     if unknown:
         raise SystemExit(f"flows.serve: unknown deployment(s) {unknown}; known: {names}")
     return [s for s in specs if not only or s["name"] in only]
+
+
+def config_errors(specs: list[dict[str, Any]]) -> list[str]:
+    """One line per deployment whose ``config`` and ``overrides`` do not load (as ``tidal run``
+    would check them), so that a broken deployment is refused before anything is served."""
+    from config import ConfigError
+    from flows.configs import load_checked
+
+    errors = []
+    for spec in specs:
+        params = spec.get("parameters") or {}
+        try:
+            load_checked(params.get("config", "tiny-cpu"), list(params.get("overrides") or []))
+        except ConfigError as exc:
+            errors.append(f"{FLOW_NAME}/{spec['name']}: {' '.join(str(exc).split())}")
+    return errors
 
 
 def pool_bound(names: list[str]) -> list[str]:
@@ -86,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         print("flows.serve: set PREFECT_API_URL to a running Prefect server first", file=sys.stderr)
         return EXIT_BAD_INPUT
     specs = deployment_specs(only=args.only)
+    broken = config_errors(specs)
+    if broken:
+        print(f"flows.serve: bad config in {'; '.join(broken)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     taken = pool_bound([s["name"] for s in specs])
     if taken:
         print(f"flows.serve: {', '.join(taken)} already deployed to a work pool on this server; free the "

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-__all__ = ["StoreError", "StoreUnavailable", "make_engine", "redact_url", "session_scope", "sqlite_url"]
+__all__ = ["StoreError", "StoreUnavailable", "make_engine", "redact_url", "session_scope", "sqlite_url", "store_file"]
 
 # Connection execution option that makes the SQLite "begin" hook emit BEGIN IMMEDIATE.
 _BEGIN_IMMEDIATE = "tidal_begin_immediate"
@@ -128,6 +128,14 @@ def _sqlite_file(url: sa.URL) -> Path | None:
     if database in ("", ":memory:") or database.startswith("file:") or url.query.get("uri"):
         return None
     return Path(database).expanduser()
+
+
+def store_file(url: str | sa.URL) -> Path | None:
+    """The file a SQLite store URL names (``~`` expanded), or None for PostgreSQL and for an
+    in-memory or URI-style SQLite database. Raises ``StoreError`` for a malformed or unsupported
+    URL, with the same one-line message as ``make_engine``. Opens nothing."""
+    parsed = _parse_url(url)
+    return _sqlite_file(parsed) if parsed.get_backend_name() == "sqlite" else None
 
 
 def _make_sqlite_engine(url: sa.URL, busy_timeout_ms: int) -> sa.Engine:

@@ -1,14 +1,8 @@
 """Does the tiny model learn? Run `tidal run` on CPU and show the per-step mean reward rising.
 
-Runs the real system end to end (Prefect flow per step, Ray actors, torch engine, torch GRPO
-backend, the built-in task) as a subprocess in a scratch directory of its own (store, run outputs,
-`PREFECT_HOME`), then reads the committed per-step metrics back from the store
-(`storage.read_step_metrics`), prints the table, compares the mean reward of the first and the last
-`--window` steps, plots `train/reward_mean` per step and per wall-clock second, and writes the
-numbers and the command into the ``train_curve`` section of `benchmarks/RESULTS.md`.
-
-Exit status: 0 when the last window's mean reward beats the first window's by at least
-`--min-gain` (absolute), 1 when it does not, 2 when the run itself failed.
+Owns: one end-to-end run in a scratch directory, its reward table and plot, and the ``train_curve``
+section. Exit 0 when the last window beats the first by ``--min-gain``, 1 when not, 2 when the run
+failed. Must not: reuse a store or Prefect home of anyone else. Details: ``docs/benchmarks.md``.
 
 Usage:
     .venv/bin/python benchmarks/train_curve.py [--config tiny-cpu] [--steps N] [--set k=v ...]

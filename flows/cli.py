@@ -1,16 +1,8 @@
 """The `tidal` command line: parse → build → run → clean up; every bad input exits 2 in one line.
 
-    tidal config show PRESET|FILE [--set key=value ...]
-    tidal config check FILE [--set key=value ...]
-    tidal config presets
-    tidal simulate CONFIG [--set ...] [--policy NAME] [--steps N] [--seed S] [--json PATH]
-                          [--plot DIR] [--compare]
-    tidal run CONFIG [--set ...]           tidal resume RUN_ID [--storage URL]
-    tidal runs [--storage URL]             tidal report RUN_ID [--storage URL]
-
-Exit codes: 0 done; 2 bad input (one line why; nothing was started or written); 3 the store
-became unreachable during a run (one line: what failed, the last committed step and the
-`tidal resume` command; every committed step is intact).
+Owns: the commands (``config``, ``simulate``, ``run``, ``resume``, ``runs``, ``report``) and the exit
+codes (0 done, 2 bad input, 3 store lost). Must not: load configs its own way (``flows.configs``) or
+import the run before a command needs it. Commands and exit codes: ``docs/flows.md``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Serve the `training-run` deployments without a work pool: ``python -m flows.serve``.
 
-The deployments (names, parameters, tags, descriptions) are read from ``deployments/prefect.yaml``
-so that both ways of deploying offer the same ones. Needs a Prefect server (``PREFECT_API_URL``);
-runs start 5–12 s after ``prefect deployment run`` (the runner polls). Stop it with one Ctrl-C
-(SIGINT): runs in flight are cancelled and it exits 0. SIGTERM works too (Prefect's runner
-handles it).
-
-A deployment name can belong to a work pool (``prefect deploy``) or to ``serve``, not both: a
-served deployment that a work pool also claims would crash its runs, so serve refuses to start
-while one of its names is bound to a pool and says how to free it.
+Owns: reading ``deployments/prefect.yaml``, refusing a deployment whose config does not load or
+whose name a work pool holds (exit 2), and one Ctrl-C to stop. Must not: define deployments of its
+own. Details: ``docs/flows.md``.
 
     python -m flows.serve                       # every deployment in prefect.yaml
     python -m flows.serve --only tiny-cpu       # just this one (repeatable)

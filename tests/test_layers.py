@@ -166,3 +166,31 @@ def test_a_lazy_import_through_a_package_closes_a_cycle_in_a_real_package(tmp_pa
     assert import_graph(tmp_path, {"pkg"}) == {"pkg": set(), "pkg.one": {"pkg.two"}, "pkg.two": {"pkg.one"},
                                                "pkg.three": {"pkg.two", "pkg.one"}}
     assert cycles(import_graph(tmp_path, {"pkg"})) == [["pkg.one", "pkg.two", "pkg.one"]]
+
+
+def private_imports(root: Path, packages: set[str]) -> dict[str, list[str]]:
+    """Module file → the ``_private`` names it imports from another of ``packages``."""
+    bad: dict[str, list[str]] = {}
+    for pkg in sorted(packages):
+        for path in sorted((root / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    source = node.module.split(".")[0]
+                    names = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                    if source in packages and source != pkg and names:
+                        bad.setdefault(str(path.relative_to(root)), []).extend(f"{node.module}.{n}" for n in names)
+    return bad
+
+
+def test_no_package_imports_a_private_name_of_another():
+    assert private_imports(ROOT, OURS) == {}
+
+
+def test_a_private_name_imported_across_packages_is_found(tmp_path):
+    for pkg in ("low", "high"):
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "low" / "engine.py").write_text("def _parse():\n    pass\n")
+    (tmp_path / "low" / "user.py").write_text("from low.engine import _parse\n")  # inside its own package: fine
+    (tmp_path / "high" / "cli.py").write_text("def f():\n    from low.engine import _parse, public\n")
+    assert private_imports(tmp_path, {"low", "high"}) == {"high/cli.py": ["low.engine._parse"]}

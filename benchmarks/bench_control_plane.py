@@ -4,7 +4,7 @@ Runs `tidal run tiny-cpu` under three setups (in-process runner with embedded Pr
 against a server, the Ray runner) for a baseline revision (a temporary `git worktree`) and for
 this tree, each in a subprocess with its own code on PYTHONPATH, and prints both side by side.
 Owns the measurement; what each figure means and how it is read back: ``docs/benchmarks.md``.
-Must not: run anything of Tidal in its own process (every run is a subprocess of the tree measured).
+Must not: import a measured tree's flows or actors (every run is a subprocess on that tree's code).
 
 Usage:
     .venv/bin/python benchmarks/bench_control_plane.py [--steps 10] [--baseline f691818|none]
@@ -403,7 +403,8 @@ def write_figures(results: dict[str, dict[str, Any]], command: str) -> None:
     from run_all import write_summary
 
     (label, current), *_ = reversed(results.items())
-    setups = {m["label"]: {**m, "fraction_at_60s_step": m["control"] / TARGET_STEP_S} for m in current["setups"].values()}
+    setups = {m["label"]: {**m, "fraction_at_60s_step": m["control"] / TARGET_STEP_S}
+              for m in current["setups"].values()}
     print("wrote", write_json("overhead", {
         "command": command, "tree": label, "setups": setups, "load_average": current["load_average"],
         **headline(current),

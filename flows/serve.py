@@ -42,7 +42,7 @@ def config_errors(specs: list[dict[str, Any]]) -> list[str]:
 
     errors = []
     for spec in specs:
-        params = spec.get("parameters") or {}
+        params = spec.get("parameters") or {}  # a missing parameter takes the flow's default
         try:
             load_checked(params.get("config", "tiny-cpu"), list(params.get("overrides") or []))
         except ConfigError as exc:

@@ -67,3 +67,30 @@ def test_the_counter_records_every_actor_call_the_process_makes(tmp_path):
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     assert [name for _t, name in json.loads(out.read_text())] == ["say", "say"]
+
+
+def test_write_puts_the_three_figures_and_the_baseline_into_results_json(tmp_path, monkeypatch):
+    import bench_control_plane
+    import results_io
+    import run_all
+
+    monkeypatch.setattr(results_io, "RESULTS_DIR", tmp_path / "results")
+    monkeypatch.setattr(run_all, "RESULTS_DIR", tmp_path / "results")
+    monkeypatch.setattr(run_all, "BENCH", tmp_path)
+
+    def setup(label: str, calls: float, control: float) -> dict:
+        return {"label": label, "control": control, "ray_calls": {"per_step": calls}}
+
+    def tree(calls: float, in_process: float, ray: float) -> dict:
+        return {"load_average": 1.0, "setups": {
+            "thread-embedded": setup("in-process, embedded Prefect (default)", calls, in_process),
+            "thread-server": setup("in-process, Prefect server", calls, in_process),
+            "ray-server": setup("RayTaskRunner, Prefect server", 0, ray)}}
+
+    bench_control_plane.write_figures({"baseline abc": tree(32, 0.6, 1.2), "this tree": tree(8, 0.12, 0.9)}, "cmd")
+    overhead = json.loads((tmp_path / "results.json").read_text())["overhead"]
+    assert {k: overhead[k] for k in ("ray_calls_per_step", "seconds_per_step_in_process",
+                                     "seconds_per_step_ray_runner")} == {
+        "ray_calls_per_step": 8, "seconds_per_step_in_process": 0.12, "seconds_per_step_ray_runner": 0.9}
+    assert json.loads((tmp_path / "results" / "overhead.json").read_text())["before"] == {"baseline abc": {
+        "ray_calls_per_step": 32, "seconds_per_step_in_process": 0.6, "seconds_per_step_ray_runner": 1.2}}

@@ -121,10 +121,10 @@ def run(
     """Train: one Prefect flow run per step over the Ray data plane; the store keeps every step."""
     cfg = load_checked(config, set_)
     from flows.training_run import training_run
-    from tasks.commit import engine_for
+    from storage import open_store
 
     # A malformed or unreachable store fails here, in one line, before any flow run starts.
-    engine_for(cfg.storage.url, cfg.storage.busy_timeout_ms)
+    open_store(cfg.storage.url, busy_timeout_ms=cfg.storage.busy_timeout_ms)
     from pydantic import SecretStr
 
     from flows.runners import prefect_settings_for
@@ -166,7 +166,7 @@ def runs(storage: Annotated[str | None, typer.Option(help="Store URL.")] = None)
     """List the runs in the store."""
     from storage import run_summaries, session_scope
 
-    with session_scope(_open_store(storage)) as session:
+    with session_scope(_existing_store(storage)) as session:
         rows = run_summaries(session)
     if not rows:
         typer.echo("no runs")
@@ -193,7 +193,7 @@ def _store_url(storage: str | None) -> str:
     return storage or load_config("tiny-cpu").storage.url
 
 
-def _open_store(storage: str | None):
+def _existing_store(storage: str | None):
     """An engine on an existing store; a SQLite file that is not there is bad input (reading
     commands never create a store), a malformed or unreachable URL is a StoreError."""
     from storage import make_engine, store_file
@@ -211,7 +211,7 @@ def _run_config_path(run_id: str, storage: str | None):
     from config.loader import RESOLVED_FILENAME
     from storage import get_run, session_scope
 
-    engine = _open_store(storage)
+    engine = _existing_store(storage)
     with session_scope(engine) as session:
         row = get_run(session, run_id)
         if row is None:

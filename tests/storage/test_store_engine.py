@@ -17,6 +17,7 @@ from storage import (
     list_runs,
     make_engine,
     migrate,
+    open_store,
     read_step_metrics,
     record_step,
     session_scope,
@@ -58,6 +59,18 @@ def test_store_file_names_a_sqlite_file_and_nothing_for_other_stores_without_ope
     assert not (tmp_path / "not").exists()
     with pytest.raises(StoreError, match="unsupported store backend 'mysql'"):
         store_file("mysql://x")
+
+
+def test_open_store_gives_one_engine_per_url_and_busy_timeout_and_retries_a_failure(tmp_path):
+    url = sqlite_url(tmp_path / "once.db")
+    first = open_store(url, busy_timeout_ms=1000)
+    assert [open_store(url, busy_timeout_ms=1000) is first, open_store(url, busy_timeout_ms=2000) is first] == [
+        True, False]
+    (tmp_path / "blocked").write_text("a file where the store's folder should be")
+    blocked = sqlite_url(tmp_path / "blocked" / "store.db")
+    for _ in range(2):  # not cached: the second call tries again and fails the same way
+        with pytest.raises(StoreError, match="cannot create the store's folder"):
+            open_store(blocked)
 
 
 def test_a_plain_postgresql_url_is_served_by_psycopg(postgres_server):

@@ -1,33 +1,8 @@
 """Real compute on CPU: static split vs dynamic scheduling vs colocated, side by side.
 
-2 cores = 2 "GPUs". For each preset (``bench/rollout-bound``, ``bench/training-bound``) and seed,
-the same job (same trained samples) runs through the whole system (`tidal run`: a Prefect flow per
-step over Ray actors, torch engine, torch GRPO trainer) in four setups, interleaved seed by seed so
-that the machine's load drifts over all of them alike:
-
-    static       1 trainer + 1 rollout, policy ``static_fully_async`` (the hybrid is never lent)
-    default      1 + 1, the trainer's core lent as a hybrid replica while it waits (``default``)
-    fixed_ratio  1 + 1, the same with ``fixed_ratio``
-    colocated    no standalone pool: both cores on the trainer, its two hybrids generate between
-                 training phases (only-hybrid mode)
-    static_again static once more (training-bound only): the noise floor of one pair of runs
-
-Odd seeds run the setups in reverse order, so that a drift in the machine's speed over a seed's
-runs does not always favour the same setup. Both presets run five seeds: a run's speed on this
-shared host drifts by up to tens of percent, and the targets (15 % faster, within 2 %) are finer
-than what three seeds can settle. Beside the speed-up, a *speed-adjusted* speed-up
-scales it by the trainer's compute seconds per trained token in the two runs (same code, same
-batches: a difference there is the machine, not the setup).
-
-The fluid bound of a run is what two perfectly shared cores would need for that run's useful work:
-``(generated response tokens × c_gen + trained tokens × c_train) / 2``, with ``c_gen`` (seconds per
-generated token, the torch engine at the preset's full concurrency, one thread) and ``c_train``
-(seconds per trained token, the torch backend on one thread, the preset's PPO epochs) measured here,
-in this process, before the runs. Wall clock = first step's start to last step's end (start-up of
-Ray and the actors is left out, equal for every setup); the whole process's wall is reported too.
-
-Writes a RESULTS.md section (``bench_compare``), ``benchmarks/results/compare.json`` and plots
-(reward curves with the static seeds' band, mq_size per step, utilizations).
+Owns: running `tidal run` per preset, seed and setup on 2 cores, the fluid bound, and its RESULTS.md
+section, ``benchmarks/results/compare.json`` and plots. Must not: let the setups differ in anything but
+the split and the policy (same samples, seeds, machine). Setups, order and bounds: ``docs/benchmarks.md``.
 
 Usage:
     .venv/bin/python benchmarks/bench_compare.py [--presets rollout-bound,training-bound]
@@ -327,14 +302,14 @@ def tidal_run(preset: str, setup: str, seed: int, work: Path, extra: list[str], 
 def read_run(db: Path) -> dict[str, Any]:
     import sqlalchemy as sa
 
-    from storage import make_engine, run_summaries, session_scope, step_metrics
+    from storage import make_engine, read_step_metrics, run_summaries, session_scope
     from storage.models import Run, SwitchEvent
 
     engine = make_engine(f"sqlite:///{db}")
     try:
         with session_scope(engine) as s:
             (summary,) = run_summaries(s)
-            rows = step_metrics(s, summary.uid)
+            rows = read_step_metrics(s, summary.uid)
             run_id = s.scalar(sa.select(Run.id).where(Run.uid == summary.uid))
             kinds = s.execute(sa.select(SwitchEvent.kind, sa.func.count()).where(SwitchEvent.run_id == run_id)
                               .group_by(SwitchEvent.kind)).all()

@@ -1,35 +1,21 @@
-"""Control-plane overhead per training step: Prefect + policy + controller vs the step's wall time.
+"""Control-plane cost per training step, before and after: this tree against a baseline revision.
 
-Runs the real job (`tidal run`, tiny-cpu preset, torch engine and backend) three times in one go,
-side by side, and reads every step back from the Prefect API:
-
-  1. in-process task runner, embedded Prefect (the default `tidal run`, no server);
-  2. in-process task runner against a Prefect server;
-  3. `RayTaskRunner` against a Prefect server (phases run on Ray workers of the run's cluster).
-
-Run 1 writes into a fresh Prefect home; a private server is then started on that same home
-(which also shows the embedded run's flow runs) and runs 2–3 talk to it. Per step ``i`` (all but
-the last of each run, and without step 1, which pays one-off start-up costs; medians over steps):
-
-  cycle_i         = start of step i+1 − start of step i   (flow-run timestamps: everything a step costs)
-  data plane      = Σ task-run durations of wait_for_samples, train, broadcast_sync, hybrid_sync, activate
-  store           = commit_step (trainer checkpoint on disk + one SQL transaction)
-  policy+ctrl     = Σ task-run durations of should_deactivate, should_activate, update_policy
-                    (context from the actors, the policy call in the controller, the Ray round trips)
-  Prefect         = cycle − Σ all task-run durations (flow run create/start/finish, task submission,
-                    Ray dispatch for the Ray runner, API calls, the parent loop)
-
-Control-plane overhead = Prefect + policy+ctrl. It is a fixed cost per step (it does not grow with
-the data-plane work), so its share at a 60 s step (DESIGN's target: ≤ 2 %) is overhead / 60 s.
+Runs `tidal run tiny-cpu` under three setups (in-process runner with embedded Prefect, the same
+against a server, the Ray runner) for a baseline revision (a temporary `git worktree`) and for
+this tree, each in a subprocess with its own code on PYTHONPATH, and prints both side by side.
+Owns the measurement; what each figure means and how it is read back: ``docs/benchmarks.md``.
+Must not: import a measured tree's flows or actors (every run is a subprocess on that tree's code).
 
 Usage:
-    .venv/bin/python benchmarks/bench_control_plane.py [--steps 10] [--write benchmarks/RESULTS.md]
+    .venv/bin/python benchmarks/bench_control_plane.py [--steps 10] [--baseline f691818|none]
+        [--write benchmarks/RESULTS.md]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
 import re
@@ -40,11 +26,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 
 from flows.prefect_server import LocalPrefectServer  # noqa: E402
@@ -54,6 +42,9 @@ POLICY = {"should_deactivate", "should_activate", "update_policy"}
 STORE = {"commit_step"}
 MARK = "bench_control_plane"
 TARGET_STEP_S = 60.0
+BASELINE = "f691818"  # main before issue 14's restructuring
+COUNTER = BENCH / "ray_call_counter.py"
+CALLS_FILE = "ray-calls.json"
 
 
 @dataclass
@@ -62,16 +53,21 @@ class Setup:
     runner: str  # prefect.task_runner
     server: bool
 
+    @property
+    def key(self) -> str:
+        return f"{self.runner}-{'server' if self.server else 'embedded'}"
+
 
 SETUPS = [
     Setup("in-process, embedded Prefect (default)", "thread", False),
     Setup("in-process, Prefect server", "thread", True),
     Setup("RayTaskRunner, Prefect server", "ray", True),
 ]
+IN_PROCESS, RAY_RUNNER = SETUPS[0], SETUPS[2]
 
 
 # ------------------------------------------------------------------------------------------------
-# running
+# running (in the child: one tree)
 # ------------------------------------------------------------------------------------------------
 
 
@@ -86,15 +82,17 @@ def kill_processes_mentioning(marker: str) -> None:
                 pass
 
 
-def tidal_run(setup: Setup, steps: int, work: Path, env: dict[str, str], timeout_s: float) -> float:
-    out = work / setup.runner / ("server" if setup.server else "embedded")
+def tidal_run(setup: Setup, steps: int, tree: Path, work: Path, env: dict[str, str], timeout_s: float) -> float:
+    """``tidal run`` of ``tree``'s code, its driver's actor calls counted into ``CALLS_FILE``."""
+    out = work / setup.key
     out.mkdir(parents=True)
     sets = [f"trainer.total_training_steps={steps}", f"prefect.task_runner={setup.runner}",
             f"storage.url=sqlite:///{out / 'tidal.db'}", f"trainer.default_local_dir={out / 'runs'}",
             f"ray.temp_dir={out / 'ray'}", "ray.memory_gb=3", "ray.object_store_memory_gb=0.3"]
-    cmd = [sys.executable, "-m", "flows.cli", "run", "tiny-cpu", *[a for s in sets for a in ("--set", s)]]
+    cmd = [sys.executable, str(COUNTER), "flows.cli", "run", "tiny-cpu", *[a for s in sets for a in ("--set", s)]]
+    env = {**env, "PYTHONPATH": str(tree), "TIDAL_COUNT_RAY_CALLS": str(out / CALLS_FILE)}
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
         stdout, _ = proc.communicate(timeout=timeout_s)
@@ -133,10 +131,9 @@ class StepTimes:
         return sum(self.counts.values())
 
     def complete(self) -> bool:
-        """Every phase the step always runs is there once (task runs arrive asynchronously)."""
-        once = ("should_deactivate", "broadcast_sync", "should_activate", "update_policy", "commit_step")
-        return (all(self.counts.get(p) == 1 for p in once) and self.counts.get("train", 0) >= 1
-                and self.counts.get("hybrid_sync", 0) == self.counts.get("activate", 0) <= 1)
+        """The step's task runs have arrived (asynchronously): it trained and committed once. The
+        other phases vary with the step (the last one asks no lend) and with the tree measured."""
+        return self.counts.get("commit_step") == 1 and self.counts.get("train", 0) >= 1
 
 
 async def _read_runs(api_url: str) -> dict[str, list[StepTimes]]:
@@ -209,9 +206,7 @@ def policy_compute_s(db: Path) -> float:
 def summarize(steps: list[StepTimes]) -> dict[str, Any]:
     steps = sorted(steps, key=lambda s: s.step)
     rows = []
-    for cur, nxt in zip(steps, steps[1:]):
-        if cur.step == 1:
-            continue  # one-off: first Ray worker, first flow/task registrations
+    for cur, nxt in measured_steps(steps):
         cycle = nxt.start - cur.start
         data = sum(v for k, v in cur.tasks.items() if k in DATA_PLANE)
         store = sum(v for k, v in cur.tasks.items() if k in STORE)
@@ -225,56 +220,166 @@ def summarize(steps: list[StepTimes]) -> dict[str, Any]:
     return mean
 
 
+def measured_steps(steps: list[StepTimes]) -> list[tuple[StepTimes, StepTimes]]:
+    """(step, next step) for every step but the first (one-off start-up) and the last (no successor)."""
+    steps = sorted(steps, key=lambda s: s.step)
+    return [(cur, nxt) for cur, nxt in zip(steps, steps[1:]) if cur.step != 1]
+
+
+def ray_calls(calls: list[list[Any]], steps: list[StepTimes]) -> dict[str, Any]:
+    """Actor method calls the driver made per measured step (counted in the step's cycle:
+    from its flow run's start to the next one's), median over steps, and one step's calls by method."""
+    per_step = [Counter(name for t, name in calls if cur.start <= t < nxt.start) for cur, nxt in measured_steps(steps)]
+    totals = [sum(c.values()) for c in per_step]
+    median = statistics.median(totals)
+    typical = next(c for c in per_step if sum(c.values()) == min(totals, key=lambda n: abs(n - median)))
+    return {"per_step": median, "each_step": totals, "by_method": dict(sorted(typical.items()))}
+
+
+def measure(tree: Path, steps: int, timeout_s: float) -> dict[str, Any]:
+    """Every setup on ``tree``'s code; JSON-able figures per setup."""
+    work = Path(tempfile.mkdtemp(prefix="tidal-bcp-", dir="/tmp"))
+    home = work / "prefect-home"
+    server = LocalPrefectServer(home=str(home))
+    try:
+        embedded, served = [s for s in SETUPS if not s.server], [s for s in SETUPS if s.server]
+        walls = {}
+        for setup in embedded:
+            print(f"  running: {setup.label}", flush=True)
+            walls[setup.key] = tidal_run(setup, steps, tree, work, base_env(home), timeout_s)
+        server.start()  # on the embedded runs' home: their flow runs are in its database
+        for setup in served:
+            print(f"  running: {setup.label}", flush=True)
+            walls[setup.key] = tidal_run(setup, steps, tree, work, server.env(base_env(home)), timeout_s)
+        runs = list(read_runs(server.api_url, steps).values())
+        assert len(runs) == len(SETUPS), f"expected {len(SETUPS)} training-run flow runs, found {len(runs)}"
+        setups = {}
+        for setup, times in zip(embedded + served, runs):
+            calls = json.loads((work / setup.key / CALLS_FILE).read_text(encoding="utf-8"))
+            setups[setup.key] = {**summarize(times), "label": setup.label, "runner": setup.runner,
+                                 "server": setup.server, "wall_s": walls[setup.key],
+                                 "policy_compute_s": policy_compute_s(work / setup.key / "tidal.db"),
+                                 "ray_calls": ray_calls(calls, times)}
+    finally:
+        server.stop()
+        kill_processes_mentioning(str(work))
+        shutil.rmtree(work, ignore_errors=True)
+    return {"setups": setups, "steps": steps, "load_average": os.getloadavg()[0]}
+
+
+def headline(result: dict[str, Any]) -> dict[str, float]:
+    """The three figures results.json keeps (DESIGN's targets: ≤ 10 calls, ≤ 0.15 s in-process)."""
+    setups = result["setups"]
+    return {"ray_calls_per_step": setups[IN_PROCESS.key]["ray_calls"]["per_step"],
+            "seconds_per_step_in_process": setups[IN_PROCESS.key]["control"],
+            "seconds_per_step_ray_runner": setups[RAY_RUNNER.key]["control"]}
+
+
+# ------------------------------------------------------------------------------------------------
+# before / after (in the parent: one child per tree)
+# ------------------------------------------------------------------------------------------------
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def this_tree_label() -> str:
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return f"this tree ({git('rev-parse', '--short', 'HEAD')}{' + changes' if dirty else ''})"
+
+
+def measure_in_child(tree: Path, steps: int, timeout_s: float) -> dict[str, Any]:
+    """``measure(tree)`` in a subprocess with ``tree`` on PYTHONPATH (its runs import only its code)."""
+    with tempfile.NamedTemporaryFile(suffix=".json", prefix="tidal-bcp-") as out:
+        cmd = [sys.executable, __file__, "--measure", str(tree), "--json-out", out.name, "--steps", str(steps),
+               "--timeout", str(timeout_s)]
+        subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(tree)})
+        return json.loads(Path(out.name).read_text(encoding="utf-8"))
+
+
+def before_and_after(baseline: str | None, steps: int, timeout_s: float) -> dict[str, dict[str, Any]]:
+    """Label → result: the baseline revision's (from a temporary worktree, removed after), then this tree's."""
+    results: dict[str, dict[str, Any]] = {}
+    if baseline:
+        rev = git("rev-parse", "--short", baseline)
+        scratch = Path(tempfile.mkdtemp(prefix="tidal-bcp-base-", dir="/tmp"))
+        tree = scratch / "tree"
+        git("worktree", "add", "--detach", str(tree), rev)
+        try:
+            print(f"measuring baseline {rev} in {tree}", flush=True)
+            results[f"baseline {rev}"] = measure_in_child(tree, steps, timeout_s)
+        finally:
+            git("worktree", "remove", "--force", str(tree))
+            shutil.rmtree(scratch, ignore_errors=True)
+    label = this_tree_label()
+    print(f"measuring {label}", flush=True)
+    results[label] = measure_in_child(ROOT, steps, timeout_s)
+    return results
+
+
 # ------------------------------------------------------------------------------------------------
 # report
 # ------------------------------------------------------------------------------------------------
 
 
-def markdown(results: list[tuple[Setup, dict[str, Any], float, float]], steps: int, command: str) -> str:
-    load = os.getloadavg()[0]
+def side_by_side(results: dict[str, dict[str, Any]]) -> list[str]:
+    """The headline figures of every tree measured, one column each (and the change, for two)."""
+    labels = list(results)
+    heads = {label: headline(r) for label, r in results.items()}
+    change = len(labels) == 2
+    lines = ["| figure | " + " | ".join(labels) + (" | change |" if change else " |"),
+             "|---|" + "---:|" * (len(labels) + change)]
+    for key in heads[labels[0]]:
+        values = [heads[label][key] for label in labels]
+        fmt = "{:.0f}" if key == "ray_calls_per_step" else "{:.3f}"
+        row = f"| `overhead.{key}` | " + " | ".join(fmt.format(v) for v in values)
+        if change:
+            row += " | " + (f"{values[1] / values[0] - 1:+.0%}" if values[0] else "n/a")
+        lines.append(row + " |")
+    return lines
+
+
+def markdown(results: dict[str, dict[str, Any]], command: str) -> str:
+    label, current = list(results.items())[-1]
+    steps = current["steps"]
+    setups = current["setups"]
     lines = [
         f"<!-- {MARK} -->",
         "## Control-plane overhead per step (Prefect + policy + controller)",
         "",
         f"Command: `{command}`",
         "",
-        f"`tidal run tiny-cpu` for {steps} steps per setup, one after the other in one invocation; every number is read "
-        "back from the Prefect API (flow-run and task-run timestamps). Per step: *cycle* = start of the next step − start "
-        "of this one; *data plane* = wait_for_samples + train + broadcast_sync + hybrid_sync + activate task runs; "
-        "*store* = commit_step (checkpoint + SQL transaction); *policy + controller* = should_deactivate + "
-        "should_activate + update_policy task runs (actor context, policy call, Ray round trips); *Prefect* = cycle − "
-        "all task runs (flow-run create/finish, task submission and, for Ray, dispatch to a worker). Medians over steps "
-        f"2…{steps - 1} (step 1 pays one-off start-up; the last step has no successor). "
-        f"{platform.machine()}, {os.cpu_count()} CPUs shared with other jobs (load average {load:.1f} at the end), "
-        "so expect ±20 %.",
+        f"`tidal run tiny-cpu` for {steps} steps per setup and per tree, one after the other in one invocation; "
+        "every time is read back from the Prefect API (flow-run and task-run timestamps), every Ray call counted in "
+        "the driver (`benchmarks/ray_call_counter.py`; what each column means: `docs/benchmarks.md`). Medians over "
+        f"steps 2…{steps - 1}. {platform.machine()}, {os.cpu_count()} CPUs shared with other jobs (load average "
+        f"{current['load_average']:.1f} at the end), so expect ±20 %.",
         "",
-        "| setup | tasks/step | cycle s | data plane s | store s | policy + controller s | Prefect s "
+        *side_by_side(results),
+        "",
+        f"Per setup, {label}:",
+        "",
+        "| setup | tasks/step | Ray calls/step | cycle s | data plane s | store s | policy + controller s | Prefect s "
         "| **overhead s** | share of this cycle | share of a 60 s step | step-1 cycle s | policy compute ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for setup, m, _wall, compute in results:
+    for m in setups.values():
         lines.append(
-            f"| {setup.label} | {m['tasks']:.1f} | {m['cycle']:.2f} | {m['data']:.2f} | {m['store']:.2f} | "
-            f"{m['policy']:.3f} | {m['prefect']:.3f} | **{m['control']:.2f}** | {m['control'] / m['cycle']:.0%} | "
-            f"{m['control'] / TARGET_STEP_S:.1%} | {m['first_cycle']:.2f} | {compute * 1e3:.2f} |"
+            f"| {m['label']} | {m['tasks']:.1f} | {m['ray_calls']['per_step']:.0f} | {m['cycle']:.2f} | "
+            f"{m['data']:.2f} | {m['store']:.2f} | {m['policy']:.3f} | {m['prefect']:.3f} | **{m['control']:.2f}** | "
+            f"{m['control'] / m['cycle']:.0%} | {m['control'] / TARGET_STEP_S:.1%} | {m['first_cycle']:.2f} | "
+            f"{m['policy_compute_s'] * 1e3:.2f} |"
         )
-    by_label = {setup.label: m for setup, m, _, _ in results}
-    ray = next(m for setup, m, _, _ in results if setup.runner == "ray")
-    thread = next(m for setup, m, _, _ in results if setup.runner == "thread" and setup.server)
+    ray, thread = setups[RAY_RUNNER.key], setups[SETUPS[1].key]
     dispatch_ms = (ray["prefect"] - thread["prefect"]) / ray["tasks"] * 1e3
-    shares = ", ".join(f"{label}: {m['control'] / TARGET_STEP_S:.1%}" for label, m in by_label.items())
+    by_method = ", ".join(f"{name} {n}" for name, n in setups[IN_PROCESS.key]["ray_calls"]["by_method"].items())
     lines += [
         "",
-        "Reading: the tiny job's steps last about a second, so here the control plane is a large share of each "
-        "cycle. It is a fixed cost per step, though — one flow run and ~10 task runs whatever the GPUs do — so at "
-        f"DESIGN's 60 s step it comes to {shares} (target ≤ 2 %). Per phase, the Ray runner costs "
-        f"{dispatch_ms:+.0f} ms against the in-process runner on the same server: its workers keep Prefect's "
-        "settings and API client between phases (`flows/runners.py: PhaseRayTaskRunner`); stock prefect-ray "
-        "rebuilds both on the worker for every task, ≈ 100–150 ms more per phase here. Each extra micro-step "
-        "(`trigger_parameter_sync_step`, one `train` task each) adds one phase's cost; the step-1 column includes "
-        "one-off start-up (for the Ray runner, starting its first worker). The policy's own decisions take "
-        "microseconds (last column); *policy + controller* is building the context from the actors and the Ray "
-        "round trips.",
+        f"Ray calls of one in-process step by method: {by_method}. The control plane is a fixed cost per step, so at "
+        f"DESIGN's 60 s step it comes to {setups[IN_PROCESS.key]['control'] / TARGET_STEP_S:.1%} in-process and "
+        f"{ray['control'] / TARGET_STEP_S:.1%} with the Ray runner (target ≤ 2 %); the Ray runner costs "
+        f"{dispatch_ms:+.0f} ms per phase against the in-process runner on the same server.",
         f"<!-- /{MARK} -->",
     ]
     return "\n".join(lines) + "\n"
@@ -291,56 +396,53 @@ def write_section(path: Path, section: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+def write_figures(results: dict[str, dict[str, Any]], command: str) -> None:
+    """``benchmarks/results/overhead.json``, then ``benchmarks/results.json`` merged from all results."""
+    sys.path.insert(0, str(BENCH))
+    from results_io import write_json
+    from run_all import write_summary
+
+    (label, current), *_ = reversed(results.items())
+    setups = {m["label"]: {**m, "fraction_at_60s_step": m["control"] / TARGET_STEP_S}
+              for m in current["setups"].values()}
+    print("wrote", write_json("overhead", {
+        "command": command, "tree": label, "setups": setups, "load_average": current["load_average"],
+        **headline(current),
+        "before": {other: headline(r) for other, r in results.items() if other != label},
+        # the default path (embedded Prefect, in-process runner) is the headline; the worst is kept too
+        "fraction_at_60s_step": setups[IN_PROCESS.label]["fraction_at_60s_step"],
+        "worst_fraction_at_60s_step": max(v["fraction_at_60s_step"] for v in setups.values()),
+    }))
+    print("wrote", write_summary())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10, help="steps per setup (≥ 4)")
+    parser.add_argument("--steps", type=int, default=10, help="steps per setup (≥ 3: step 2 is the first measured)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds allowed per run")
-    parser.add_argument("--write", type=Path, help="update this RESULTS.md's section")
+    parser.add_argument("--baseline", default=BASELINE,
+                        help=f"revision to measure first, in a temporary git worktree (default {BASELINE}; none: skip)")
+    parser.add_argument("--write", type=Path, help="update this RESULTS.md's section, results/overhead.json and "
+                                                   "results.json")
+    parser.add_argument("--measure", type=Path, help=argparse.SUPPRESS)  # the child: measure this tree only
+    parser.add_argument("--json-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.steps < 4:
-        parser.error("--steps must be at least 4")
+    if args.steps < 3:
+        parser.error("--steps must be at least 3")
+    if args.measure:
+        args.json_out.write_text(json.dumps(measure(args.measure, args.steps, args.timeout)), encoding="utf-8")
+        return 0
+    baseline = None if args.baseline.lower() in ("", "none") else args.baseline
     command = "python benchmarks/bench_control_plane.py" + (f" --steps {args.steps}" if args.steps != 10 else "") + (
+        f" --baseline {args.baseline}" if args.baseline != BASELINE else "") + (
         f" --write {args.write}" if args.write else "")
-    work = Path(tempfile.mkdtemp(prefix="tidal-bcp-", dir="/tmp"))
-    home = work / "prefect-home"
-    server = LocalPrefectServer(home=str(home))
-    results = []
-    try:
-        embedded, served = [s for s in SETUPS if not s.server], [s for s in SETUPS if s.server]
-        walls = {}
-        for setup in embedded:
-            print(f"running: {setup.label}", flush=True)
-            walls[setup.label] = tidal_run(setup, args.steps, work, base_env(home), args.timeout)
-        server.start()  # on the embedded runs' home: their flow runs are in its database
-        for setup in served:
-            print(f"running: {setup.label}", flush=True)
-            walls[setup.label] = tidal_run(setup, args.steps, work, server.env(base_env(home)), args.timeout)
-        runs = list(read_runs(server.api_url, args.steps).values())
-        assert len(runs) == len(SETUPS), f"expected {len(SETUPS)} training-run flow runs, found {len(runs)}"
-        for setup, steps in zip(embedded + served, runs):
-            db = work / setup.runner / ("server" if setup.server else "embedded") / "tidal.db"
-            results.append((setup, summarize(steps), walls[setup.label], policy_compute_s(db)))
-    finally:
-        server.stop()
-        kill_processes_mentioning(str(work))
-        shutil.rmtree(work, ignore_errors=True)
-    section = markdown(results, args.steps, command)
+    results = before_and_after(baseline, args.steps, args.timeout)
+    section = markdown(results, command)
     print(section)
     if args.write:
         write_section(args.write, section)
         print(f"wrote {args.write}")
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-        from results_io import write_json
-
-        setups = {setup.label: {**m, "runner": setup.runner, "server": setup.server, "policy_compute_s": compute,
-                                "fraction_at_60s_step": m["control"] / TARGET_STEP_S}
-                  for setup, m, _wall, compute in results}
-        print("wrote", write_json("overhead", {
-            "command": command, "setups": setups, "load_average": os.getloadavg()[0],
-            # the default path (embedded Prefect, in-process runner) is the headline; the worst is kept too
-            "fraction_at_60s_step": setups[SETUPS[0].label]["fraction_at_60s_step"],
-            "worst_fraction_at_60s_step": max(v["fraction_at_60s_step"] for v in setups.values()),
-        }))
+        write_figures(results, command)
     return 0
 
 

@@ -1,51 +1,9 @@
 """Emulated cluster vs the simulator: the real control plane at 32 emulated GPUs, against `tidal simulate`.
 
-For each setup of the seed experiment scaled down 20× in tokens (static 8 + 24, static 16 + 16,
-dynamic 16 + 16; presets ``config/presets/sim/qwen35-35b-emulated-*.yaml``) this runs the real
-system — ``tidal run`` with its Prefect flows, Ray actors, controller and policy, with the
-simulated engine and backend spending the cost model's time — as a subprocess in a scratch
-directory of its own (store, run outputs, ``PREFECT_HOME``) on a Ray cluster this script starts
-(so that it can read the engines' own counters while the run goes on). It then reads every
-committed step back from the store (``storage.step_metrics`` and the switch events) and runs the
-simulator (``sim.Simulator``) on the same preset, steps and seed, twice: as the preset stands, and
-with ``sim.step_overhead_s`` set to the control-plane overhead measured in that same run.
-
-Per step ``k`` of the emulated run (timestamps of the store):
-
-  cycle_k     = start of step k+1 − start of step k         (the last: its commit − its start)
-  data plane  = the trainer's pulls (waits for samples) and updates + the wait before a
-                deactivation + the weight sync and the step's switches at the simulator's prices
-  overhead_k  = cycle_k − data plane                         (Prefect flow and task runs, policy
-                calls, context building, Ray round trips, commit, and whatever the sync and the
-                switches took beyond their modelled seconds: what ``step_overhead_s`` stands for)
-
-The prediction with overhead (what ``tidal simulate --set sim.step_overhead_s=…`` predicts) uses
-the mean of overhead_k over the complete cycles (steps 1 … N−1; the last step has no successor):
-its sum is what the run paid, spikes of a busy machine included (the median is reported too).
-A third prediction, the *Tidal model*, takes the control plane as Tidal has it: the overhead where
-Tidal spends it (``SimSpec.task_overhead_s`` before each phase = the in-step part, step timer −
-data plane, per Prefect task; ``step_overhead_s`` = the part between flow runs, cycle − step
-timer) and Tidal's weight sync (the simulator's presets abort and re-prefill what the replicas
-generate at every sync, verl's partial rollout and the calibrated default; Tidal's engines only
-stall while loading: ``SimSpec.sync_aborts=False``). The simulator puts ``step_overhead_s`` at the end of a step,
-after the activation; a real step's last part of it (flow exit, next flow start) comes after the
-commit, so the final wall clock compared is the first step's start → the last step's commit on
-both sides (the simulator's last step minus that tail, measured as start of step k+1 − commit of
-step k).
-
-The headline (``emulated.relative_error_vs_sim`` in ``benchmarks/results.json``) is the Tidal
-model: it is ``tidal simulate`` with the settings that describe Tidal's control plane
-(``sim.task_overhead_s``, ``sim.step_overhead_s``, ``sim.sync_aborts``). The *with overhead*
-prediction puts all of a step's overhead after the activation, where a lent hybrid generates
-through it; in Tidal most of it lies inside the step, where the hybrid is not lent. For the
-dynamic setup that prediction can even come out faster than the one without overhead (85.8 s vs
-87.9 s, emulated 102.4 s, in the run of 2026-11-29); it is reported beside the headline, as
-``relative_error_vs_sim_step_end_overhead``.
-
-Faithfulness of the emulation itself: the CPU seconds of every process of the run (the
-``tidal run`` session and the Ray cluster's) per wall second, the machine's busy share over the
-run, and the engines' ``stretch_s`` (modelled seconds their device timeline fell behind by more
-than ``max_lag_s``, i.e. an emulated clock that ran slow because Python could not keep up).
+Owns: the emulated runs (real flows, actors and policy; simulated engine and backend), the
+simulator's predictions of the same runs, and their RESULTS.md section and ``results/emulated.json``.
+Must not: tune the simulator to the run it is compared with. Per-step accounting and the three
+predictions: ``docs/benchmarks.md``.
 
 Usage:
     .venv/bin/python benchmarks/bench_emulated.py [--setups static-8-24,static-16-16,dynamic]
@@ -260,14 +218,14 @@ def run_emulated(preset: str, overrides: list[str], steps: int | None, work: Pat
 def read_store(db: Path) -> tuple[list[dict[str, Any]], list[tuple[int, str, float, float]]]:
     import sqlalchemy as sa
 
-    from storage import make_engine, run_summaries, session_scope, step_metrics
+    from storage import make_engine, read_step_metrics, run_summaries, session_scope
     from storage.models import Run, SwitchEvent
 
     engine = make_engine(f"sqlite:///{db}")
     try:
         with session_scope(engine) as s:
             uid = run_summaries(s)[-1].uid
-            rows = step_metrics(s, uid)
+            rows = read_step_metrics(s, uid)
             switches = s.execute(
                 sa.select(SwitchEvent.step, SwitchEvent.kind, SwitchEvent.started_at, SwitchEvent.duration_s)
                 .join(Run, Run.id == SwitchEvent.run_id).where(Run.uid == uid).order_by(SwitchEvent.id)
@@ -545,7 +503,7 @@ def markdown(results: list[dict[str, Any]], command: str, plot_path: Path) -> st
         f"**Worst |relative error| of the final wall clock: {worst_tidal:.1%}** against the Tidal model (`tidal "
         f"simulate` with Tidal's control plane: `sim.task_overhead_s`, `sim.step_overhead_s`, `sim.sync_aborts`; the "
         f"headline, target ≤ {TARGET:.0%}); {worst:.1%} against `tidal simulate` with the measured overhead at the "
-        "end of each step, where a lent hybrid generates through it (see the module docstring).",
+        "end of each step, where a lent hybrid generates through it (see docs/benchmarks.md).",
         "",
         "| setup | steps | emulated final s | Σ step timers s | predicted s, no overhead | error | overhead s/step "
         "mean (median) | predicted s, with overhead | error | predicted s, Tidal model | **error** | "

@@ -1,27 +1,7 @@
-"""Weight sync on CPU: trainer → standalone replicas over Ray's object store vs a gloo group,
-trainer → hybrid replica in-process, and the torch engine's sleep / wake-up.
+"""Weight sync on CPU: trainer to standalone replicas over Ray or gloo, to a hybrid in-process, sleep / wake.
 
-For each model size (the tiny-cpu model and larger ones), measured side by side in one run on a
-local Ray cluster this script starts (own temp dir and ports, `RAY_AUTH_MODE` set; only that
-cluster is stopped at the end):
-
-- **ray**: what `ControllerActor.broadcast` does. The trainer actor's `weights()` returns
-  `TorchBackend.state_dict_for_rollout()` (Ray stores the return value in the object store), and
-  every replica actor gets the same `ObjectRef` as the argument of `load_weights`, so Ray fetches
-  the state dict into the replica's process before the engine copies it into its weights.
-- **gloo/tensor**: a `torch.distributed` gloo group (trainer = rank 0, one rank per replica). The
-  trainer takes the same `state_dict_for_rollout()` and `dist.broadcast`s it tensor by tensor;
-  each replica receives into preallocated buffers and calls the engine's `load_weights`.
-- **gloo/bucket**: the same, with all tensors flattened into one buffer (one broadcast).
-- **hybrid**: in the trainer's own process, `state_dict_for_rollout()` + `TorchEngine.load_weights`
-  (what `TrainerActor.hybrid_load_weights` does; no Ray, no copy between processes).
-- **failure check**: kill one of two replicas, then sync once each way, and report what happens.
-- **sleep / wake**: `TorchEngine.sleep()` (abort + free weights and KV cache), `wake_up()`
-  (reallocate), and wake_up + load_weights (what reactivating a sleeping replica costs).
-
-Every sync is timed end to end from the driver (actor-call overhead included, as in the real
-controller) and bumps the param version; medians (and p90) of `--repeats` syncs after `--warmup`.
-Each actor uses one torch thread.
+Owns: a local Ray cluster of its own (stopped at the end, nothing else) and the timings, end to end
+from the driver. Must not: touch any other Ray cluster. What each path does: ``docs/benchmarks.md``.
 
 Usage:
     .venv/bin/python benchmarks/bench_weight_sync.py [--sizes tiny,10x,100x] [--replicas 1,2]

@@ -1,16 +1,8 @@
 """The fault campaign's figures: run the fault tests, count what was injected and what survived.
 
-Runs ``pytest tests/faults`` (every fault test, slow ones included) with ``TIDAL_FAULT_REPORT``
-pointing at a scratch file, so each fault test that passes appends what it injected and found
-(``tests/faults/fault_report.py``: kind, injected, survived, samples lost, samples duplicated). Test
-files that inject one fault per test case (malformed input, store faults) are counted from pytest's
-own JUnit report instead: one fault per passed case. A failed test counts its faults as injected and
-not survived.
-
-Writes the ``fault_campaign`` section of ``benchmarks/RESULTS.md`` and ``benchmarks/results/faults.json``
-(``injected``, ``survived``, ``samples_lost``, ``samples_duplicated``, per kind and per test).
-
-Exit status: pytest's (0 when every fault test passed).
+Owns: running ``pytest tests/faults`` with a fault report, and the ``fault_campaign`` section and
+``results/faults.json``. Must not: count a failed test as survived. How faults are counted and the exit
+status: ``docs/benchmarks.md``.
 
 Usage:
     .venv/bin/python benchmarks/fault_campaign.py [--no-write] [-- extra pytest args]

@@ -1,23 +1,8 @@
 """`make bench`: run every benchmark, then merge their figures into ``benchmarks/results.json``.
 
-Each benchmark writes its own section of ``benchmarks/RESULTS.md`` (with the command that made it)
-and its figures to ``benchmarks/results/NAME.json``; this script runs them one after the other
-(they share two cores: never in parallel) and writes the summary the issue tracker and CI read:
-
-    cpu_rollout_bound.speedup_vs_static        static wall / dynamic (`default`) wall, median of seeds
-    cpu_rollout_bound.fraction_of_fluid_bound  fluid bound / dynamic wall, median of seeds
-    cpu_training_bound.slowdown_vs_static      dynamic wall / static wall − 1, median of seeds
-                                               (beside it, not a target: the same with the machine's
-                                               speed in each run factored out, and how far two
-                                               identical static runs land apart)
-    emulated.relative_error_vs_sim             worst |emulated − predicted| / predicted wall clock
-                                               (the Tidal model: `tidal simulate` with Tidal's control plane)
-    overhead.fraction_at_60s_step              control-plane seconds per step / 60 s (default runner)
-    sim.seconds_400_steps_32_gpus              one 400-step, 32-GPU simulation (dynamic, best of 5)
-    faults.injected / samples_lost / samples_duplicated
-
-with each figure's target and whether it was met. ``--only a,b`` runs a subset; ``--merge`` only
-merges what ``benchmarks/results/`` already holds (each figure keeps the date of its own run).
+Owns: the order of the benchmarks (one after the other, never in parallel), the merge of
+``benchmarks/results/*.json`` and each figure's target (``TARGETS``). Must not: measure anything
+itself. The figures and what they mean: ``docs/benchmarks.md``.
 
 Usage:
     .venv/bin/python benchmarks/run_all.py [--only sim,sweep,overhead,compare,emulated,faults] [--merge]
@@ -53,6 +38,8 @@ TARGETS = {
     "cpu_training_bound.slowdown_vs_static": ("<=", 0.02),
     "emulated.relative_error_vs_sim": ("<=", 0.10),
     "overhead.fraction_at_60s_step": ("<=", 0.02),
+    "overhead.ray_calls_per_step": ("<=", 10),
+    "overhead.seconds_per_step_in_process": ("<=", 0.15),
     "sim.seconds_400_steps_32_gpus": ("<=", 2.0),
     "faults.samples_lost": ("<=", 0),
     "faults.samples_duplicated": ("<=", 0),
@@ -75,8 +62,9 @@ def merge() -> dict:
         "cpu_training_bound": {k: tb.get(k) for k in ("slowdown_vs_static", "slowdown_vs_static_speed_adjusted",
                                                      "static_vs_static_spread", "headline_setup")},
         "emulated": {"relative_error_vs_sim": emulated.get("relative_error_vs_sim")},
-        "overhead": {"fraction_at_60s_step": overhead.get("fraction_at_60s_step"),
-                     "worst_fraction_at_60s_step": overhead.get("worst_fraction_at_60s_step")},
+        "overhead": {k: overhead.get(k) for k in ("fraction_at_60s_step", "worst_fraction_at_60s_step",
+                                                  "ray_calls_per_step", "seconds_per_step_in_process",
+                                                  "seconds_per_step_ray_runner")},
         "sim": {"seconds_400_steps_32_gpus": dyn_speed.get("best_s"),
                 "seconds_400_steps_32_gpus_median": dyn_speed.get("median_s"),
                 "sweep_100_configs_s": sweep.get("wall_s"), "sweep_100_configs_cpu_s": sweep.get("cpu_s")},
@@ -101,6 +89,13 @@ def merge() -> dict:
     return out
 
 
+def write_summary() -> Path:
+    """Merge ``benchmarks/results/*.json`` into ``benchmarks/results.json``; returns its path."""
+    path = BENCH / "results.json"
+    path.write_text(json.dumps(merge(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default=",".join(STEPS), help="comma-separated subset of " + ",".join(STEPS))
@@ -120,10 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {name}: exit {code} after {time.perf_counter() - t0:.0f} s", flush=True)
             if code != 0:
                 failed.append(name)
-    summary = merge()
-    path = BENCH / "results.json"
-    path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    print(json.dumps(summary["targets"], indent=2))
+    path = write_summary()
+    print(json.dumps(json.loads(path.read_text(encoding="utf-8"))["targets"], indent=2))
     print(f"wrote {path}")
     if failed:
         print(f"error: benchmark(s) failed: {failed}", file=sys.stderr)

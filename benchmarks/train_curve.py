@@ -1,14 +1,8 @@
 """Does the tiny model learn? Run `tidal run` on CPU and show the per-step mean reward rising.
 
-Runs the real system end to end (Prefect flow per step, Ray actors, torch engine, torch GRPO
-backend, the built-in task) as a subprocess in a scratch directory of its own (store, run outputs,
-`PREFECT_HOME`), then reads the committed per-step metrics back from the store
-(`storage.step_metrics`), prints the table, compares the mean reward of the first and the last
-`--window` steps, plots `train/reward_mean` per step and per wall-clock second, and writes the
-numbers and the command into the ``train_curve`` section of `benchmarks/RESULTS.md`.
-
-Exit status: 0 when the last window's mean reward beats the first window's by at least
-`--min-gain` (absolute), 1 when it does not, 2 when the run itself failed.
+Owns: one end-to-end run in a scratch directory, its reward table and plot, and the ``train_curve``
+section. Exit 0 when the last window beats the first by ``--min-gain``, 1 when not, 2 when the run
+failed. Must not: reuse a store or Prefect home of anyone else. Details: ``docs/benchmarks.md``.
 
 Usage:
     .venv/bin/python benchmarks/train_curve.py [--config tiny-cpu] [--steps N] [--set k=v ...]
@@ -34,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.procs import wait_or_stop  # noqa: E402
 from benchmarks.results_io import write_section  # noqa: E402
 from config import load_config  # noqa: E402
-from storage import make_engine, run_summaries, session_scope, step_metrics  # noqa: E402
+from storage import make_engine, read_step_metrics, run_summaries, session_scope  # noqa: E402
 
 REWARD = "train/reward_mean"
 
@@ -92,7 +86,7 @@ def read_steps(workdir: Path) -> tuple[str, list[dict]]:
             if not runs:
                 raise RuntimeError(f"no run in the store at {workdir / 'tidal.db'}")
             uid = runs[-1].uid
-            return uid, step_metrics(s, uid)
+            return uid, read_step_metrics(s, uid)
     finally:
         engine.dispose()
 

@@ -1,16 +1,8 @@
 """The `tidal` command line: parse → build → run → clean up; every bad input exits 2 in one line.
 
-    tidal config show PRESET|FILE [--set key=value ...]
-    tidal config check FILE [--set key=value ...]
-    tidal config presets
-    tidal simulate CONFIG [--set ...] [--policy NAME] [--steps N] [--seed S] [--json PATH]
-                          [--plot DIR] [--compare]
-    tidal run CONFIG [--set ...]           tidal resume RUN_ID [--storage URL]
-    tidal runs [--storage URL]             tidal report RUN_ID [--storage URL]
-
-Exit codes: 0 done; 2 bad input (one line why; nothing was started or written); 3 the store
-became unreachable during a run (one line: what failed, the last committed step and the
-`tidal resume` command; every committed step is intact).
+Owns: the commands (``config``, ``simulate``, ``run``, ``resume``, ``runs``, ``report``) and the exit
+codes (0 done, 2 bad input, 3 store lost). Must not: load configs its own way (``flows.configs``) or
+import the run before a command needs it. Commands and exit codes: ``docs/flows.md``.
 """
 
 from __future__ import annotations
@@ -28,10 +20,11 @@ try:  # typer >= 0.20 vendors its own click; its exceptions are not click's
 except ImportError:  # pragma: no cover - older typer uses click itself
     from click import exceptions as click_exc
 
-from config import ConfigError, TidalConfig, list_presets, load_config, to_plain
+from config import ConfigError, list_presets, load_config, to_plain
+from flows.configs import load_checked, summarize_config
 from flows.errors import EXIT_BAD_INPUT, RunError
-from policies import UnknownPolicyError, resolve_policy_class
-from storage.engine import StoreError, StoreUnavailable, redact_url
+from policies import UnknownPolicyError
+from storage import StoreError, StoreUnavailable, redact_url
 
 app = typer.Typer(
     name="tidal",
@@ -53,29 +46,6 @@ class BadInput(Exception):
     """Anything the user can fix: printed as one line, exit 2."""
 
 
-def load_checked(config: str, overrides: list[str] | None) -> TidalConfig:
-    """Load a config and check what the schema alone cannot (the policy name resolves)."""
-    cfg = load_config(config, overrides or [])
-    name = cfg.async_training.dynamic_schedule_policy
-    try:
-        resolve_policy_class(name)
-    except UnknownPolicyError as exc:
-        raise ConfigError(f"async_training.dynamic_schedule_policy: {exc}") from None
-    return cfg
-
-
-def describe(cfg: TidalConfig) -> str:
-    """One line saying what the config will run."""
-    a = cfg.async_training
-    mode = "only-hybrid" if cfg.only_hybrid else ("dynamic" if a.use_dynamic_resource_scheduling else "static")
-    return (
-        f"{mode}: {cfg.trainer_gpus} trainer GPU(s) ({cfg.hybrid_replicas} hybrid replica(s)) + "
-        f"{cfg.standalone_gpus} rollout GPU(s) ({cfg.standalone_replicas} standalone replica(s)); "
-        f"policy {a.dynamic_schedule_policy}; {cfg.step_required_samples} samples/step; "
-        f"queue capacity {cfg.max_required_samples}"
-    )
-
-
 @config_app.command("show")
 def config_show(
     config: Annotated[str, typer.Argument(help="Preset name (see `tidal config presets`) or YAML file.")],
@@ -83,7 +53,7 @@ def config_show(
 ) -> None:
     """Print the resolved config (every key, defaults included) as YAML."""
     cfg = load_checked(config, set_)
-    typer.echo(f"# {describe(cfg)}")
+    typer.echo(f"# {summarize_config(cfg)}")
     typer.echo(yaml.safe_dump(to_plain(cfg), sort_keys=False), nl=False)
 
 
@@ -94,7 +64,7 @@ def config_check(
 ) -> None:
     """Validate a config; exit 0 and one summary line when it is good, exit 2 when not."""
     cfg = load_checked(config, set_)
-    typer.echo(f"ok: {config}: {describe(cfg)}")
+    typer.echo(f"ok: {config}: {summarize_config(cfg)}")
 
 
 @config_app.command("presets")
@@ -151,10 +121,10 @@ def run(
     """Train: one Prefect flow run per step over the Ray data plane; the store keeps every step."""
     cfg = load_checked(config, set_)
     from flows.training_run import training_run
-    from tasks.commit import engine_for
+    from storage import open_store
 
     # A malformed or unreachable store fails here, in one line, before any flow run starts.
-    engine_for(cfg.storage.url, cfg.storage.busy_timeout_ms)
+    open_store(cfg.storage.url, busy_timeout_ms=cfg.storage.busy_timeout_ms)
     from pydantic import SecretStr
 
     from flows.runners import prefect_settings_for
@@ -196,7 +166,7 @@ def runs(storage: Annotated[str | None, typer.Option(help="Store URL.")] = None)
     """List the runs in the store."""
     from storage import run_summaries, session_scope
 
-    with session_scope(_open_store(storage)) as session:
+    with session_scope(_existing_store(storage)) as session:
         rows = run_summaries(session)
     if not rows:
         typer.echo("no runs")
@@ -223,14 +193,13 @@ def _store_url(storage: str | None) -> str:
     return storage or load_config("tiny-cpu").storage.url
 
 
-def _open_store(storage: str | None):
+def _existing_store(storage: str | None):
     """An engine on an existing store; a SQLite file that is not there is bad input (reading
     commands never create a store), a malformed or unreachable URL is a StoreError."""
-    from storage import make_engine
-    from storage.engine import _parse_url, _sqlite_file
+    from storage import make_engine, store_file
 
-    url = _parse_url(_store_url(storage))
-    path = _sqlite_file(url) if url.get_backend_name() == "sqlite" else None
+    url = _store_url(storage)
+    path = store_file(url)
     if path is not None and not path.is_file():
         raise BadInput(f"no store at {path} (check --storage or storage.url)")
     return make_engine(url)
@@ -242,7 +211,7 @@ def _run_config_path(run_id: str, storage: str | None):
     from config.loader import RESOLVED_FILENAME
     from storage import get_run, session_scope
 
-    engine = _open_store(storage)
+    engine = _existing_store(storage)
     with session_scope(engine) as session:
         row = get_run(session, run_id)
         if row is None:

@@ -6,8 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from config import TidalConfig
-from storage import session_scope, step_metrics
-from tasks.commit import engine_for
+from storage import open_store, read_step_metrics, session_scope
 
 PLOTTED = {
     "dynamic_resource/mq_size": "queue size (samples)",
@@ -20,8 +19,8 @@ PLOTTED = {
 
 
 def write_report(cfg: TidalConfig, uid: str, out_dir: Path) -> dict[str, Any]:
-    with session_scope(engine_for(cfg.storage.url, cfg.storage.busy_timeout_ms)) as session:
-        rows = step_metrics(session, uid)
+    with session_scope(open_store(cfg.storage.url, busy_timeout_ms=cfg.storage.busy_timeout_ms)) as session:
+        rows = read_step_metrics(session, uid)
     png = _plot(rows, out_dir / "report.png")
     lines = [f"# Tidal run `{uid}`", "", f"policy `{cfg.async_training.dynamic_schedule_policy}`, "
              f"{cfg.trainer_gpus} trainer + {cfg.standalone_gpus} rollout GPU(s), {len(rows)} steps", "",

@@ -1,20 +1,8 @@
 """Which Prefect task runner the step flow uses, and how a phase is run on it (DESIGN §8).
 
-Two paths, both tested (``tests/e2e``):
-
-- **in-process** (``ThreadPoolTaskRunner``): the default when no Prefect server is configured;
-  works with Prefect's embedded (ephemeral) API.
-- **Ray** (``PhaseRayTaskRunner``, prefect-ray's ``RayTaskRunner`` with workers that keep Prefect's
-  settings and client): when a server is configured. Each phase runs as a Ray task on a worker of
-  the run's *own* cluster — the driver has already called ``ray.init`` for the run, so the runner
-  reuses that connection and never starts or stops a cluster. Phases are light (they call the
-  run's actors), so they reserve no CPU: they can never wait behind the data plane for a slot.
-  Per-step costs of both: ``benchmarks/bench_control_plane.py``.
-
-Ephemeral Prefect with the Ray runner is unusable (every Ray worker would start its own temporary
-API server), so ``auto`` picks Ray only when this process really talks to a server: the effective
-``PREFECT_API_URL`` (environment, profile, or ``prefect.api_url`` applied with
-``prefect_settings_for`` before the run flow starts — a flow cannot change its API mid-run).
+Owns: the in-process and Ray paths, ``auto``'s choice between them, and the Prefect settings of the
+run and step flows. Must not: start or stop a Ray cluster (the run's own is reused). Why each path
+and when ``auto`` picks Ray: ``docs/flows.md``.
 """
 
 from __future__ import annotations

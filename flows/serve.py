@@ -1,14 +1,8 @@
 """Serve the `training-run` deployments without a work pool: ``python -m flows.serve``.
 
-The deployments (names, parameters, tags, descriptions) are read from ``deployments/prefect.yaml``
-so that both ways of deploying offer the same ones. Needs a Prefect server (``PREFECT_API_URL``);
-runs start 5–12 s after ``prefect deployment run`` (the runner polls). Stop it with one Ctrl-C
-(SIGINT): runs in flight are cancelled and it exits 0. SIGTERM works too (Prefect's runner
-handles it).
-
-A deployment name can belong to a work pool (``prefect deploy``) or to ``serve``, not both: a
-served deployment that a work pool also claims would crash its runs, so serve refuses to start
-while one of its names is bound to a pool and says how to free it.
+Owns: reading ``deployments/prefect.yaml``, refusing a deployment whose config does not load or
+whose name a work pool holds (exit 2), and one Ctrl-C to stop. Must not: define deployments of its
+own. Details: ``docs/flows.md``.
 
     python -m flows.serve                       # every deployment in prefect.yaml
     python -m flows.serve --only tiny-cpu       # just this one (repeatable)
@@ -24,9 +18,10 @@ from typing import Any
 
 import yaml
 
+from flows.errors import EXIT_BAD_INPUT
+
 PREFECT_YAML = Path(__file__).resolve().parents[1] / "deployments" / "prefect.yaml"
 FLOW_NAME = "training-run"
-EXIT_BAD_INPUT = 2
 
 
 def deployment_specs(path: Path = PREFECT_YAML, only: list[str] | None = None) -> list[dict[str, Any]]:
@@ -37,6 +32,22 @@ def deployment_specs(path: Path = PREFECT_YAML, only: list[str] | None = None) -
     if unknown:
         raise SystemExit(f"flows.serve: unknown deployment(s) {unknown}; known: {names}")
     return [s for s in specs if not only or s["name"] in only]
+
+
+def config_errors(specs: list[dict[str, Any]]) -> list[str]:
+    """One line per deployment whose ``config`` and ``overrides`` do not load (as ``tidal run``
+    would check them), so that a broken deployment is refused before anything is served."""
+    from config import ConfigError
+    from flows.configs import load_checked
+
+    errors = []
+    for spec in specs:
+        params = spec.get("parameters") or {}  # a missing parameter takes the flow's default
+        try:
+            load_checked(params.get("config", "tiny-cpu"), list(params.get("overrides") or []))
+        except ConfigError as exc:
+            errors.append(f"{FLOW_NAME}/{spec['name']}: {' '.join(str(exc).split())}")
+    return errors
 
 
 def pool_bound(names: list[str]) -> list[str]:
@@ -86,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         print("flows.serve: set PREFECT_API_URL to a running Prefect server first", file=sys.stderr)
         return EXIT_BAD_INPUT
     specs = deployment_specs(only=args.only)
+    broken = config_errors(specs)
+    if broken:
+        print(f"flows.serve: bad config in {'; '.join(broken)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     taken = pool_bound([s["name"] for s in specs])
     if taken:
         print(f"flows.serve: {', '.join(taken)} already deployed to a work pool on this server; free the "

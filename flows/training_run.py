@@ -17,6 +17,7 @@ from cluster.backends import CheckpointError
 from cluster.builders import DataPlane, prompts_for
 from cluster.ray_cluster import init_ray
 from config import TidalConfig, to_plain, write_resolved
+from flows.configs import load_checked  # the same validation as the CLI
 from flows.errors import CheckpointRefused, StoreLost, store_lost_message
 from flows.progress import StepPrinter
 from flows.report import write_report
@@ -115,8 +116,6 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
     ``**********`` among the flow run's parameters: the CLI passes the store URL here (it may carry
     a password) and the overrides with any password already hidden.
     """
-    from flows.cli import load_checked  # the same validation as the CLI
-
     overrides = list(overrides or [])
     if storage_url is not None:  # a deployment run may pass it as a plain string (no validation)
         url = storage_url.get_secret_value() if isinstance(storage_url, SecretStr) else str(storage_url)

@@ -1,16 +1,8 @@
 """Tidal's metrics: utilization formulas, per-cycle aggregation and wasted-work counters.
 
-Owns:
-    - the reference's section 4 formulas (``train_resource_utilization``,
-      ``rollout_resource_utilization``, ``cluster_resource_utilization``);
-    - folding a sync cycle's micro-step metric dicts into one (``aggregate_cycle``) and the
-      cycle's ``dynamic_resource/*`` ratios (``cycle_utilizations``), with the metric names;
-    - wasted work from switching (``WastedWork``: aborted requests and tokens, re-prefilled
-      tokens, switch seconds).
-
-Must not: import Ray, torch or anything else of ours, read the clock, log, or do I/O. Every
-function here is a pure function of its arguments, so the cluster, the simulator and the tests
-compute the very same numbers.
+Owns: the reference's section 4 formulas, folding a sync cycle's micro-step metrics into one, and
+``WastedWork``. Must not: import Ray, torch or anything else of ours, read the clock, log, or do I/O
+(every function is pure, so cluster, simulator and tests agree). More: ``docs/metrics.md``.
 """
 
 from .aggregate import (

@@ -1,22 +1,8 @@
 """Per-cycle aggregation of micro-step metrics and the cycle's utilization metrics.
 
-A sync cycle is ``trigger_parameter_sync_step`` micro-steps; each micro-step reports a flat
-``{name: value}`` dict. ``aggregate_cycle`` folds them into one dict by the rule table below, and
-``cycle_utilizations`` turns the folded totals into the three ``dynamic_resource/*`` ratios.
-
-Rule table (first match wins; ``EXACT_RULES`` then ``PREFIX_RULES`` then the default):
-
-    dynamic_resource/train_compute_time_s          sum   numerator of U_train, divided once
-    dynamic_resource/train_allocated_time_s        sum   denominator of U_train
-    dynamic_resource/mq_size                       last  a snapshot after the last fit step
-    fully_async/rollouter/step_generated_samples   last  already a running count per version
-    timing_s/*                                     sum   durations add up over the cycle
-    waste/*                                        sum   wasted work adds up over the cycle
-    anything else                                  mean
-
-A name missing from some micro-steps is aggregated over the micro-steps that report it.
-``Rule.MAX`` has no entry in the table; callers pick it (or override any rule) per name through
-``aggregate_cycle(..., extra_rules=...)``.
+Owns: the rule table (``EXACT_RULES``, ``PREFIX_RULES``, mean by default), ``aggregate_cycle`` and
+``cycle_utilizations``. Must not: know where the metrics come from. The table explained:
+``docs/metrics.md``.
 """
 
 from __future__ import annotations

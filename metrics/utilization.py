@@ -1,13 +1,7 @@
 """The three utilization formulas of the reference's section 4, as pure functions.
 
-Each function takes plain numbers, validates them, and returns a ratio in [0, 1]:
-
-- ``train_resource_utilization``: compute time over allocated time of the trainer's turn,
-  summed over a sync cycle first and divided once.
-- ``rollout_resource_utilization``: used concurrency over available concurrency, integrated over
-  a step window in which the capacity may change at any change point.
-- ``cluster_resource_utilization``: the two combined, weighted by the GPU-seconds each was
-  measured over (hybrid GPUs split between training and rollout, standalone GPUs all rollout).
+Owns: train, rollout and cluster utilization from plain numbers, validated, each a ratio in [0, 1].
+Must not: aggregate over steps (``metrics.aggregate`` does). What each measures: ``docs/metrics.md``.
 """
 
 from __future__ import annotations

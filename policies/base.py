@@ -1,21 +1,8 @@
-"""The policy API: the context a policy sees and the hooks it answers.
+"""The policy API: the context a policy sees and the hooks it answers, in a numbered order.
 
-Hook order within one Tidal step (the controller calls them; a policy never calls anything):
-
-1. ``should_deactivate(global_steps, is_hybrid_active, ctx)`` — before training: take the
-   hybrid replicas back this step?
-2. ``deactivate_wait_samples(ctx)`` — only when (1) said yes: how many samples must be buffered
-   before they are taken back.
-3. ``should_activate_after_step(global_steps, is_hybrid_active, ctx)`` — after the broadcast
-   weight sync: lend the trainer's GPUs again (this also decides whether the hybrid weight sync
-   happens at all)?
-4. ``request_rebalance(global_steps, ctx)`` — only after an activation: truthy asks the
-   controller to re-spread in-flight requests.
-5. ``update_after_step(global_steps, ctx)`` — last: adapt internal state. Everything it changes
-   must be in ``state_dict()``.
-
-A policy is pure: no Ray, no torch, no clock (time arrives as ``ctx.now``), no logging, no I/O.
-Reasons for a decision come from ``explain`` (pure too), and the controller records them.
+Owns: ``DynamicScheduleContext`` and ``DynamicSchedulePolicyBase`` (hook order in its docstring).
+Must not: hold a policy's logic, or let a policy touch Ray, torch, the clock (time is ``ctx.now``),
+logging or I/O; reasons come from ``explain`` (pure too) and the controller records them.
 """
 
 from __future__ import annotations
@@ -82,7 +69,21 @@ class DynamicScheduleContext:
 
 
 class DynamicSchedulePolicyBase(ABC):
-    """Base class of every scheduling policy (hook order: see the module docstring).
+    """Base class of every scheduling policy.
+
+    Hook order within one Tidal step (the controller calls them; a policy never calls anything):
+
+    1. ``should_deactivate(global_steps, is_hybrid_active, ctx)`` — before training: take the
+       hybrid replicas back this step?
+    2. ``deactivate_wait_samples(ctx)`` — only when (1) said yes: how many samples must be buffered
+       before they are taken back.
+    3. ``should_activate_after_step(global_steps, is_hybrid_active, ctx)`` — after the broadcast
+       weight sync: lend the trainer's GPUs again (this also decides whether the hybrid weight sync
+       happens at all)?
+    4. ``request_rebalance(global_steps, ctx)`` — only after an activation: truthy asks the
+       controller to re-spread in-flight requests.
+    5. ``update_after_step(global_steps, ctx)`` — last: adapt internal state. Everything it changes
+       must be in ``state_dict()``.
 
     Subclasses implement the three abstract hooks. Adaptive policies override
     ``update_after_step`` and make sure ``state_dict``/``load_state_dict`` cover what it changes;

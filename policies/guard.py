@@ -1,14 +1,8 @@
 """Guard rails that any policy can opt into, applied once, in one visible order, in seconds.
 
-Order, for every wrapped policy:
-
-1. bounds — ``deactivate_wait_samples`` is clamped to [0, step_required_samples];
-2. dwell  — no activation sooner than ``min_dwell_s`` after the last switch (``ctx.now −
-   ctx.last_switch_at``).
-
-Deactivation is never delayed: the trainer needs its GPUs back before it trains, so a dwell can
-only hold the hybrids off, not keep them on. The wrapper is stateless (its inputs are in the
-context), so ``state_dict`` is the wrapped policy's own.
+Owns: ``GuardedPolicy`` (bounds, then dwell; the order is in its docstring) and
+``LostStandaloneGuard``. Must not: keep state of its own (its inputs are in the context, so
+``state_dict`` is the wrapped policy's) or delay a deactivation.
 """
 
 from __future__ import annotations
@@ -19,7 +13,17 @@ from policies.base import DynamicScheduleContext, DynamicSchedulePolicyBase
 
 
 class GuardedPolicy(DynamicSchedulePolicyBase):
-    """Wrap ``inner`` with the guard rails above; attributes not defined here read through."""
+    """Wrap ``inner`` with the guard rails; attributes not defined here read through.
+
+    Order, for every wrapped policy:
+
+    1. bounds — ``deactivate_wait_samples`` is clamped to [0, step_required_samples];
+    2. dwell  — no activation sooner than ``min_dwell_s`` after the last switch (``ctx.now −
+       ctx.last_switch_at``).
+
+    Deactivation is never delayed: the trainer needs its GPUs back before it trains, so a dwell can
+    only hold the hybrids off, not keep them on.
+    """
 
     def __init__(self, inner: DynamicSchedulePolicyBase, *, min_dwell_s: float = 0.0):
         if min_dwell_s < 0:

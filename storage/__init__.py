@@ -8,35 +8,44 @@ step's rows commit together or not at all. Migrations own the schema (no ``creat
 May import: config. Must not: import Ray, torch, cluster, tasks or flows.
 """
 
-from storage.engine import StoreError, StoreUnavailable, make_engine, redact_url, session_scope, sqlite_url
+from storage.engine import (
+    StoreError,
+    StoreUnavailable,
+    make_engine,
+    open_store,
+    redact_url,
+    session_scope,
+    sqlite_url,
+    store_file,
+)
 from storage.migrate import current_revision, downgrade, head_revision, migrate
 from storage.models import Base, RunStatus
 from storage.store import (
-    CheckpointInfo,
     ResumeState,
     RunSummary,
-    StepRecord,
+    StoredCheckpoint,
+    StoredStep,
     consumed_prompts,
     create_run,
     get_run,
     latest_step,
     list_runs,
     load_resume_state,
+    read_step_metrics,
     record_step,
     run_summaries,
     set_run_status,
-    step_metrics,
 )
 
 __all__ = [
     "Base",
-    "CheckpointInfo",
     "ResumeState",
     "RunStatus",
     "RunSummary",
-    "StepRecord",
     "StoreError",
     "StoreUnavailable",
+    "StoredCheckpoint",
+    "StoredStep",
     "consumed_prompts",
     "create_run",
     "current_revision",
@@ -48,11 +57,17 @@ __all__ = [
     "load_resume_state",
     "make_engine",
     "migrate",
+    "open_store",
+    "read_step_metrics",
     "record_step",
     "redact_url",
     "run_summaries",
     "session_scope",
     "set_run_status",
     "sqlite_url",
-    "step_metrics",
+    "store_file",
 ]
+
+# TEMPORARY, for the merge: tasks/commit.py (owned by another helper while issue 14 is open) still
+# builds its row with the old name. The lead renames it there to StoredStep and deletes this line.
+StepRecord = StoredStep

@@ -19,12 +19,15 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-__all__ = ["StoreError", "StoreUnavailable", "make_engine", "redact_url", "session_scope", "sqlite_url"]
+__all__ = ["StoreError", "StoreUnavailable", "make_engine", "open_store", "redact_url", "session_scope", "sqlite_url",
+           "store_file"]
 
 # Connection execution option that makes the SQLite "begin" hook emit BEGIN IMMEDIATE.
 _BEGIN_IMMEDIATE = "tidal_begin_immediate"
 # Seconds a PostgreSQL connection attempt may take before the store counts as unreachable.
 PG_CONNECT_TIMEOUT_S = 10
+# open_store's engines: one per (URL, busy timeout) per process.
+_OPEN: dict[tuple[str, int], sa.Engine] = {}
 # The busy timeout each SQLite engine was made with, for error messages.
 _BUSY_TIMEOUT_MS: weakref.WeakKeyDictionary[sa.Engine, int] = weakref.WeakKeyDictionary()
 
@@ -130,6 +133,14 @@ def _sqlite_file(url: sa.URL) -> Path | None:
     return Path(database).expanduser()
 
 
+def store_file(url: str | sa.URL) -> Path | None:
+    """The file a SQLite store URL names (``~`` expanded), or None for PostgreSQL and for an
+    in-memory or URI-style SQLite database. Raises ``StoreError`` for a malformed or unsupported
+    URL, with the same one-line message as ``make_engine``. Opens nothing."""
+    parsed = _parse_url(url)
+    return _sqlite_file(parsed) if parsed.get_backend_name() == "sqlite" else None
+
+
 def _make_sqlite_engine(url: sa.URL, busy_timeout_ms: int) -> sa.Engine:
     path = _sqlite_file(url)
     if path is not None:
@@ -190,6 +201,16 @@ def make_engine(url: str | sa.URL, *, busy_timeout_ms: int = 30_000) -> sa.Engin
         engine.dispose()
         raise StoreError(f"cannot open the store at {_shown(parsed)}: {first_line(exc)}") from exc
     return engine
+
+
+def open_store(url: str, *, busy_timeout_ms: int = 30_000) -> sa.Engine:
+    """``make_engine(url)``, once per URL and busy timeout in this process (later calls, e.g. from
+    each task on a worker, reuse it). A malformed or unreachable store raises ``StoreError`` and
+    is tried again on the next call."""
+    key = (str(url), int(busy_timeout_ms))
+    if key not in _OPEN:
+        _OPEN[key] = make_engine(url, busy_timeout_ms=busy_timeout_ms)
+    return _OPEN[key]
 
 
 @contextmanager

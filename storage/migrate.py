@@ -1,17 +1,7 @@
 """Running the store's Alembic migrations from code (no alembic.ini).
 
-The migrations own the schema: the application calls ``migrate`` when it opens a store and never
-``create_all``. Each call runs in one transaction (on SQLite under BEGIN IMMEDIATE, so two
-processes opening a fresh store at once do not both try to create it).
-
-A new revision, for whoever changes ``storage/models.py``::
-
-    from alembic import command
-    from storage import make_engine, migrate
-    from storage.migrate import alembic_config
-    engine = make_engine("sqlite:////tmp/dev.db"); migrate(engine)
-    with engine.begin() as conn:
-        command.revision(alembic_config(conn), "what changed", autogenerate=True)
+Owns: ``migrate`` (one transaction; BEGIN IMMEDIATE on SQLite), ``downgrade`` and the revisions.
+Must not: ``create_all`` (the migrations own the schema). Adding a revision: ``docs/storage.md``.
 """
 
 from __future__ import annotations

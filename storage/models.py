@@ -1,14 +1,8 @@
 """The store's tables, as SQLAlchemy 2 typed declarative models.
 
-One declarative ``Base`` gives every table an integer ``id`` and ``created`` / ``updated``
-timestamps, and names every constraint by convention so that migrations stay stable across
-backends. A run owns its steps; every other per-step row points at its step through the composite
-key ``(run_id, step)``, so no metric, decision or consumed prompt can exist without the step that
-produced it, and deleting a run deletes everything under it.
-
-This module must stay importable on its own (Ray pickles these classes by reference).
-The schema itself is owned by the Alembic migrations in ``storage/migrations``; a change here
-needs a new revision there (``tests/storage/test_store_migrations.py`` compares the two).
+Owns: one ``Base`` (id, created, updated, constraint names), a run's steps and the per-step rows keyed
+by ``(run_id, step)``. Must not: import anything but SQLAlchemy and ``storage`` (Ray pickles these
+classes by reference) or change without a new migration. More: ``docs/storage.md``.
 """
 
 from __future__ import annotations

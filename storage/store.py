@@ -32,24 +32,24 @@ from storage.models import (
 )
 
 __all__ = [
-    "CheckpointInfo",
     "ResumeState",
     "RunSummary",
-    "StepRecord",
+    "StoredCheckpoint",
+    "StoredStep",
     "consumed_prompts",
     "create_run",
     "get_run",
     "latest_step",
     "list_runs",
     "load_resume_state",
+    "read_step_metrics",
     "record_step",
     "run_summaries",
     "set_run_status",
-    "step_metrics",
 ]
 
 
-class CheckpointInfo(NamedTuple):
+class StoredCheckpoint(NamedTuple):
     """Where a step's trainer checkpoint lies and how to check it is intact."""
 
     path: str
@@ -58,7 +58,7 @@ class CheckpointInfo(NamedTuple):
 
 
 @dataclass(frozen=True)
-class StepRecord:
+class StoredStep:
     """Everything one committed step writes. Defaults make a minimal valid step.
 
     Times are seconds on the controller's clock; ``wall_s`` defaults to
@@ -80,7 +80,7 @@ class StepRecord:
     metrics: Mapping[str, float] = field(default_factory=dict)
     switch_events: Sequence[Mapping[str, Any]] = ()
     decisions: Sequence[Mapping[str, Any]] = ()
-    checkpoint: CheckpointInfo | tuple[str, str, int] | None = None
+    checkpoint: StoredCheckpoint | tuple[str, str, int] | None = None
     consumed_prompts: Sequence[tuple[int, int]] = ()
 
 
@@ -99,7 +99,7 @@ class ResumeState:
     policy_state: dict[str, Any]
     controller_state: dict[str, Any]
     data_position: dict[str, Any]
-    checkpoint: CheckpointInfo | None
+    checkpoint: StoredCheckpoint | None
     checkpoint_step: int | None
     consumed: frozenset[tuple[int, int]]
 
@@ -219,7 +219,7 @@ def latest_step(session: Session, run_id: int) -> Step | None:
     return session.scalars(query).first()
 
 
-def record_step(session: Session, run_id: int, record: StepRecord) -> Step:
+def record_step(session: Session, run_id: int, record: StoredStep) -> Step:
     """Write one step: its row, policy state, metrics, switch events, decisions, checkpoint and
     consumed prompts. Flushes; the caller commits (one transaction per step)."""
     where = f"step {record.step} of run id {run_id}"
@@ -334,13 +334,13 @@ def load_resume_state(session: Session, uid: str) -> ResumeState | None:
         data_position=dict(step.data_position_json),
         checkpoint=None
         if checkpoint is None
-        else CheckpointInfo(checkpoint.path, checkpoint.sha256, checkpoint.size_bytes),
+        else StoredCheckpoint(checkpoint.path, checkpoint.sha256, checkpoint.size_bytes),
         checkpoint_step=None if checkpoint is None else checkpoint.step,
         consumed=frozenset((epoch, index) for epoch, index in consumed),
     )
 
 
-def step_metrics(session: Session, uid: str) -> list[dict[str, Any]]:
+def read_step_metrics(session: Session, uid: str) -> list[dict[str, Any]]:
     """One dict per committed step, in step order, for reports and plots: the step's own
     columns (step, param_version, started_at, finished_at, wall_s, hybrid_active_after) plus
     every metric by name (NaN where it was stored as NULL). A metric named like a step column

@@ -117,14 +117,14 @@ def run_tidal(args: list[str], tmp_path: Path, crash: str | None = None, timeout
 def final_state(url: str) -> tuple[Any, Any, list[dict[str, Any]], list[tuple[int, int]]]:
     """(summary, resume state, per-step rows, trained prompts) of the only run in the store at ``url``."""
     from storage import load_resume_state, make_engine, run_summaries, session_scope
-    from storage.store import consumed_prompts, step_metrics
+    from storage.store import consumed_prompts, read_step_metrics
 
     engine = make_engine(url)
     try:
         with session_scope(engine) as s:
             (summary,) = run_summaries(s)
             state = load_resume_state(s, summary.uid)
-            rows = step_metrics(s, summary.uid)
+            rows = read_step_metrics(s, summary.uid)
             prompts = consumed_prompts(s, summary.uid)
     finally:
         engine.dispose()

@@ -154,7 +154,7 @@ def phase_at_kill(log: str) -> str:
 def _store_steps(url: str) -> tuple[str | None, list[dict]]:
     """(run uid, committed step rows) of the store's only run; (None, []) while there is none."""
     from storage import make_engine, run_summaries, session_scope
-    from storage.store import step_metrics
+    from storage.store import read_step_metrics
 
     if not Path(url.removeprefix("sqlite:///")).is_file():
         return None, []
@@ -165,7 +165,7 @@ def _store_steps(url: str) -> tuple[str | None, list[dict]]:
             assert len(runs) <= 1, f"more than one run in the store: {[r.uid for r in runs]}"
             if not runs:
                 return None, []
-            return runs[0].uid, step_metrics(s, runs[0].uid)
+            return runs[0].uid, read_step_metrics(s, runs[0].uid)
     finally:
         engine.dispose()
 

@@ -39,7 +39,7 @@ from config import load_config
 from fault_report import record
 from flows.prefect_server import LocalPrefectServer
 from storage import load_resume_state, make_engine, run_summaries, session_scope
-from storage.store import consumed_prompts, step_metrics
+from storage.store import consumed_prompts, read_step_metrics
 
 # ~2 min alone (a reference run, then a stopped run and its resume per runner); allow for a
 # machine shared with other test runs.
@@ -218,7 +218,7 @@ def _final(url: str):
     try:
         with session_scope(engine) as s:
             (summary,) = run_summaries(s)
-            return summary, load_resume_state(s, summary.uid), step_metrics(s, summary.uid), consumed_prompts(s, summary.uid)
+            return summary, load_resume_state(s, summary.uid), read_step_metrics(s, summary.uid), consumed_prompts(s, summary.uid)
     finally:
         engine.dispose()
 

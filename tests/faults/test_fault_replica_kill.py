@@ -31,7 +31,7 @@ from config import load_config, to_plain
 from fault_report import record
 from flows.training_step import training_step
 from storage import create_run, make_engine, migrate, session_scope
-from storage.store import consumed_prompts, step_metrics
+from storage.store import consumed_prompts, read_step_metrics
 from tasks.run_ref import RunRef
 
 pytestmark = pytest.mark.slow
@@ -174,7 +174,7 @@ def _check_every_prompt_trained_once(cfg, engine, run, trained: int, killer: Kil
     want = sorted((e, i) for e, i, _ in prompts_for(cfg))
     with session_scope(engine) as s:
         got = consumed_prompts(s, run.uid)
-        rows = step_metrics(s, run.uid)
+        rows = read_step_metrics(s, run.uid)
     assert len(got) == len(set(got)) == trained  # nothing duplicated
     assert sorted(got) == want  # nothing lost
     trained_uids = {sample_uid(e, i) for e, i in got}

@@ -19,8 +19,8 @@ import sqlalchemy as sa
 
 import tasks.commit as commit_mod
 from storage import (
-    StepRecord,
     StoreError,
+    StoredStep,
     create_run,
     latest_step,
     load_resume_state,
@@ -208,10 +208,10 @@ def test_a_failure_in_the_middle_of_a_step_leaves_no_row_of_it(tmp_path):
         run_id = create_run(s, uid="other", name="o", project="p", policy="default", seed=0, config={},
                             output_dir="/o").id
     with session_scope(engine) as s:
-        record_step(s, run_id, StepRecord(step=1, consumed_prompts=[(0, 1)]))
+        record_step(s, run_id, StoredStep(step=1, consumed_prompts=[(0, 1)]))
     with pytest.raises(StoreError, match="trained twice"):
         with session_scope(engine) as s:
-            record_step(s, run_id, StepRecord(step=2, metrics={"m": 1.0}, policy_state={"a": 1},
+            record_step(s, run_id, StoredStep(step=2, metrics={"m": 1.0}, policy_state={"a": 1},
                                               consumed_prompts=[(0, 2), (0, 1)]))
     with session_scope(engine) as s:
         assert latest_step(s, run_id).step == 1
@@ -259,10 +259,10 @@ def test_postgresql_stopped_inside_the_step_transaction_leaves_no_half_step(tmp_
     engine = make_engine(url)
     with session_scope(engine) as s:
         run_id = s.execute(sa.text("SELECT id FROM runs")).scalar_one()
-        record_step(s, run_id, StepRecord(step=1, metrics={"m": 1.0}))
+        record_step(s, run_id, StoredStep(step=1, metrics={"m": 1.0}))
     with pytest.raises(StoreError) as raised:
         with session_scope(engine, immediate=True) as s:
-            record_step(s, run_id, StepRecord(step=2, metrics={"m": 2.0}, policy_state={"x": 2},
+            record_step(s, run_id, StoredStep(step=2, metrics={"m": 2.0}, policy_state={"x": 2},
                                               consumed_prompts=[(0, 5)], checkpoint=("/c", "0" * 64, 1)))
             stoppable_pg.stop()  # rows are on the server, uncommitted, when it goes away
     assert "\n" not in str(raised.value) and "the store at" in str(raised.value), raised.value
@@ -270,7 +270,7 @@ def test_postgresql_stopped_inside_the_step_transaction_leaves_no_half_step(tmp_
     stoppable_pg.start()
     assert _rows_of_step(url, 2) == NONE
     with session_scope(engine) as s:  # the old engine recovers (pre-ping) and step 2 commits now
-        record_step(s, run_id, StepRecord(step=2, metrics={"m": 2.0}, consumed_prompts=[(0, 5)]))
+        record_step(s, run_id, StoredStep(step=2, metrics={"m": 2.0}, consumed_prompts=[(0, 5)]))
     with session_scope(engine) as s:
         assert latest_step(s, run_id).step == 2
     engine.dispose()

@@ -16,7 +16,7 @@ from cluster.builders import DataPlane, prompts_for
 from config import load_config, to_plain
 from flows.training_step import training_step
 from storage import create_run, make_engine, migrate, session_scope
-from storage.store import consumed_prompts, step_metrics
+from storage.store import consumed_prompts, read_step_metrics
 from tasks.run_ref import RunRef
 
 pytestmark = pytest.mark.slow
@@ -72,7 +72,7 @@ def test_three_sync_cycles_train_for_real_with_the_hybrid_lent_and_reclaimed(tmp
         assert any("activate" in k and "hybrid_sync" in k for k in kinds), kinds
         with session_scope(engine) as s:
             prompts = consumed_prompts(s, run.uid)
-            rows = step_metrics(s, run.uid)
+            rows = read_step_metrics(s, run.uid)
         assert len(prompts) == len(set(prompts)) == trained
         assert [r["step"] for r in rows] == [1, 2, 3]
         assert all(r["fully_async/max_staleness"] <= cfg.async_training.staleness_threshold + 1 for r in rows)

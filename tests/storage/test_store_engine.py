@@ -10,17 +10,19 @@ import pytest
 from cluster.ports import free_port
 
 from storage import (
-    StepRecord,
     StoreError,
+    StoredStep,
     create_run,
     latest_step,
     list_runs,
     make_engine,
     migrate,
+    open_store,
+    read_step_metrics,
     record_step,
     session_scope,
     sqlite_url,
-    step_metrics,
+    store_file,
 )
 
 
@@ -48,6 +50,27 @@ def test_a_sqlite_store_makes_its_folder_and_runs_in_wal_mode_with_the_busy_time
         engine.dispose()
     assert path.is_file()
     assert pragmas == {"journal_mode": "wal", "busy_timeout": 1234, "foreign_keys": 1}
+
+
+def test_store_file_names_a_sqlite_file_and_nothing_for_other_stores_without_opening_them(tmp_path):
+    path = tmp_path / "not" / "there.db"
+    assert [store_file(sqlite_url(path)), store_file("sqlite://"), store_file("postgresql://u@nowhere:1/db")] == [
+        path, None, None]
+    assert not (tmp_path / "not").exists()
+    with pytest.raises(StoreError, match="unsupported store backend 'mysql'"):
+        store_file("mysql://x")
+
+
+def test_open_store_gives_one_engine_per_url_and_busy_timeout_and_retries_a_failure(tmp_path):
+    url = sqlite_url(tmp_path / "once.db")
+    first = open_store(url, busy_timeout_ms=1000)
+    assert [open_store(url, busy_timeout_ms=1000) is first, open_store(url, busy_timeout_ms=2000) is first] == [
+        True, False]
+    (tmp_path / "blocked").write_text("a file where the store's folder should be")
+    blocked = sqlite_url(tmp_path / "blocked" / "store.db")
+    for _ in range(2):  # not cached: the second call tries again and fails the same way
+        with pytest.raises(StoreError, match="cannot create the store's folder"):
+            open_store(blocked)
 
 
 def test_a_plain_postgresql_url_is_served_by_psycopg(postgres_server):
@@ -102,7 +125,7 @@ def test_two_writers_doing_read_modify_write_under_begin_immediate_both_commit(s
                 with session_scope(engine, immediate=True) as session:
                     last = latest_step(session, run_id)
                     time.sleep(0.005)
-                    record_step(session, run_id, StepRecord(
+                    record_step(session, run_id, StoredStep(
                         step=1 if last is None else last.step + 1, metrics={name: 1.0}))
         except BaseException as exc:  # reported below; a thread cannot fail the test itself
             errors.append(exc)
@@ -118,7 +141,7 @@ def test_two_writers_doing_read_modify_write_under_begin_immediate_both_commit(s
     assert errors == []
     engine = make_engine(url)
     with session_scope(engine) as session:
-        rows = step_metrics(session, "r")
+        rows = read_step_metrics(session, "r")
     engine.dispose()
     assert [row["step"] for row in rows] == list(range(1, 11))
     assert sorted(sum(1 for row in rows if name in row) for name in ("a", "b")) == [5, 5]
@@ -142,7 +165,7 @@ def test_a_writer_blocked_past_a_short_busy_timeout_gets_a_clear_store_error(sql
         began = time.monotonic()
         with pytest.raises(StoreError) as raised:
             with session_scope(impatient, immediate=True) as session:
-                record_step(session, run_id, StepRecord(step=1))
+                record_step(session, run_id, StoredStep(step=1))
         waited = time.monotonic() - began
 
         # WAL: readers are not blocked by the writer.

@@ -12,22 +12,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storage import (
-    CheckpointInfo,
     ResumeState,
     RunStatus,
-    StepRecord,
     StoreError,
+    StoredCheckpoint,
+    StoredStep,
     consumed_prompts,
     create_run,
     get_run,
     latest_step,
     list_runs,
     load_resume_state,
+    read_step_metrics,
     record_step,
     run_summaries,
     session_scope,
     set_run_status,
-    step_metrics,
 )
 
 PER_STEP_TABLES = (
@@ -44,9 +44,9 @@ def new_run(engine, uid="run-1", **overrides):
         return create_run(session, **fields).id
 
 
-def full_step(step: int, *, prompts=((0, 0), (0, 1))) -> StepRecord:
+def full_step(step: int, *, prompts=((0, 0), (0, 1))) -> StoredStep:
     """A step that writes a row in every per-step table."""
-    return StepRecord(
+    return StoredStep(
         step=step,
         param_version=step,
         started_at=10.0 * step,
@@ -60,7 +60,7 @@ def full_step(step: int, *, prompts=((0, 0), (0, 1))) -> StepRecord:
                         "phases": {"remove": 0.1, "abort": 0.1, "sleep": 0.3}, "aborted": 2}],
         decisions=[{"step": step, "hook": "should_deactivate", "answer": True,
                     "reason": "hybrids active", "inputs": {"mq_size": 4}, "duration_s": 1e-4}],
-        checkpoint=CheckpointInfo(f"/ckpt/{step}", "ab" * 32, 1024 * step),
+        checkpoint=StoredCheckpoint(f"/ckpt/{step}", "ab" * 32, 1024 * step),
         consumed_prompts=list(prompts),
     )
 
@@ -139,7 +139,7 @@ def test_a_recorded_step_comes_back_whole_as_the_resume_state(engine):
         policy_state={"deactivate_ratio": 0.32, "history": [1.5, 2.25]},
         controller_state={"state": "HYBRID_ACTIVE", "switch_count": 2},
         data_position={"epoch": 0, "cursor": 4},
-        checkpoint=CheckpointInfo("/ckpt/2", "ab" * 32, 2048),
+        checkpoint=StoredCheckpoint("/ckpt/2", "ab" * 32, 2048),
         checkpoint_step=2,
         consumed=frozenset({(0, 0), (0, 1), (0, 2), (0, 3)}),
     )
@@ -235,12 +235,12 @@ def test_state_that_json_cannot_hold_is_refused_before_anything_is_written(engin
 def test_step_metrics_give_one_row_per_step_in_order_with_nan_kept(engine):
     run_id = new_run(engine)
     for step in (2, 1):
-        record = StepRecord(step=step, param_version=step, started_at=1.0, finished_at=4.0,
+        record = StoredStep(step=step, param_version=step, started_at=1.0, finished_at=4.0,
                             metrics={"reward": 0.25 * step, "loss": math.nan, "step": -1.0})
         with session_scope(engine) as session:
             record_step(session, run_id, record)
     with session_scope(engine) as session:
-        rows = step_metrics(session, "run-1")
+        rows = read_step_metrics(session, "run-1")
     assert [(r["step"], r["param_version"], r["wall_s"], r["reward"]) for r in rows] == [
         (1, 1, 3.0, 0.25), (2, 2, 3.0, 0.5)]
     assert [math.isnan(r["loss"]) for r in rows] == [True, True]
@@ -250,8 +250,8 @@ def test_run_summaries_count_committed_steps_and_their_wall_time(engine):
     first = new_run(engine, "one")
     new_run(engine, "two")
     with session_scope(engine) as session:
-        record_step(session, first, StepRecord(step=1, started_at=0.0, finished_at=2.0))
-        record_step(session, first, StepRecord(step=2, started_at=2.0, finished_at=2.5))
+        record_step(session, first, StoredStep(step=1, started_at=0.0, finished_at=2.0))
+        record_step(session, first, StoredStep(step=2, started_at=2.0, finished_at=2.5))
     with session_scope(engine) as session:
         summaries = run_summaries(session)
     assert [(s.uid, s.steps, s.last_step, s.wall_s) for s in summaries] == [
@@ -277,7 +277,7 @@ def test_any_json_state_round_trips_exactly(engine, policy_state, controller_sta
     with session_scope(engine) as session:
         run = create_run(session, uid=f"h{len(list_runs(session))}", name="h", project="p",
                          policy="default", seed=0, config={}, output_dir="/o")
-        record_step(session, run.id, StepRecord(step=1, policy_state=policy_state,
+        record_step(session, run.id, StoredStep(step=1, policy_state=policy_state,
                                                 controller_state=controller_state))
         uid = run.uid
     with session_scope(engine) as session:

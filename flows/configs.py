@@ -1,0 +1,34 @@
+"""Loading a config the way every entry point does: the CLI, ``flows.serve`` and the flow itself.
+
+Owns: ``load_checked`` (the schema's validation plus what it cannot check alone: the policy name
+resolves) and the one-line summary of a config. Must not: import Ray, Prefect, or any flow or task
+module (so that every entry point can import it without pulling in the run).
+"""
+
+from __future__ import annotations
+
+from config import ConfigError, TidalConfig, load_config
+from policies import UnknownPolicyError, resolve_policy_class
+
+
+def load_checked(config: str, overrides: list[str] | None) -> TidalConfig:
+    """Load a config and check what the schema alone cannot (the policy name resolves)."""
+    cfg = load_config(config, overrides or [])
+    name = cfg.async_training.dynamic_schedule_policy
+    try:
+        resolve_policy_class(name)
+    except UnknownPolicyError as exc:
+        raise ConfigError(f"async_training.dynamic_schedule_policy: {exc}") from None
+    return cfg
+
+
+def summarize_config(cfg: TidalConfig) -> str:
+    """One line saying what the config will run."""
+    a = cfg.async_training
+    mode = "only-hybrid" if cfg.only_hybrid else ("dynamic" if a.use_dynamic_resource_scheduling else "static")
+    return (
+        f"{mode}: {cfg.trainer_gpus} trainer GPU(s) ({cfg.hybrid_replicas} hybrid replica(s)) + "
+        f"{cfg.standalone_gpus} rollout GPU(s) ({cfg.standalone_replicas} standalone replica(s)); "
+        f"policy {a.dynamic_schedule_policy}; {cfg.step_required_samples} samples/step; "
+        f"queue capacity {cfg.max_required_samples}"
+    )

@@ -63,6 +63,7 @@ class SimRollouter:
         self.standalones = [r for r in self.replicas if not r.hybrid]
         self.hybrids = [r for r in self.replicas if r.hybrid]
         self.routable: list[Replica] = list(self.standalones)
+        self.dead: list[Replica] = []
         for rep in self.hybrids:
             rep.paused = True  # asleep until activated
         self.queue: deque[Sample] = deque()
@@ -208,6 +209,17 @@ class SimRollouter:
         for sample, _ in self.pause(reps):
             self._route(sample, resubmit=True)
         self._record()
+
+    def kill(self, rep: Replica) -> None:
+        """``rep`` dies: out of the balancer for good; its samples are retried elsewhere."""
+        self.dead.append(rep)
+        self.remove([rep])
+        self._trace("death", rep.name)
+
+    @property
+    def standalone_lost(self) -> bool:
+        """Every standalone replica has died (a run that never had one has lost none)."""
+        return bool(self.standalones) and all(rep in self.dead for rep in self.standalones)
 
     def add(self, reps: list[Replica]) -> None:
         """Activate: add to the balancer → resume; pending retries and new samples flow in."""

@@ -62,7 +62,7 @@ from metrics import (
     cycle_utilizations,
 )
 from policies import DynamicScheduleContext, DynamicSchedulePolicyBase
-from sim.events import CONTROL_PLANE, Event, EventLoop
+from sim.events import CONTROL_PLANE, DATA_PLANE, Event, EventLoop
 from sim.replica import Replica, Sample
 from sim.result import SimResult, SimStep, Transition
 from sim.rollouter import SimRollouter
@@ -170,6 +170,8 @@ class Simulator:
             self.hybrid_active = True
             self._record_trace("activate")
         self.rollouter.try_start()
+        for t, number in spec.standalone_deaths:
+            self.loop.push([Event(float(t), DATA_PLANE, self._death, (self.rollouter.standalones[number],))])
         self.loop.push([Event(0.0, CONTROL_PLANE, self._resume)])
         self.loop.push(self.rollouter.flush())
         self.loop.run(until=lambda: self._done)
@@ -204,6 +206,11 @@ class Simulator:
         if isinstance(wait, UntilQueued):
             return lambda: len(r.queue) >= wait.samples
         return lambda: r.in_flight == len(r.pending)  # retries with no replica cannot drain
+
+    def _death(self, rep: Replica) -> list[Event]:
+        """Handler: a standalone replica dies (``SimSpec.standalone_deaths``)."""
+        self.rollouter.kill(rep)
+        return self._check_wake() + self.rollouter.flush()
 
     def _check_wake(self) -> list[Event]:
         if self._wake_when is not None and self._wake_when():
@@ -432,7 +439,8 @@ class Simulator:
     def context(self, step: int) -> DynamicScheduleContext:
         """The context a policy sees now (built fresh before every question, as in production).
 
-        The switch durations are the current cycle's (``loop.SwitchDurations``)."""
+        The switch durations are the current cycle's (``loop.SwitchDurations``); ``standalone_lost``
+        once every standalone died (``SimSpec.standalone_deaths``)."""
         s, r = self.spec, self.rollouter
         return DynamicScheduleContext(
             required_samples=s.required_samples,
@@ -450,6 +458,7 @@ class Simulator:
             mq_size=len(r.queue),
             standalone_replicas=s.standalone_replicas,
             hybrid_replicas=s.hybrid_replicas,
+            standalone_lost=r.standalone_lost,
         )
 
     # ------------------------------------------------------------------ result

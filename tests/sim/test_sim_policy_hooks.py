@@ -192,3 +192,39 @@ def test_only_a_policy_with_warm_up_lend_is_asked_before_step_1_and_its_lend_is_
     assert result.steps[0].start_s == 3 * 0.25 + 3.0 + 0.5 + 0.5  # WarmUp, HybridSync, Lend tasks + switches
     lent, result = run_recorded("fixed_ratio", steps=1, initial_hybrid_active=True)
     assert lent.calls[0] == ("should_deactivate", 1, True) and result.steps[0].start_s == 0.0
+
+
+def test_when_every_standalone_died_the_guard_lends_after_each_sync_and_waits_a_whole_cycle():
+    """SimSpec.standalone_deaths: all four die at t=50 s (step 1 has what it needs by then); from
+    there the context says standalone_lost and LostStandaloneGuard's answers are recorded decisions,
+    so a policy that never lends (static_fully_async) lends, and takes back after 64 samples."""
+    policy, result = run_recorded("static_fully_async", steps=3,
+                                  standalone_deaths=tuple((50.0, number) for number in range(4)))
+    assert [(d.step, d.hook, d.answer, d.reason) for d in result.decisions] == [
+        (1, "should_activate_after_step", 4, "guard: no standalone replica alive"),
+        (1, "request_rebalance", False, ""),
+        (1, "update_after_step", None, ""),
+        (2, "should_deactivate", True, ""),
+        (2, "deactivate_wait_samples", 64, "guard: no standalone replica alive"),
+        (2, "should_activate_after_step", 4, "guard: no standalone replica alive"),
+        (2, "request_rebalance", False, ""),
+        (2, "update_after_step", None, ""),
+        (3, "should_deactivate", True, ""),
+        (3, "deactivate_wait_samples", 64, "guard: no standalone replica alive"),
+        (3, "update_after_step", None, ""),
+    ]
+    assert all(d.inputs["standalone_lost"] for d in result.decisions)
+    assert policy.calls[0] == ("should_activate_after_step", 1, False)  # the policy itself was asked too
+    assert result.transition_kinds() == [(1, "hybrid_sync"), (1, "activate"), (2, "deactivate"),
+                                         (2, "hybrid_sync"), (2, "activate"), (3, "deactivate")]
+
+
+def test_one_dead_standalone_is_not_a_lost_standalone_and_gets_no_more_work():
+    cfg = load_config("sim/qwen35-35b-dynamic")
+    spec = dataclasses.replace(spec_from_config(cfg, steps=2), standalone_deaths=((10.0, 1),))
+    result = Simulator(spec, build_policy("static_fully_async"), trace=True).run()
+    deaths = [event for event in result.trace if event[1] == "death"]
+    routed_after = {event[3] for event in result.trace if event[1] == "route" and event[0] > 10.0}
+    assert deaths == [(10.0, "death", "standalone-1")]
+    assert routed_after == {"standalone-0", "standalone-2", "standalone-3"}
+    assert not any(d.inputs["standalone_lost"] for d in result.decisions)

@@ -300,6 +300,7 @@ class Simulator:
         alloc = self.loop.now - t + (log.deactivate_s if intent.micro == 0 else 0.0)
         log.micro.append({TRAIN_COMPUTE_TIME_S: compute_s, TRAIN_ALLOCATED_TIME_S: alloc, MQ_SIZE: len(r.queue)})
         log.train_end, log.tasks_since_train = self.loop.now, 0
+        return None  # never ``exhausted``: the data budget covers every step
 
     def _broadcast(self, intent: Broadcast) -> Iterator[Wait]:
         """Sync the routable replicas; generation pauses (partial rollout) or drains first (without

@@ -11,7 +11,10 @@ def test_replica_order_puts_standalones_first_then_hybrids_each_by_number():
         "standalone-0", "standalone-2", "standalone-10", "hybrid-0", "hybrid-2", "hybrid-10"]
 
 
-def test_ids_without_a_number_sort_after_the_numbered_ones_of_their_prefix_and_by_string():
+def test_numbers_in_an_id_compare_as_numbers_so_a_replacement_sorts_next_to_its_slot():
+    ids = ["standalone-1", "standalone-0.r1", "standalone-0", "standalone-0.r10", "standalone-0.r2"]
+    assert sorted(ids, key=replica_order) == [
+        "standalone-0", "standalone-0.r1", "standalone-0.r2", "standalone-0.r10", "standalone-1"]
     assert sorted(["b", "a", "a1", "a0"], key=replica_order) == ["a", "a0", "a1", "b"]
 
 

@@ -68,8 +68,7 @@ def _simulated_engine(base_s: float, per_seq_s: float, prefill_s_per_token: floa
 
     return SimulatedEngine(decode_step_s=(base_s, per_seq_s), prefill_s_per_token=prefill_s_per_token,
                            max_batch=max_batch, lengths=SeededLengths(**lengths, seed=seed, prompt_key=sample_key),
-                           eos_id=eos,
-                           seed=seed, vocab_size=vocab, **costs)
+                           eos_id=eos, seed=seed, vocab_size=vocab, **costs)
 
 
 def simulated_engine_costs(cfg: TidalConfig, *, hybrid: bool) -> dict[str, Any]:

@@ -7,7 +7,8 @@ Routing rules:
   prefix may still be cached. ``forget(key)`` drops the entry once the request is done.
 - **Least loaded otherwise.** A new key, or one whose replica left, goes to the routable replica
   with the fewest requests in flight; ties go to the first in replica order (standalones before
-  hybrids, then by number: ``loop.balance``, the simulator's rule too), so routing is deterministic.
+  hybrids, then natural id order: ``loop.balance``, the simulator's rule too), so routing is
+  deterministic.
 - **Removal routes retries elsewhere.** ``remove_replicas`` stops routing to the replicas at once
   and drops every sticky entry that points at them; their in-flight counts stay visible through
   ``in_flight`` until the aborted requests are released, so a caller can wait for them to drain.

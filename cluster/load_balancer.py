@@ -6,7 +6,8 @@ Routing rules:
   to, as long as that replica is still routable; a retried request therefore lands where its
   prefix may still be cached. ``forget(key)`` drops the entry once the request is done.
 - **Least loaded otherwise.** A new key, or one whose replica left, goes to the routable replica
-  with the fewest requests in flight; ties go to the smallest id (string order), so routing is
+  with the fewest requests in flight; ties go to the first in replica order (standalones before
+  hybrids, then natural id order: ``loop.balance``, the simulator's rule too), so routing is
   deterministic.
 - **Removal routes retries elsewhere.** ``remove_replicas`` stops routing to the replicas at once
   and drops every sticky entry that points at them; their in-flight counts stay visible through
@@ -29,6 +30,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
+
+from loop.balance import least_loaded
 
 __all__ = ["LoadBalancer"]
 
@@ -158,7 +161,7 @@ class LoadBalancer:
         if rid is None or rid not in self._active:
             if not self._active:
                 return None
-            rid = min(self._active, key=lambda r: (self._load[r], r))
+            rid = least_loaded(self._active, self._load.__getitem__)
             self._stick(request_key, rid)
         self._load[rid] += 1
         self._acquired += 1

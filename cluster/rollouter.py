@@ -4,8 +4,8 @@ One asyncio task (the feeder) starts samples; each sample runs as its own task w
 sub-task per response. A response is one ``GenerationRequest`` with id ``{uid}-r{j}``, routed by
 ``LoadBalancer.acquire(request_id)`` and retried until it finishes.
 
-Staleness (DESIGN §5). With ``max_required_samples`` (= queue capacity) the feeder starts a new
-sample only while all of these hold:
+Staleness (DESIGN §5, ``loop.staleness.StalenessGate``, the simulator's rule too). With
+``max_required_samples`` (= queue capacity) the feeder starts a new sample only while all of these hold:
 
 - not paused (``pause()``), not stopped, prompts left;
 - ``in flight < max_concurrent_samples = min(routable replicas × concurrent_samples_per_replica,
@@ -79,6 +79,7 @@ from typing import Any, Protocol
 
 from cluster.message_queue import QueueClosed
 from cluster.types import GenerationRequest, GenerationResult, Response, Sample, SamplingSpec
+from loop.staleness import StalenessGate, record_change
 from metrics import (
     ROLLOUT_RESOURCE_UTILIZATION,
     STEP_GENERATED_SAMPLES,
@@ -221,8 +222,8 @@ class Rollouter:
         self._replica_is_dead = replica_is_dead or (lambda exc: True)
         self._on_replica_removed = on_replica_removed
 
-        self._capacity = self._capacity_for(lb.num_active)
-        self._started_this_version = 0
+        self._gate = StalenessGate(self._max_required, self._per_replica)
+        self._gate.set_routable(lb.num_active)
         self._tasks: dict[str, asyncio.Task[None]] = {}  # running samples by uid
         self._undelivered: dict[str, Sample] = {}  # started, not yet in the queue
         self._total_started = 0
@@ -262,7 +263,7 @@ class Rollouter:
         if self._feeder is not None or self._stopped:
             raise RuntimeError("a Rollouter starts once")
         loop = asyncio.get_running_loop()
-        self._history = [(self._clock(), len(self._tasks), self._capacity)]
+        self._history = [(self._clock(), len(self._tasks), self._gate.capacity)]
         self._feeder = loop.create_task(self._feed(), name="rollouter-feeder")
 
     async def stop(self) -> None:
@@ -338,10 +339,10 @@ class Rollouter:
         self._last_window = (list(history), now)
         self._window_waste = total
         self._version = new_version
-        self._started_this_version = len(self._tasks) + self._queue.size()
+        self._gate.on_sync(len(self._tasks), self._queue.size())
         self._step_generated = 0
         if history or self._feeder is not None:
-            self._history = [(now, len(self._tasks), self._capacity)]
+            self._history = [(now, len(self._tasks), self._gate.capacity)]
         self._signal.notify()
         return metrics
 
@@ -353,7 +354,7 @@ class Rollouter:
 
     @property
     def max_concurrent_samples(self) -> int:
-        return self._capacity
+        return self._gate.capacity
 
     @property
     def max_required_samples(self) -> int:
@@ -365,7 +366,7 @@ class Rollouter:
 
     @property
     def started_this_version(self) -> int:
-        return self._started_this_version
+        return self._gate.started_this_version
 
     @property
     def total_generated_samples(self) -> int:
@@ -432,8 +433,8 @@ class Rollouter:
             "total_started_samples": self._total_started,
             "total_generated_samples": self._total_generated,
             "in_flight_samples": len(self._tasks),
-            "started_this_version": self._started_this_version,
-            "max_concurrent_samples": self._capacity,
+            "started_this_version": self._gate.started_this_version,
+            "max_concurrent_samples": self._gate.capacity,
             "max_required_samples": self._max_required,
             "step_generated_samples": self._step_generated,
             "aborted_requests": self._aborted_requests,
@@ -451,16 +452,11 @@ class Rollouter:
 
     # ---------------------------------------------------------------- feeder
 
-    def _capacity_for(self, num_active: int) -> int:
-        return min(int(num_active) * self._per_replica, self._max_required)
-
     def _can_start(self) -> bool:
         return (
             not self._paused
             and not self._stopped
-            and len(self._tasks) < self._capacity
-            and self._started_this_version < self._max_required
-            and self._queue.size() < self._queue.capacity
+            and self._gate.allows(len(self._tasks), self._queue.size(), self._queue.capacity)
         )
 
     async def _feed(self) -> None:
@@ -492,7 +488,7 @@ class Rollouter:
             started_version=self._version,
         )
         self._undelivered[uid] = sample
-        self._started_this_version += 1
+        self._gate.started()
         self._total_started += 1
         loop = asyncio.get_running_loop()
         task = loop.create_task(self._run_sample(sample), name=f"rollout-{uid}")
@@ -678,19 +674,11 @@ class Rollouter:
     # --------------------------------------------------------------- history
 
     def _on_replicas_changed(self, num_active: int) -> None:
-        capacity = self._capacity_for(num_active)
-        if capacity != self._capacity:
-            self._capacity = capacity
+        if self._gate.set_routable(num_active):
             self._record()
         self._signal.notify()
 
     def _record(self) -> None:
         if not self._history:
             return  # not started: the window is seeded by start()
-        now = self._clock()
-        point = (now, len(self._tasks), self._capacity)
-        last = self._history[-1]
-        if now == last[0]:
-            self._history[-1] = point  # a zero-length interval weighs nothing
-        elif point[1:] != last[1:]:
-            self._history.append(point)
+        record_change(self._history, self._clock(), len(self._tasks), self._gate.capacity)

@@ -3,11 +3,11 @@
 Owns: the event heap (total order ``(time, priority, seq)``), the virtual clock and the seeded
 RNG; the cost model of rollout replicas (batch-dependent decode, long-tailed drifting response
 lengths, partial-rollout re-prefill), the rollouter's staleness rules, the trainer, weight syncs
-and switch costs; the DESIGN §2 step sequence with the real policy hooks in the real order; the
+and switch costs; production's step (``loop.step_sequence``) with the policy asked through ``loop.Decider``; the
 per-step metrics computed by the real ``metrics`` functions; the fluid lower bound; the static
 splits a plan compares.
 
-Must not: import anything of ours but ``config``, ``policies`` and ``metrics`` (never ``cluster``),
+Must not: import anything of ours but ``config``, ``policies``, ``metrics`` and ``loop`` (never ``cluster``),
 import Ray, torch or Prefect, read the wall clock, draw randomness from anything but its own
 ``random.Random(seed)``, or do I/O (printing, plotting and files belong to ``flows/simulate.py``).
 The same seed and inputs give the same run, event for event.
@@ -19,7 +19,7 @@ from config import TidalConfig
 from policies import DynamicSchedulePolicyBase, policy_from_config
 from sim.events import CONTROL_PLANE, DATA_PLANE, Event, EventLoop
 from sim.plan import static_splits, with_policy
-from sim.result import SimResult, StepRecord
+from sim.result import SimResult, SimStep, Transition
 from sim.simulator import SimulationStalled, Simulator, simulate_spec
 from sim.spec import SimSpec, resolve_steps, spec_from_config
 
@@ -52,11 +52,12 @@ __all__ = [
     "SimSpec",
     "SimulationStalled",
     "Simulator",
-    "StepRecord",
+    "SimStep",
     "resolve_steps",
     "simulate",
     "simulate_spec",
     "spec_from_config",
+    "Transition",
     "static_splits",
     "with_policy",
 ]

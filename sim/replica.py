@@ -63,6 +63,7 @@ class Replica:
     __slots__ = (
         "index", "hybrid", "base_s", "per_seq_s", "speed", "max_num_seqs", "prefill_tokens_per_s",
         "prompt_tokens", "running", "waiting", "v", "at", "busy_until", "epoch", "paused", "samples", "_seq",
+        "name",
     )
 
     def __init__(
@@ -76,8 +77,11 @@ class Replica:
         max_num_seqs: int,
         prefill_tokens_per_s: float,
         prompt_tokens: int,
+        name: str = "",
     ):
         self.index = index
+        self.name = name or f"{'hybrid' if hybrid else 'standalone'}-{index}"
+        """Production's replica id (``standalone-<i>``, ``hybrid-<i>``, each kind counted from 0)."""
         self.hybrid = hybrid
         self.base_s = base_s
         self.per_seq_s = per_seq_s
@@ -97,10 +101,6 @@ class Replica:
         self.samples = 0
         """Samples routed here and not finished or aborted (the load balancer's load)."""
         self._seq = 0
-
-    @property
-    def name(self) -> str:
-        return f"{'hybrid' if self.hybrid else 'standalone'}-{self.index}"
 
     def rate(self) -> float:
         """Iterations per second of each running sequence (0 when paused or idle)."""

@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+from loop import DecisionRecord, SwitchReport
 from metrics import WastedWork
 
 
+class Transition(NamedTuple):
+    """One controller transition of a simulated run: the step it belongs to (0 = warm-up) and
+    its ``SwitchReport`` (``kind`` is ``deactivate``, ``hybrid_sync``, ``activate`` or ``rebalance``)."""
+
+    step: int
+    report: SwitchReport
+
+    @property
+    def kind(self) -> str:
+        return self.report.kind
+
+
 @dataclass
-class StepRecord:
+class SimStep:
     """One Tidal step (``trigger_parameter_sync_step`` micro-steps and a weight sync)."""
 
     step: int
@@ -60,7 +73,7 @@ class SimResult:
     rollout_gpu_s: float
     train_gpu_s: float
     total_gpus: int
-    steps: list[StepRecord]
+    steps: list[SimStep]
     started: int
     trained_ids: list[int]
     queued_ids: list[int]
@@ -68,10 +81,20 @@ class SimResult:
     switches: int
     """Activations plus deactivations."""
     waste: WastedWork
-    decisions: list[tuple[int, str, Any]]
-    """(step, hook, answer) for every policy call, in call order."""
+    decisions: list[DecisionRecord]
+    """Every policy question, in call order, as ``loop.Decider`` recorded it (production's records)."""
+    transitions: list[Transition]
+    """Every controller transition, in order (with ``decisions``: the parity of a run)."""
     trace: list[tuple[Any, ...]] | None
     events_handled: int
+
+    def hooks(self) -> list[tuple[int, str, Any]]:
+        """``(step, hook, answer)`` of every decision, in call order."""
+        return [(d.step, d.hook, d.answer) for d in self.decisions]
+
+    def transition_kinds(self) -> list[tuple[int, str]]:
+        """``(step, kind)`` of every transition, in order."""
+        return [(t.step, t.kind) for t in self.transitions]
 
     @property
     def trained(self) -> int:

@@ -1,18 +1,10 @@
-"""The simulated data plane: rollouter, load balancer and message queue.
+"""The simulated data plane: rollouter, load balancer and message queue (one object).
 
-Staleness rules (DESIGN §5): ``max_required_samples`` is both the queue capacity and the cap on
-samples started per param version; the rollouter starts a sample only while
-``in flight < max_concurrent_samples``, the per-version cap is not reached, the queue is not full
-and prompts are left. ``max_concurrent_samples = min(routable replicas × per-replica, max_required)``
-changes whenever replicas are added or removed. Every weight sync resets the started-count to
-``in flight + queued``.
-
-The load balancer routes a new sample, and every retry of an aborted one, to the routable replica
-with the fewest samples (ties: lowest index, standalones first). A sample's responses stay on one
-replica (sticky session); a retry goes elsewhere only when its replica left the balancer or a
-rebalance cleared the sticky cache. Aborted samples with nowhere to go wait in ``pending``.
-
-The rollouter records ``(t, in flight, capacity)`` at every change for the rollout utilization.
+Owns the simulated samples' life: start (under ``loop.staleness.StalenessGate``, DESIGN §5), route
+(``loop.balance.least_loaded``, sticky per sample), abort, retry and queue; and the
+``(t, in flight, capacity)`` history (``loop.staleness.record_change``). The rules are the loop
+package's, shared with ``cluster.rollouter``; docs/simulator.md says what is modelled.
+Must not decide anything of the control plane (the simulator calls the verbs below).
 """
 
 from __future__ import annotations
@@ -20,26 +12,37 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+import random
+
+from loop.balance import least_loaded
+from loop.staleness import StalenessGate, record_change
+from loop.workload import LengthModel
 from sim.events import DATA_PLANE, Event
 from sim.replica import Replica, Sample
 from sim.spec import SimSpec
-from sim.workload import ResponseLengths
 
 TraceFn = Callable[..., None]
 
 
-class Rollouter:
-    """Starts samples under the staleness rules, routes them, and queues the finished ones."""
+class SimRollouter:
+    """Starts samples under the staleness rules, routes them, and queues the finished ones.
+
+    Sticky sessions: a sample's responses stay on one replica; a retry goes elsewhere only when
+    its replica left the balancer or a rebalance cleared the sticky cache. Aborted samples with
+    nowhere to go wait in ``pending``.
+    """
 
     def __init__(
         self,
         spec: SimSpec,
-        lengths: ResponseLengths,
+        lengths: LengthModel,
+        rng: random.Random,
         clock: Callable[[], float],
         trace: TraceFn,
     ):
         self.spec = spec
         self.lengths = lengths
+        self._rng = rng
         self._clock = clock
         self._trace = trace
         speed_h = spec.hybrid_throughput_factor
@@ -53,12 +56,14 @@ class Rollouter:
                 max_num_seqs=spec.max_num_seqs,
                 prefill_tokens_per_s=spec.prefill_tokens_per_s,
                 prompt_tokens=spec.prompt_tokens,
+                name=f"hybrid-{i - spec.standalone_replicas}" if i >= spec.standalone_replicas else "",
             )
             for i in range(spec.standalone_replicas + spec.hybrid_replicas)
         ]
         self.standalones = [r for r in self.replicas if not r.hybrid]
         self.hybrids = [r for r in self.replicas if r.hybrid]
         self.routable: list[Replica] = list(self.standalones)
+        self.dead: list[Replica] = []
         for rep in self.hybrids:
             rep.paused = True  # asleep until activated
         self.queue: deque[Sample] = deque()
@@ -66,7 +71,8 @@ class Rollouter:
         self.accepting = True
         """False while a sync without partial rollout drains the in-flight samples."""
         self.version = 0
-        self.started_in_version = 0
+        self.gate = StalenessGate(spec.max_required_samples, spec.concurrent_samples_per_replica)
+        self.gate.set_routable(len(self.routable))
         self.total_started = 0
         self.total_generated = 0
         self.step_generated = 0
@@ -84,34 +90,32 @@ class Rollouter:
     def in_flight(self) -> int:
         return self.total_started - self.total_generated
 
+    @property
+    def started_in_version(self) -> int:
+        return self.gate.started_this_version
+
     def capacity(self) -> int:
         """max_concurrent_samples = min(routable replicas × per-replica, max_required_samples)."""
-        s = self.spec
-        return min(len(self.routable) * s.concurrent_samples_per_replica, s.max_required_samples)
+        return self.gate.capacity
+
+    def _set_routable(self, routable: list[Replica]) -> None:
+        self.routable = routable
+        self.gate.set_routable(len(routable))
 
     def _record(self) -> None:
-        now, point = self._clock(), (self._clock(), self.in_flight, self.capacity())
-        if self.history[-1][0] == now:
-            self.history[-1] = point
-        elif self.history[-1][1:] != point[1:]:
-            self.history.append(point)
+        record_change(self.history, self._clock(), self.in_flight, self.gate.capacity)
 
     # -------------------------------------------------------------- starting
 
     def try_start(self) -> None:
         """Start samples while the staleness rules allow (see the module docstring)."""
-        s, now = self.spec, self._clock()
+        s, now, gate = self.spec, self._clock(), self.gate
         started = False
-        while (
-            self.accepting
-            and self.in_flight < self.capacity()
-            and self.started_in_version < s.max_required_samples
-            and len(self.queue) < s.max_required_samples
-            and self.total_started < s.total_samples
-        ):
-            sample = Sample(self.total_started, self.lengths.draw(self.version), s.prompt_tokens, self.version, now)
+        while self.accepting and self.total_started < s.total_samples and gate.allows(self.in_flight, len(self.queue)):
+            lengths = self.lengths.draw(self._rng, s.n, self.version)
+            sample = Sample(self.total_started, lengths, s.prompt_tokens, self.version, now)
             self.total_started += 1
-            self.started_in_version += 1
+            gate.started()
             self._route(sample, resubmit=False)
             started = True
         if started:
@@ -121,7 +125,7 @@ class Rollouter:
         if not self.routable:
             self.pending.append(sample)
             return
-        rep = min(self.routable, key=lambda r: r.samples)  # first minimum = lowest index
+        rep = least_loaded(self.routable, _load, _replica_id)
         self.reprefilled_tokens += rep.add(sample, self._clock(), resubmit=resubmit)
         self._dirty[rep.index] = rep
         self._trace("route", sample.id, rep.name)
@@ -201,15 +205,26 @@ class Rollouter:
 
     def remove(self, reps: list[Replica]) -> None:
         """Deactivate: remove from the balancer → abort (retries go elsewhere) → sleep."""
-        self.routable = [r for r in self.routable if r not in reps]
+        self._set_routable([r for r in self.routable if r not in reps])
         for sample, _ in self.pause(reps):
             self._route(sample, resubmit=True)
         self._record()
 
+    def kill(self, rep: Replica) -> None:
+        """``rep`` dies: out of the balancer for good; its samples are retried elsewhere."""
+        self.dead.append(rep)
+        self.remove([rep])
+        self._trace("death", rep.name)
+
+    @property
+    def standalone_lost(self) -> bool:
+        """Every standalone replica has died (a run that never had one has lost none)."""
+        return bool(self.standalones) and all(rep in self.dead for rep in self.standalones)
+
     def add(self, reps: list[Replica]) -> None:
         """Activate: add to the balancer → resume; pending retries and new samples flow in."""
         now = self._clock()
-        self.routable = [r for r in self.replicas if r in self.routable or r in reps]
+        self._set_routable([r for r in self.replicas if r in self.routable or r in reps])
         for rep in reps:
             rep.advance(now)
             rep.paused = False
@@ -223,7 +238,7 @@ class Rollouter:
     def reset_staleness(self) -> None:
         """After a weight sync: new version; started-count = in flight + queued."""
         self.version += 1
-        self.started_in_version = self.in_flight + len(self.queue)
+        self.gate.on_sync(self.in_flight, len(self.queue))
         self.step_generated = 0
         self.try_start()
 
@@ -232,3 +247,11 @@ class Rollouter:
         batch = [self.queue.popleft() for _ in range(k)]
         self.try_start()
         return batch
+
+
+def _load(rep: Replica) -> int:
+    return rep.samples
+
+
+def _replica_id(rep: Replica) -> str:
+    return rep.name

@@ -1,10 +1,10 @@
 """The simulator: the event loop, the data plane, and the control plane as one process.
 
-The control plane is a generator that reads like DESIGN §2's step sequence. It yields what it
-waits for (a delay, enough queued samples, an empty flight); the loop turns that into an event or
-a wake-up condition and resumes it at the right virtual time. The policy is the same object
-production uses, asked the same hooks in the same order, with a ``DynamicScheduleContext`` built
-fresh before each call.
+Owns the virtual-time execution of the ``loop`` package's step: it drives ``loop.run_start`` and
+``loop.step_sequence`` (production's sequence), carries out each intent as waits (a delay, enough
+queued samples, an empty flight) that the event loop turns into events or wake-up conditions, and
+asks every policy question through ``loop.Decider``, with ``loop.SwitchDurations`` in the context.
+Must not ask a policy hook itself or decide what a step does next (``loop`` does).
 
 Timing conventions of the metrics (per micro-step ``i``, reference §4):
 
@@ -19,9 +19,33 @@ Timing conventions of the metrics (per micro-step ``i``, reference §4):
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
+from types import GeneratorType
 from typing import Any, NamedTuple
+
+from loop import (
+    AfterSync,
+    BeginStep,
+    Broadcast,
+    Commit,
+    Decider,
+    DeactivatePlan,
+    EndStep,
+    HybridSync,
+    Intent,
+    Lend,
+    LendPlan,
+    SwitchDurations,
+    SwitchReport,
+    Train,
+    WaitAndDeactivate,
+    WaitReport,
+    WarmUp,
+    run_start,
+    step_sequence,
+)
+from loop.workload import LengthModel
 
 from metrics import (
     MQ_SIZE,
@@ -38,12 +62,11 @@ from metrics import (
     cycle_utilizations,
 )
 from policies import DynamicScheduleContext, DynamicSchedulePolicyBase
-from sim.events import CONTROL_PLANE, Event, EventLoop
-from sim.replica import Sample
-from sim.result import SimResult, StepRecord
-from sim.rollouter import Rollouter
+from sim.events import CONTROL_PLANE, DATA_PLANE, Event, EventLoop
+from sim.replica import Replica, Sample
+from sim.result import SimResult, SimStep, Transition
+from sim.rollouter import SimRollouter
 from sim.spec import SimSpec
-from sim.workload import ResponseLengths
 
 
 class SimulationStalled(RuntimeError):
@@ -67,7 +90,7 @@ Wait = Delay | UntilQueued | UntilIdle
 
 @dataclass
 class _StepLog:
-    """What one step has measured so far (turned into a ``StepRecord`` at commit)."""
+    """What one step has measured so far (turned into a ``SimStep`` at commit)."""
 
     step: int
     start: float
@@ -81,6 +104,9 @@ class _StepLog:
     step_generated: int = 0
     window_end: float = 0.0
     history: list[tuple[float, int, int]] = field(default_factory=list)
+    train_end: float = 0.0
+    tasks_since_train: int = 0
+    """Tasks paid since the last micro-step ended (not trainer time in the last one's allocation)."""
 
 
 class Simulator:
@@ -102,9 +128,7 @@ class Simulator:
         self.rng = random.Random(seed)
         self.loop = EventLoop()
         self.trace: list[tuple[Any, ...]] | None = [] if trace else None
-        lengths = ResponseLengths(
-            rng=self.rng,
-            n=spec.n,
+        lengths = LengthModel(
             mean_start=spec.response_len_mean_start,
             mean_end=spec.response_len_mean_end,
             response_sigma=spec.response_len_sigma,
@@ -112,21 +136,27 @@ class Simulator:
             max_len=spec.response_length,
             last_version=spec.steps - 1,
         )
-        self.rollouter = Rollouter(spec, lengths, clock=lambda: self.loop.now, trace=self._record_trace)
+        self.rollouter = SimRollouter(spec, lengths, self.rng, clock=lambda: self.loop.now, trace=self._record_trace)
         self.rollouter.on_generated = self._check_wake
         self.hybrid_active = False
-        self.records: list[StepRecord] = []
-        self.decisions: list[tuple[int, str, Any]] = []
+        self.records: list[SimStep] = []
+        self.decider = Decider(policy, enable_rebalance=spec.enable_rebalance)
+        self.durations = SwitchDurations()
+        self.transitions: list[Transition] = []
         self.trained_ids: list[int] = []
         self.train_compute_total_s = 0.0
         self.trained_response_tokens = 0
         self.switches = 0
         self.switch_s = 0.0
-        self.last_activate_s = 0.0
-        self.last_deactivate_s = 0.0
         self.last_switch_at: float | None = None
         self._wait_sums: tuple[list[float], list[int]] = ([], [])
         self._wake_when: Callable[[], bool] | None = None
+        self._log = _StepLog(step=0, start=0.0, waste0=WastedWork())
+        self._phases: dict[type, Callable[[Any], Any]] = {
+            WarmUp: self._warm_up, BeginStep: self._begin_step, WaitAndDeactivate: self._wait_and_deactivate,
+            Train: self._train, Broadcast: self._broadcast, AfterSync: self._after_sync,
+            HybridSync: self._hybrid_sync, Lend: self._lend, EndStep: self._end_step,
+        }
         self._process: Iterator[Wait] = self._training_run()
         self._done = False
 
@@ -140,6 +170,8 @@ class Simulator:
             self.hybrid_active = True
             self._record_trace("activate")
         self.rollouter.try_start()
+        for t, number in spec.standalone_deaths:
+            self.loop.push([Event(float(t), DATA_PLANE, self._death, (self.rollouter.standalones[number],))])
         self.loop.push([Event(0.0, CONTROL_PLANE, self._resume)])
         self.loop.push(self.rollouter.flush())
         self.loop.run(until=lambda: self._done)
@@ -175,6 +207,11 @@ class Simulator:
             return lambda: len(r.queue) >= wait.samples
         return lambda: r.in_flight == len(r.pending)  # retries with no replica cannot drain
 
+    def _death(self, rep: Replica) -> list[Event]:
+        """Handler: a standalone replica dies (``SimSpec.standalone_deaths``)."""
+        self.rollouter.kill(rep)
+        return self._check_wake() + self.rollouter.flush()
+
     def _check_wake(self) -> list[Event]:
         if self._wake_when is not None and self._wake_when():
             self._wake_when = None
@@ -188,73 +225,87 @@ class Simulator:
     # ------------------------------------------------------------ control plane
 
     def _training_run(self) -> Iterator[Wait]:
-        yield from self._warm_up()
-        for step in range(1, self.spec.steps + 1):
-            yield from self._training_step(step, final=step == self.spec.steps)
+        """``loop.run_start``, then ``loop.step_sequence`` per step, each intent executed here."""
+        spec, r = self.spec, self.rollouter
+        self._log = _StepLog(step=0, start=0.0, waste0=self._waste())  # the warm-up's (never committed)
+        yield from self._drive(run_start(0, has_hybrids=bool(r.hybrids) and not self.hybrid_active,
+                                         asks_warm_up=self.decider.asks_warm_up))
+        for step in range(1, spec.steps + 1):
+            self._log = _StepLog(step=step, start=self.loop.now, waste0=self._waste())
+            self._wait_sums = ([], [])
+            yield from self._drive(step_sequence(step, micro_steps=spec.trigger_parameter_sync_step,
+                                                 final=step == spec.steps, has_hybrids=bool(r.hybrids)))
 
-    def _warm_up(self) -> Iterator[Wait]:
-        """``tidal run``'s warm-up (``flows/training_run._warm_up``): with the standalones already
-        generating, the policy is asked ``should_activate_after_step(0)`` (nothing generated or
-        consumed yet); yes = hybrid sync → activate, no rebalance, before step 1 starts."""
-        r = self.rollouter
-        if not r.hybrids or self.hybrid_active or not self._ask(0, "should_activate_after_step"):
-            return
+    def _drive(self, intents: Generator[Intent, Any, None]) -> Iterator[Wait]:
+        """Execute each intent and send its result back, until the sequence ends."""
+        answer: Any = None
+        while True:
+            try:
+                intent = intents.send(answer)
+            except StopIteration:
+                return
+            answer = yield from self._execute(intent)
+
+    def _execute(self, intent: Intent) -> Generator[Wait, None, Any]:
+        """One phase: in Tidal one Prefect task each (``task_overhead_s`` first), but the commit,
+        which is the rest of the flow run (``step_overhead_s``)."""
+        if isinstance(intent, Commit):
+            yield Delay(self.spec.step_overhead_s)
+            self._record_trace("commit", intent.step)
+            self.records.append(self._step_record(self._log))
+            return None
+        yield Delay(self.spec.task_overhead_s)
+        self._log.tasks_since_train += 1
+        result = self._phases[type(intent)](intent)
+        if isinstance(result, GeneratorType):
+            result = yield from result
+        return result
+
+    def _warm_up(self, intent: WarmUp) -> LendPlan:
+        """Only for a policy with ``warm_up_lend``: lend before step 1 (the standalones generate)."""
+        return self.decider.warm_up(self.context(0), of=len(self.rollouter.hybrids))
+
+    def _begin_step(self, intent: BeginStep) -> DeactivatePlan:
+        return self.decider.begin_step(intent.step, self.hybrid_active, self.context(intent.step))
+
+    def _wait_and_deactivate(self, intent: WaitAndDeactivate) -> Iterator[Wait]:
+        """Let the hybrids generate until enough is queued (a threshold above the queue's capacity
+        could never be met: it is clamped to it), then take them back."""
+        r, log, t = self.rollouter, self._log, self.loop.now
+        yield UntilQueued(min(intent.plan.wait_samples, self.spec.max_required_samples))
+        log.wait_for_samples_s = self.loop.now - t
         t = self.loop.now
-        yield Delay(self.spec.hybrid_sync_s)
-        yield Delay(self.spec.activate_s)
-        r.add(r.hybrids)
-        self.hybrid_active = True
-        self._record_trace("activate")
-        self._switched("activate", t)
+        self._record_trace("deactivate")
+        lent = [rep for rep in r.hybrids if rep in r.routable]
+        r.remove(r.hybrids)
+        yield Delay(self.spec.deactivate_s)
+        self.hybrid_active, log.deactivated = False, True
+        report = self._switched(intent.plan.step, "deactivate", t, lent)
+        log.deactivate_s = report.duration_s
+        return WaitReport(waited_s=log.wait_for_samples_s, mq_size=len(r.queue), deactivate=report)
 
-    def _training_step(self, step: int, final: bool = False) -> Iterator[Wait]:
-        """DESIGN §2: should_deactivate → [wait → deactivate] → train × k → broadcast_sync →
-        should_activate → [hybrid_sync → activate → rebalance] → update_policy → commit. The
-        run's last step does not ask should_activate (``flows/training_step``: nothing trains after it)."""
-        spec, r, now = self.spec, self.rollouter, lambda: self.loop.now
-        has_hybrids = bool(r.hybrids)
-        log = _StepLog(step=step, start=now(), waste0=self._waste())
-        self._wait_sums = ([], [])
-        task = Delay(spec.task_overhead_s)  # before each phase: one Prefect task each in Tidal
+    def _train(self, intent: Train) -> Iterator[Wait]:
+        spec, r, log, t = self.spec, self.rollouter, self._log, self.loop.now
+        queued = len(r.queue)
+        yield UntilQueued(spec.required_samples)
+        self._wait_sums[0].append(self.loop.now - t)
+        self._wait_sums[1].append(max(0, spec.required_samples - queued))
+        batch = r.take(spec.required_samples)
+        compute_s = self._train_time(batch)
+        self._record_trace("train", intent.step, intent.micro + 1, [s.id for s in batch])
+        yield Delay(compute_s)
+        self.trained_ids.extend(s.id for s in batch)
+        self.trained_response_tokens += sum(sum(s.lengths) for s in batch)
+        self.train_compute_total_s += compute_s
+        alloc = self.loop.now - t + (log.deactivate_s if intent.micro == 0 else 0.0)
+        log.micro.append({TRAIN_COMPUTE_TIME_S: compute_s, TRAIN_ALLOCATED_TIME_S: alloc, MQ_SIZE: len(r.queue)})
+        log.train_end, log.tasks_since_train = self.loop.now, 0
+        return None  # never ``exhausted``: the data budget covers every step
 
-        # 1-2. take the hybrids back once enough samples are buffered (a threshold above the
-        # queue's capacity could never be met: it is clamped to it)
-        yield task
-        if has_hybrids and self._ask(step, "should_deactivate") and self.hybrid_active:
-            want = min(self._ask(step, "deactivate_wait_samples"), spec.max_required_samples)
-            yield task
-            t = now()
-            yield UntilQueued(want)
-            log.wait_for_samples_s = now() - t
-            t = now()
-            self._record_trace("deactivate")
-            r.remove(r.hybrids)
-            yield Delay(spec.deactivate_s)
-            self.hybrid_active, log.deactivated = False, True
-            log.deactivate_s = self._switched("deactivate", t)
-
-        # 3. train: trigger_parameter_sync_step micro-steps
-        for i in range(spec.trigger_parameter_sync_step):
-            yield task
-            t = now()
-            queued = len(r.queue)
-            yield UntilQueued(spec.required_samples)
-            self._wait_sums[0].append(now() - t)
-            self._wait_sums[1].append(max(0, spec.required_samples - queued))
-            batch = r.take(spec.required_samples)
-            compute_s = self._train_time(batch)
-            self._record_trace("train", step, i + 1, [s.id for s in batch])
-            yield Delay(compute_s)
-            self.trained_ids.extend(s.id for s in batch)
-            self.trained_response_tokens += sum(sum(s.lengths) for s in batch)
-            self.train_compute_total_s += compute_s
-            alloc = now() - t + (log.deactivate_s if i == 0 else 0.0)
-            log.micro.append({TRAIN_COMPUTE_TIME_S: compute_s, TRAIN_ALLOCATED_TIME_S: alloc, MQ_SIZE: len(r.queue)})
-        last_micro_end = now()
-
-        # 4. broadcast sync to the routable replicas; generation pauses (partial rollout) or
-        # drains first (no partial rollout); then a new version and a reset staleness count
-        yield task
+    def _broadcast(self, intent: Broadcast) -> Iterator[Wait]:
+        """Sync the routable replicas; generation pauses (partial rollout) or drains first (without
+        it); then a new version and a reset staleness count."""
+        spec, r, log = self.spec, self.rollouter, self._log
         if not spec.partial_rollout:
             r.accepting = False
             yield UntilIdle()
@@ -266,54 +317,55 @@ class Simulator:
             r.stall([rep for rep in r.routable if not rep.hybrid], spec.broadcast_sync_s)
         yield Delay(spec.broadcast_sync_s)
         r.accepting = True
-        log.step_generated, log.window_end = r.step_generated, now()
-        log.history, r.history = r.history, [(now(), r.in_flight, r.capacity())]
+        log.step_generated, log.window_end = r.step_generated, self.loop.now
+        log.history, r.history = r.history, [(self.loop.now, r.in_flight, r.capacity())]
         r.resume(paused_reps, aborted, sticky=True)
         r.reset_staleness()
         self._record_trace("sync", r.version)
 
-        # 5. lend the trainer GPUs again? (not after the last step: nothing would use them)
-        lend = False
-        if not final:
-            yield task
-            lend = has_hybrids and self._ask(step, "should_activate_after_step") and not self.hybrid_active
-        if lend:
-            yield task
-            t = now()
-            yield Delay(spec.hybrid_sync_s)
-            synced_s = now() - t
-            yield task
-            t = now()
-            yield Delay(spec.activate_s)
-            r.add(r.hybrids)
-            self.hybrid_active, log.activated = True, True
-            self._record_trace("activate")
-            self._switched("activate", t - synced_s)  # hybrid sync + activate, not the tasks between
-            if spec.enable_rebalance and self._ask(step, "request_rebalance"):
-                t = now()
-                aborted = r.pause(list(r.routable))
-                yield Delay(spec.rebalance_s)
-                r.resume(list(r.routable), aborted, sticky=False)
-                self.switch_s += now() - t
-                log.rebalanced = True
-                self._record_trace("rebalance")
-        tasks_s = spec.task_overhead_s * (1 + (not final) + 2 * log.activated)  # the reference counts syncs, not tasks
-        log.micro[-1][TRAIN_ALLOCATED_TIME_S] += now() - last_micro_end - tasks_s
+    def _after_sync(self, intent: AfterSync) -> LendPlan:
+        return self.decider.after_sync(intent.step, self.hybrid_active, self.context(intent.step),
+                                       of=len(self.rollouter.hybrids))
 
-        # 6. adapt the policy, 7. commit
-        yield task
-        if has_hybrids:
-            self._ask(step, "update_after_step")
-        yield Delay(spec.step_overhead_s)
-        self._record_trace("commit", step)
-        self.records.append(self._step_record(log))
+    def _hybrid_sync(self, intent: HybridSync) -> Iterator[Wait]:
+        t = self.loop.now
+        yield Delay(self.spec.hybrid_sync_s)
+        return self._switched(intent.plan.step, "hybrid_sync", t, self.rollouter.hybrids[: intent.plan.count])
+
+    def _lend(self, intent: Lend) -> Iterator[Wait]:
+        """Activate the synced hybrids, then rebalance if the policy asks (and it is enabled)."""
+        r, log, step = self.rollouter, self._log, intent.plan.step
+        lent, t = r.hybrids[: intent.plan.count], self.loop.now
+        yield Delay(self.spec.activate_s)
+        r.add(lent)
+        self.hybrid_active, log.activated = True, True
+        self._record_trace("activate")
+        reports = [self._switched(step, "activate", t, lent)]
+        if self.decider.wants_rebalance(step, self.context(step)):
+            t = self.loop.now
+            aborted = r.pause(list(r.routable))
+            yield Delay(self.spec.rebalance_s)
+            r.resume(list(r.routable), aborted, sticky=False)
+            log.rebalanced = True
+            self._record_trace("rebalance")
+            reports.append(self._switched(step, "rebalance", t, r.routable))
+        return reports
+
+    def _end_step(self, intent: EndStep) -> None:
+        """The last micro-step's allocation runs on to here (the syncs, the lend), less the tasks
+        between (the reference counts syncs, not tasks); then ``update_after_step``, always."""
+        log = self._log
+        log.micro[-1][TRAIN_ALLOCATED_TIME_S] += (
+            self.loop.now - log.train_end - log.tasks_since_train * self.spec.task_overhead_s)
+        self.decider.end_step(intent.step, self.hybrid_active, self.context(intent.step))
+        self.durations.reset()
 
     def _waste(self) -> WastedWork:
         r = self.rollouter
         return WastedWork(r.aborted_requests, r.aborted_tokens, r.reprefilled_tokens, self.switch_s)
 
-    def _step_record(self, log: _StepLog) -> StepRecord:
-        """Fold the step's micro-step metrics with the ``metrics`` package into a ``StepRecord``."""
+    def _step_record(self, log: _StepLog) -> SimStep:
+        """Fold the step's micro-step metrics with the ``metrics`` package into a ``SimStep``."""
         spec, total, before = self.spec, self._waste(), log.waste0
         waste = WastedWork(
             aborted_requests=total.aborted_requests - before.aborted_requests,
@@ -340,7 +392,7 @@ class Simulator:
             )
         )
         ratio = getattr(self.policy, "deactivate_ratio", None)
-        return StepRecord(
+        return SimStep(
             step=log.step,
             start_s=log.start,
             end_s=self.loop.now,
@@ -368,22 +420,28 @@ class Simulator:
         tokens = sum(sample.tokens for sample in batch)
         return s.train_step_overhead_s + tokens / (s.trainer_gpus * s.train_tokens_per_gpu_s)
 
-    def _switched(self, kind: str, began: float) -> float:
-        """Book a finished activate (incl. its hybrid sync) or deactivate; returns its seconds."""
-        took = self.loop.now - began
-        if kind == "activate":
-            self.last_activate_s = took
-        else:
-            self.last_deactivate_s = took
-        self.last_switch_at = self.loop.now
-        self.switches += 1
-        self.switch_s += took
-        return took
+    def _switched(self, step: int, kind: str, began: float, replicas: list[Replica]) -> SwitchReport:
+        """Book a finished switch: its transition, the policy's switch durations and the waste.
+
+        ``switches`` counts activations and deactivations; ``switch_s`` every switch's seconds
+        (not the tasks between a hybrid sync and its activation)."""
+        now = self.loop.now
+        report = SwitchReport(kind, began, now - began, replicas=tuple(rep.name for rep in replicas))
+        self.transitions.append(Transition(step, report))
+        self.durations.add(kind, report.duration_s)
+        self.switch_s += report.duration_s
+        if kind in ("activate", "deactivate"):
+            self.switches += 1
+            self.last_switch_at = now
+        return report
 
     # ------------------------------------------------------------------ policy
 
     def context(self, step: int) -> DynamicScheduleContext:
-        """The context a policy sees now (built fresh before every hook, as in production)."""
+        """The context a policy sees now (built fresh before every question, as in production).
+
+        The switch durations are the current cycle's (``loop.SwitchDurations``); ``standalone_lost``
+        once every standalone died (``SimSpec.standalone_deaths``)."""
         s, r = self.spec, self.rollouter
         return DynamicScheduleContext(
             required_samples=s.required_samples,
@@ -394,32 +452,15 @@ class Simulator:
             step_wait_times=list(self._wait_sums[0]),
             step_wait_samples=list(self._wait_sums[1]),
             only_hybrid=s.only_hybrid,
-            last_activate_duration_s=self.last_activate_s,
-            last_deactivate_duration_s=self.last_deactivate_s,
+            last_activate_duration_s=self.durations.activate_s,
+            last_deactivate_duration_s=self.durations.deactivate_s,
             now=self.loop.now,
             last_switch_at=self.last_switch_at,
             mq_size=len(r.queue),
             standalone_replicas=s.standalone_replicas,
             hybrid_replicas=s.hybrid_replicas,
+            standalone_lost=r.standalone_lost,
         )
-
-    def _ask(self, step: int, hook: str) -> Any:
-        """Call one policy hook with a fresh context; record and return its answer."""
-        ctx = self.context(step)
-        p = self.policy
-        if hook == "should_deactivate":
-            answer: Any = bool(p.should_deactivate(step, self.hybrid_active, ctx))
-        elif hook == "deactivate_wait_samples":
-            answer = max(0, int(p.deactivate_wait_samples(ctx)))
-        elif hook == "should_activate_after_step":
-            answer = bool(p.should_activate_after_step(step, self.hybrid_active, ctx))
-        elif hook == "request_rebalance":
-            answer = bool(p.request_rebalance(step, ctx))
-        else:
-            p.update_after_step(step, ctx)
-            answer = None
-        self.decisions.append((step, hook, answer))
-        return answer
 
     # ------------------------------------------------------------------ result
 
@@ -447,7 +488,8 @@ class Simulator:
             in_flight_ids=in_flight,
             switches=self.switches,
             waste=self._waste(),
-            decisions=self.decisions,
+            decisions=self.decider.records,
+            transitions=list(self.transitions),
             trace=self.trace,
             events_handled=self.loop.handled,
         )

@@ -62,15 +62,22 @@ class SimSpec:
     rebalance_s: float = 0.5
     step_overhead_s: float = 0.0
     task_overhead_s: float = 0.0
-    """Control-plane seconds before each phase of a step (in Tidal one Prefect task each:
-    should_deactivate, wait_for_samples, every train micro-step, broadcast_sync, should_activate,
-    hybrid_sync, activate, update_policy); ``step_overhead_s`` is then the rest (flow run, commit).
+    """Control-plane seconds before each phase of a step (in Tidal one Prefect task per
+    ``loop`` intent: begin, wait-and-deactivate, every train micro-step, broadcast, the lend
+    question, hybrid sync, lend, update); ``step_overhead_s`` is then the rest (flow run, commit).
     Config key ``sim.task_overhead_s``; ``benchmarks/bench_emulated.py`` measures it."""
     sync_aborts: bool = True
     """The broadcast sync aborts what the routable replicas are generating and resumes it after
     (re-prefilling it), as verl's partial rollout does; False = Tidal's engines: the standalone
     replicas only stall for ``broadcast_sync_s`` while loading and keep their requests. Config key
     ``sim.sync_aborts`` (the presets are calibrated with True); ``benchmarks/bench_emulated.py`` uses both."""
+    standalone_deaths: tuple[tuple[float, int], ...] = ()
+    """``(virtual second, standalone number)``: that standalone replica dies then. It leaves the
+    balancer for good (no replacement), and what it was generating is retried elsewhere. Once all
+    have died the policy's context says ``standalone_lost`` (``LostStandaloneGuard`` then lends
+    after every sync). Not a config key: scenarios set it with ``dataclasses.replace``. Not
+    modelled: production's stranded refill, so a run whose last standalone dies while the hybrids
+    are asleep and the queue is short stalls (``SimulationStalled``)."""
 
     @property
     def step_required_samples(self) -> int:

@@ -19,8 +19,9 @@ import pickle
 import pytest
 
 from cluster.builders import engine_factory, simulated_engine_costs, tokenizer_and_problems
-from cluster.engines.simulated import LogNormalLengths, SimulatedEngine
+from cluster.engines.simulated import SimulatedEngine, sample_key
 from config import load_config
+from loop.workload import SeededLengths
 
 PRESET = "sim/qwen35-35b-emulated-dynamic"
 
@@ -56,10 +57,10 @@ def test_the_engine_decodes_and_draws_lengths_like_the_simulator_replica():
         assert hybrid._decode_step_s(batch) == pytest.approx(base / s.hybrid_throughput_factor)
     assert standalone.prefill_s_per_token == pytest.approx(1 / s.prefill_tokens_per_s)
     assert hybrid.prefill_s_per_token == pytest.approx(1 / (s.prefill_tokens_per_s * s.hybrid_throughput_factor))
-    assert standalone._lengths == LogNormalLengths(
+    assert standalone._lengths == SeededLengths(
         mean_start=s.response_len_mean_start, mean_end=s.response_len_mean_end, response_sigma=s.response_len_sigma,
         prompt_sigma=s.prompt_len_sigma, max_len=r.response_length,
-        last_version=cfg.trainer.total_training_steps - 1, seed=cfg.trainer.seed)
+        last_version=cfg.trainer.total_training_steps - 1, seed=cfg.trainer.seed, prompt_key=sample_key)
     # replicas built with different seeds serve the same response for the same request
     assert standalone.response_tokens("e0-p3-r1", 50) == hybrid.response_tokens("e0-p3-r1", 50)
 

@@ -11,15 +11,22 @@ from cluster.controller import LoadBalancer as LoadBalancerProtocol
 from cluster.load_balancer import LoadBalancer
 
 
-def test_a_new_request_goes_to_the_least_loaded_replica_and_ties_go_to_the_smallest_id():
+def test_a_new_request_goes_to_the_least_loaded_replica_and_ties_go_to_the_first_in_replica_order():
     lb = LoadBalancer(["r2", "r1", "r3"])
-    assert lb.acquire("a") == "r1"  # all idle: smallest id
+    assert lb.acquire("a") == "r1"  # all idle: lowest number
     assert lb.acquire("b") == "r2"
     assert lb.acquire("c") == "r3"
     assert lb.acquire("d") == "r1"  # all at 1 again
     lb.release("r2")
     assert lb.acquire("e") == "r2"  # the only one at 1
     assert lb.loads() == {"r1": 2, "r2": 1, "r3": 1}
+
+
+def test_ties_go_to_standalones_before_hybrids_and_numbers_compare_as_numbers():
+    """loop.balance's rule, the simulator's too: hybrid-0 no longer wins a tie by string order."""
+    lb = LoadBalancer(["hybrid-0", "standalone-10", "standalone-2", "hybrid-1"])
+    assert [lb.acquire(key) for key in "abcde"] == [
+        "standalone-2", "standalone-10", "hybrid-0", "hybrid-1", "standalone-2"]
 
 
 def test_a_sticky_request_returns_to_its_replica_even_when_another_is_less_loaded():

@@ -55,13 +55,12 @@ def run_recorded(policy_name: str, steps: int = 3, **spec_changes):
     return policy, result
 
 
-def test_hooks_follow_the_documented_order_while_lending_and_reclaiming():
+def test_hooks_follow_productions_step_sequence_while_lending_and_reclaiming():
+    """loop.step_sequence through loop.Decider: nothing is asked at step 0, should_deactivate only
+    while the hybrids are lent, update_after_step every step."""
     policy, result = run_recorded("fixed_ratio")
     assert policy.calls == [
-        ("should_activate_after_step", 0, False),  # tidal run's warm-up: starts STANDALONE_ONLY, lends at once
-        ("should_deactivate", 1, True),
-        ("deactivate_wait_samples", None, None),
-        ("should_activate_after_step", 1, False),
+        ("should_activate_after_step", 1, False),  # step 1 ran on the standalones alone
         ("request_rebalance", 1, None),
         ("update_after_step", 1, None),
         ("should_deactivate", 2, True),
@@ -73,17 +72,57 @@ def test_hooks_follow_the_documented_order_while_lending_and_reclaiming():
         ("deactivate_wait_samples", None, None),
         ("update_after_step", 3, None),  # the last step: no lend, nothing trains after it
     ]
-    assert [(s.deactivated, s.activated, s.rebalanced) for s in result.steps] == [(True, True, True)] * 2 + [
-        (True, False, False)]
-    assert result.steps[0].start_s == 3.5  # the warm-up's hybrid sync 3 s + activate 0.5 s
-    assert [hook for _, hook, _ in result.decisions] == [hook for hook, _, _ in policy.calls]
+    assert [(s.deactivated, s.activated, s.rebalanced) for s in result.steps] == [
+        (False, True, True), (True, True, True), (True, False, False)]
+    assert result.steps[0].start_s == 0.0
+    assert [(step, hook) for step, hook, _ in result.hooks()] == [
+        (1, "should_activate_after_step"), (1, "request_rebalance"), (1, "update_after_step"),
+        (2, "should_deactivate"), (2, "deactivate_wait_samples"), (2, "should_activate_after_step"),
+        (2, "request_rebalance"), (2, "update_after_step"),
+        (3, "should_deactivate"), (3, "deactivate_wait_samples"), (3, "update_after_step"),
+    ]
 
 
-def test_rebalance_is_not_asked_when_it_is_disabled_and_nothing_is_asked_without_hybrids():
+def test_the_result_records_every_controller_transition_in_order_with_its_replicas():
+    _, result = run_recorded("fixed_ratio")
+    assert result.transition_kinds() == [
+        (1, "hybrid_sync"), (1, "activate"), (1, "rebalance"),
+        (2, "deactivate"), (2, "hybrid_sync"), (2, "activate"), (2, "rebalance"),
+        (3, "deactivate"),
+    ]
+    hybrids = ("hybrid-0", "hybrid-1", "hybrid-2", "hybrid-3")
+    assert [t.report.replicas for t in result.transitions[:2]] == [hybrids, hybrids]
+    assert [t.report.duration_s for t in result.transitions[:4]] == [3.0, 0.5, 0.5, 3.0]
+    assert result.switches == 4  # activations and deactivations
+
+
+def test_rebalance_is_not_asked_when_it_is_disabled_and_update_after_step_is_asked_without_hybrids():
     policy, _ = run_recorded("fixed_ratio", steps=2, enable_rebalance=False)
     assert "request_rebalance" not in [hook for hook, _, _ in policy.calls]
     policy, result = run_recorded("default", steps=2, hybrid_replicas=0)
-    assert policy.calls == [] and result.switches == 0
+    assert policy.calls == [("update_after_step", 1, None), ("update_after_step", 2, None)]
+    assert (result.switches, result.transitions) == (0, [])
+
+
+def test_the_policy_sees_the_switch_seconds_of_the_current_cycle_reset_after_update_after_step():
+    """loop.SwitchDurations: the deactivation adds to deactivate_s; hybrid sync (3 s), activate
+    (0.5 s) and rebalance (0.5 s) add to activate_s; both are 0 again after update_after_step."""
+    policy, _ = run_recorded("fixed_ratio")
+    seen = [(hook, step, ctx.last_activate_duration_s, ctx.last_deactivate_duration_s)
+            for (hook, step, _), ctx in zip(policy.calls, policy.contexts)]
+    assert seen == [
+        ("should_activate_after_step", 1, 0.0, 0.0),
+        ("request_rebalance", 1, 3.5, 0.0),
+        ("update_after_step", 1, 4.0, 0.0),
+        ("should_deactivate", 2, 0.0, 0.0),
+        ("deactivate_wait_samples", None, 0.0, 0.0),
+        ("should_activate_after_step", 2, 0.0, 3.0),
+        ("request_rebalance", 2, 3.5, 3.0),
+        ("update_after_step", 2, 4.0, 3.0),
+        ("should_deactivate", 3, 0.0, 0.0),
+        ("deactivate_wait_samples", None, 0.0, 0.0),
+        ("update_after_step", 3, 0.0, 3.0),
+    ]
 
 
 def test_the_context_carries_the_step_the_waits_and_the_clock():
@@ -91,8 +130,7 @@ def test_the_context_carries_the_step_the_waits_and_the_clock():
     by_hook = {}
     for (hook, step, _), ctx in zip(policy.calls, policy.contexts):
         by_hook.setdefault(hook, []).append((step, ctx))
-    warm_up, *after_steps = by_hook["should_activate_after_step"]
-    assert warm_up[0] == 0 and (warm_up[1].expected_samples, warm_up[1].step_wait_times) == (0, [])
+    after_steps = by_hook["should_activate_after_step"]
     for step, ctx in after_steps:
         record = result.steps[step - 1]
         assert ctx.expected_samples == step * 64
@@ -101,13 +139,11 @@ def test_the_context_carries_the_step_the_waits_and_the_clock():
         assert all(w == max(0, w) for w in ctx.step_wait_samples)
         assert ctx.total_generated_samples >= ctx.expected_samples
         assert (ctx.standalone_replicas, ctx.hybrid_replicas, ctx.buffer_samples) == (4, 4, 32)
+        assert ctx.standalone_lost is False  # the simulator models no replica death
     nows = [ctx.now for ctx in policy.contexts]
     assert nows == sorted(nows) and nows[-1] > 0
     assert [step for step, _ in after_steps] == [1, 2]  # not after the last step (3)
-    _, step2_activate = after_steps[1]
-    assert step2_activate.last_switch_at is not None
-    assert step2_activate.last_activate_duration_s == 3.5  # hybrid sync 3 s + activate 0.5 s
-    assert step2_activate.last_deactivate_duration_s == 3.0
+    assert after_steps[0][1].last_switch_at is None and after_steps[1][1].last_switch_at is not None
 
 
 def test_the_default_policy_state_evolves_exactly_as_when_fed_the_recorded_contexts():
@@ -127,17 +163,68 @@ def test_simulate_accepts_a_policy_object_in_place_of_the_configured_one():
     result = simulate(load_config("sim/qwen35-35b-dynamic"), steps=2, policy=recording)
     assert result.policy == "RecordingPolicy"
     assert [hook for hook, _, _ in recording.calls] == [
-        "should_activate_after_step",
-        "should_deactivate", "should_activate_after_step", "update_after_step",
-        "should_deactivate", "update_after_step",  # the last step asks no lend
+        "should_activate_after_step", "update_after_step",
+        "update_after_step",  # the last step asks no lend
     ]
 
 
-def test_the_warm_up_asks_once_before_step_1_and_only_when_the_hybrids_start_asleep():
-    """Like `tidal run`: a policy that declines leaves step 1 to the standalones (no switch, step 1
-    starts at 0); hybrids already lent at the start (`initial_hybrid_active`) are not asked about."""
-    declined, result = run_recorded("static_fully_async", steps=1)
-    assert declined.calls[0] == ("should_activate_after_step", 0, False)
-    assert (result.steps[0].start_s, result.switches) == (0.0, 0)
+class WarmUpLender(RecordingPolicy):
+    """A policy that asks for the hybrids from the start (``warm_up_lend``)."""
+
+    warm_up_lend = True
+
+
+def test_only_a_policy_with_warm_up_lend_is_asked_before_step_1_and_its_lend_is_a_recorded_decision():
+    """No question at step 0 by default (step 1 starts at 0 on the standalones); a warm_up_lend
+    policy is asked should_activate_after_step(0) and a yes lends before step 1: three tasks, hybrid
+    sync 3 s, activate 0.5 s, then the rebalance it asks for, 0.5 s."""
+    cfg = load_config("sim/qwen35-35b-dynamic")
+    spec = dataclasses.replace(spec_from_config(cfg, steps=1), task_overhead_s=0.25)
+    plain = RecordingPolicy(build_policy("fixed_ratio", deactivate_ratio=0.6))
+    result = Simulator(spec, plain).run()
+    assert (plain.calls[0], result.steps[0].start_s) == (("update_after_step", 1, None), 0.0)
+    eager = WarmUpLender(build_policy("fixed_ratio", deactivate_ratio=0.6))
+    result = Simulator(spec, eager).run()
+    assert eager.calls[:4] == [("should_activate_after_step", 0, False), ("request_rebalance", 0, None),
+                               ("should_deactivate", 1, True), ("deactivate_wait_samples", None, None)]
+    assert result.hooks()[0] == (0, "should_activate_after_step", 4)
+    assert result.transition_kinds()[:3] == [(0, "hybrid_sync"), (0, "activate"), (0, "rebalance")]
+    assert result.steps[0].start_s == 3 * 0.25 + 3.0 + 0.5 + 0.5  # WarmUp, HybridSync, Lend tasks + switches
     lent, result = run_recorded("fixed_ratio", steps=1, initial_hybrid_active=True)
     assert lent.calls[0] == ("should_deactivate", 1, True) and result.steps[0].start_s == 0.0
+
+
+def test_when_every_standalone_died_the_guard_lends_after_each_sync_and_waits_a_whole_cycle():
+    """SimSpec.standalone_deaths: all four die at t=50 s (step 1 has what it needs by then); from
+    there the context says standalone_lost and LostStandaloneGuard's answers are recorded decisions,
+    so a policy that never lends (static_fully_async) lends, and takes back after 64 samples."""
+    policy, result = run_recorded("static_fully_async", steps=3,
+                                  standalone_deaths=tuple((50.0, number) for number in range(4)))
+    assert [(d.step, d.hook, d.answer, d.reason) for d in result.decisions] == [
+        (1, "should_activate_after_step", 4, "guard: no standalone replica alive"),
+        (1, "request_rebalance", False, ""),
+        (1, "update_after_step", None, ""),
+        (2, "should_deactivate", True, ""),
+        (2, "deactivate_wait_samples", 64, "guard: no standalone replica alive"),
+        (2, "should_activate_after_step", 4, "guard: no standalone replica alive"),
+        (2, "request_rebalance", False, ""),
+        (2, "update_after_step", None, ""),
+        (3, "should_deactivate", True, ""),
+        (3, "deactivate_wait_samples", 64, "guard: no standalone replica alive"),
+        (3, "update_after_step", None, ""),
+    ]
+    assert all(d.inputs["standalone_lost"] for d in result.decisions)
+    assert policy.calls[0] == ("should_activate_after_step", 1, False)  # the policy itself was asked too
+    assert result.transition_kinds() == [(1, "hybrid_sync"), (1, "activate"), (2, "deactivate"),
+                                         (2, "hybrid_sync"), (2, "activate"), (3, "deactivate")]
+
+
+def test_one_dead_standalone_is_not_a_lost_standalone_and_gets_no_more_work():
+    cfg = load_config("sim/qwen35-35b-dynamic")
+    spec = dataclasses.replace(spec_from_config(cfg, steps=2), standalone_deaths=((10.0, 1),))
+    result = Simulator(spec, build_policy("static_fully_async"), trace=True).run()
+    deaths = [event for event in result.trace if event[1] == "death"]
+    routed_after = {event[3] for event in result.trace if event[1] == "route" and event[0] > 10.0}
+    assert deaths == [(10.0, "death", "standalone-1")]
+    assert routed_after == {"standalone-0", "standalone-2", "standalone-3"}
+    assert not any(d.inputs["standalone_lost"] for d in result.decisions)

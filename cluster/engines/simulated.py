@@ -61,7 +61,7 @@ class LogNormalLengths:
 
 
 class SimulatedEngine(EngineState):
-    """A rollout engine that sleeps instead of computing (see the module docstring).
+    """A rollout engine that sleeps instead of computing (see ``docs/engines.md``).
 
     Like the torch engine it starts awake without weights: ``load_weights`` (any mapping; the
     content is ignored) must run before the first ``generate`` and after every ``wake_up``.

@@ -2,8 +2,8 @@
 
 Owns the model, the cache (one slot per running sequence), sampling and the worker thread that
 runs every touch of them; one iteration = prefill the admitted prompts one by one, then one batched
-decode over the sequences already running. The request lists, admission, finish, abort and
-version stamping are the core's; the full description is in ``docs/engines.md``.
+decode over the sequences already running. It keeps no request lists: admission, finish, abort
+and version stamping are the core's. The full description is in ``docs/engines.md``.
 """
 
 from __future__ import annotations

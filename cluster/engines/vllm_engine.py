@@ -291,7 +291,7 @@ def _kv_cache_bytes(cfg: TinyLMConfig, max_batch: int, dtype: str) -> int:
 
 
 class VLLMEngine(EngineState):
-    """One replica's vLLM engine (see the module docstring).
+    """One replica's vLLM engine (see ``docs/engines.md``).
 
     Builds its own ``VLLMHost`` unless ``host`` is given (then the host's owner shuts it down;
     this engine's ``shutdown`` only aborts its own requests and detaches). Keyword arguments
@@ -369,7 +369,7 @@ class VLLMEngine(EngineState):
     # ---------------------------------------------------------------- memory and weights
 
     async def sleep(self) -> None:
-        """Abort everything in flight, then free the KV cache and the weights (GPU; see module doc)."""
+        """Abort everything in flight, then free the KV cache and the weights (GPU; see ``docs/engines.md``)."""
         if self._sleeping:
             return
         self._sleeping = True
@@ -392,7 +392,7 @@ class VLLMEngine(EngineState):
         self._sleeping = False
 
     async def load_weights(self, state: Mapping[str, Any], version: int) -> None:
-        """Replace the weights with a ``TinyLM`` state dict (any device/dtype); see module doc.
+        """Replace the weights with a ``TinyLM`` state dict (any device/dtype); see ``docs/engines.md``.
 
         A state dict with other names or shapes raises ``ValueError`` before anything changes.
         """

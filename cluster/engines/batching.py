@@ -66,6 +66,8 @@ class Batcher:
         self._waiting: deque[SequenceState] = deque()
         self._running: dict[int, SequenceState] = {}  # slot → sequence, in admission order
         self._free_slots = list(range(max_batch - 1, -1, -1))
+        self._finished_slots: list[int] = []  # slots of running sequences finished since the last drop
+        self._finished_waiting = 0  # waiting sequences finished (aborted) since the last drop
         self._work: asyncio.Event | None = None
         self._scheduler: asyncio.Task | None = None
         self.counters = {"generated_tokens": 0, "prefill_tokens": 0, "finished_requests": 0, "aborted_requests": 0}
@@ -84,7 +86,12 @@ class Batcher:
         self._ensure_scheduler()
         self._waiting.append(seq)
         self._work.set()
-        return await seq.future
+        try:
+            return await seq.future
+        except asyncio.CancelledError:  # the caller gave up: the sequence leaves at the next drop
+            if seq.future.cancelled():
+                self._forget(seq)
+            raise
 
     def abort_where(self, match: Callable[[SequenceState], bool]) -> int:
         """Finish the matching waiting or running sequences with ``abort``; returns how many."""
@@ -114,6 +121,8 @@ class Batcher:
             self._waiting.clear()
             self._running.clear()
             self._free_slots = list(range(self.max_batch - 1, -1, -1))
+            self._finished_slots.clear()
+            self._finished_waiting = 0
         self._work = asyncio.Event()
         self._scheduler = loop.create_task(self._schedule(), name=f"{self._name}-scheduler")
 
@@ -134,18 +143,19 @@ class Batcher:
                 for seq in admitted + decoding:
                     if not seq.future.done():
                         seq.future.set_exception(exc)
+                        self._forget(seq)
                 continue
             after_idle = False
-            for seq, token, logprob in zip(admitted + decoding, tokens, logprobs):
-                self._append(seq, token, logprob, version)
+            self._append(admitted + decoding, tokens, logprobs, version)
 
     def _drop_finished(self) -> None:
-        if any(seq.future.done() for seq in self._waiting):
+        if self._finished_waiting:
             self._waiting = deque(seq for seq in self._waiting if not seq.future.done())
-        for slot, seq in list(self._running.items()):
-            if seq.future.done():
-                del self._running[slot]
-                self._free_slots.append(slot)
+            self._finished_waiting = 0
+        for slot in self._finished_slots:
+            del self._running[slot]
+            self._free_slots.append(slot)
+        self._finished_slots.clear()
 
     def _admit(self) -> list[SequenceState]:
         admitted = []
@@ -158,20 +168,34 @@ class Batcher:
             admitted.append(seq)
         return admitted
 
-    def _append(self, seq: SequenceState, token: int, logprob: float, version: int) -> None:
-        if seq.future.done():  # aborted while the step ran: its token is dropped
-            return
-        seq.tokens.append(token)
-        seq.logprobs.append(logprob)
-        if seq.version is None:
-            seq.version = version
-        self.counters["generated_tokens"] += 1
-        if token == self.eos_id and not seq.request.sampling.ignore_eos:
-            self._finish(seq, "stop")
-        elif len(seq.tokens) >= seq.budget:
-            self._finish(seq, "length")
+    def _append(self, seqs: list[SequenceState], tokens: list[int], logprobs: list[float], version: int) -> None:
+        """Give each sequence its token; finish those at EOS (``stop``) or at their budget (``length``).
+        (The hot loop of every engine iteration: kept flat on purpose.)"""
+        eos, appended = self.eos_id, 0
+        for seq, token, logprob in zip(seqs, tokens, logprobs):
+            if seq.future.done():  # aborted while the step ran: its token is dropped
+                continue
+            seq.tokens.append(token)
+            seq.logprobs.append(logprob)
+            appended += 1
+            if seq.version is None:
+                seq.version = version
+            if token == eos and not seq.request.sampling.ignore_eos:
+                self._finish(seq, "stop")
+            elif len(seq.tokens) >= seq.budget:
+                self._finish(seq, "length")
+        self.counters["generated_tokens"] += appended
 
     def _finish(self, seq: SequenceState, reason: FinishReason) -> None:
         version = self._version() if seq.version is None else seq.version
         seq.future.set_result(build_result(seq.request, seq.tokens, seq.logprobs, reason, version, seq.prefilled))
         self.counters["aborted_requests" if reason == "abort" else "finished_requests"] += 1
+        self._forget(seq)
+
+    def _forget(self, seq: SequenceState) -> None:
+        """Mark a sequence whose future just completed, so the next drop removes it (frees its slot).
+        Every way a future completes (finish, a failed step, a cancelled caller) comes through here."""
+        if seq.slot >= 0:
+            self._finished_slots.append(seq.slot)
+        else:
+            self._finished_waiting += 1

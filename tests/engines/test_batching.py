@@ -137,9 +137,9 @@ def test_a_result_carries_the_version_of_its_first_token_or_the_current_one_with
     )
 
 
-def test_a_failed_step_fails_its_requests_and_the_core_keeps_serving():
+def test_a_failed_step_fails_its_requests_frees_their_slots_and_the_core_keeps_serving():
     step = RecordingStep()
-    core = batcher(step)
+    core = batcher(step, max_batch=1)
 
     async def scenario():
         step.fail = RuntimeError("device lost")
@@ -166,3 +166,22 @@ def test_close_aborts_waiting_and_running_requests():
     assert [(r.request_id, r.finish_reason, r.tokens) for r in asyncio.run(scenario())] == [
         ("a", "abort", []), ("b", "abort", [])]
     assert step.calls == [(["a"], [], True)]
+
+
+def test_a_cancelled_caller_frees_its_slot_for_the_next_request():
+    step = RecordingStep()
+    core = batcher(step, max_batch=1)
+
+    async def scenario():
+        step.gate = asyncio.Event()
+        first = asyncio.ensure_future(core.submit(request("a", 5), 5))
+        await until(lambda: len(step.calls) == 1)
+        first.cancel()
+        second = asyncio.ensure_future(core.submit(request("b", 1), 1))
+        step.gate.set()  # the in-flight iteration answers; "a"'s token is dropped
+        await until(lambda: len(step.calls) == 2)
+        step.gate.set()
+        return first.cancelled(), await second
+
+    assert asyncio.run(scenario()) == (True, GenerationResult("b", [100], [-1.0], "length", 1, 3))
+    assert step.calls == [(["a"], [], True), (["b"], [], False)]

@@ -66,7 +66,7 @@ class Batcher:
         self._waiting: deque[SequenceState] = deque()
         self._running: dict[int, SequenceState] = {}  # slot → sequence, in admission order
         self._free_slots = list(range(max_batch - 1, -1, -1))
-        self._finished_slots: list[int] = []  # slots of running sequences finished since the last drop
+        self._finished_running: list[SequenceState] = []  # running sequences finished since the last drop
         self._finished_waiting = 0  # waiting sequences finished (aborted) since the last drop
         self._work: asyncio.Event | None = None
         self._scheduler: asyncio.Task | None = None
@@ -121,7 +121,7 @@ class Batcher:
             self._waiting.clear()
             self._running.clear()
             self._free_slots = list(range(self.max_batch - 1, -1, -1))
-            self._finished_slots.clear()
+            self._finished_running.clear()
             self._finished_waiting = 0
         self._work = asyncio.Event()
         self._scheduler = loop.create_task(self._schedule(), name=f"{self._name}-scheduler")
@@ -152,10 +152,11 @@ class Batcher:
         if self._finished_waiting:
             self._waiting = deque(seq for seq in self._waiting if not seq.future.done())
             self._finished_waiting = 0
-        for slot in self._finished_slots:
-            del self._running[slot]
-            self._free_slots.append(slot)
-        self._finished_slots.clear()
+        for seq in self._finished_running:
+            if self._running.get(seq.slot) is seq:
+                del self._running[seq.slot]
+                self._free_slots.append(seq.slot)
+        self._finished_running.clear()
 
     def _admit(self) -> list[SequenceState]:
         admitted = []
@@ -196,6 +197,6 @@ class Batcher:
         """Mark a sequence whose future just completed, so the next drop removes it (frees its slot).
         Every way a future completes (finish, a failed step, a cancelled caller) comes through here."""
         if seq.slot >= 0:
-            self._finished_slots.append(seq.slot)
+            self._finished_running.append(seq)
         else:
             self._finished_waiting += 1

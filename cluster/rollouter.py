@@ -77,6 +77,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
+from cluster.engines.base import request_sample_uid  # noqa: F401 - the one parser; cluster.actors imports it from here
 from cluster.message_queue import QueueClosed
 from cluster.types import GenerationRequest, GenerationResult, Response, Sample, SamplingSpec
 from loop.staleness import StalenessGate, record_change
@@ -136,12 +137,6 @@ def sample_uid(epoch: int, prompt_index: int) -> str:
 def response_request_id(uid: str, j: int) -> str:
     """The request id of response ``j`` of sample ``uid``; the same on every retry."""
     return f"{uid}-r{j}"
-
-
-def request_sample_uid(request_id: str) -> str:
-    """The sample uid inside a request id made by ``response_request_id`` (an id made otherwise
-    is its own sample)."""
-    return request_id.rsplit("-r", 1)[0]
 
 
 class _Signal:

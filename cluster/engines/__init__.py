@@ -1,11 +1,9 @@
 """Rollout engines: one replica's generator behind the ``RolloutEngine`` contract (``base``).
 
-- ``TorchEngine`` (``torch_engine``): continuous batching of the tiny LM on a KV cache, CPU or CUDA;
-- ``SimulatedEngine`` (``simulated``): the same contract, time spent by a cost model, no compute.
-
-Imports only ``cluster.types`` and ``cluster.model``: never Ray, the other actors, or anything
-above ``cluster``. Importing this package does not load torch: ``TorchEngine`` is imported on
-first access.
+``TorchEngine`` (the tiny LM on a KV cache) and ``SimulatedEngine`` (a cost model, no compute)
+share one continuous-batching core (``batching``); ``VLLMEngine`` lets vLLM schedule. Imports only
+``cluster.types`` and ``cluster.model``: never Ray, the other actors, or anything above
+``cluster``; importing this package does not load torch. Details: ``docs/engines.md``.
 """
 
 from __future__ import annotations

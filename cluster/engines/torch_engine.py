@@ -1,52 +1,25 @@
-"""The torch rollout engine: continuous batching of ``TinyLM`` on a preallocated KV cache.
+"""The torch rollout engine: ``TinyLM`` on a preallocated KV cache, batched by ``batching.Batcher``.
 
-Top-down: the engine (the ``RolloutEngine`` contract) → its scheduler loop → one compute step →
-sampling. One request = one ``_Sequence``; the cache has ``max_batch`` slots and each running
-sequence owns one.
-
-Scheduler. A background asyncio task repeats: drop finished sequences and free their slots →
-admit waiting requests into free slots → run one *step* → append each sequence's new token and
-finish those that hit EOS (``stop``, EOS included in the tokens) or their budget (``length``).
-A step prefills the newly admitted prompts one by one (each samples its first token) and runs
-one batched ``decode`` over the sequences that were already running, so every running sequence
-gains exactly one token per step and new requests join between steps.
-
-Threading. Every touch of the weights or the cache (steps, ``load_weights``, ``sleep``,
-``wake_up``) is a job on one dedicated worker thread per engine, awaited from the event loop
-with ``run_in_executor``. Jobs never overlap (one worker, FIFO), and the event loop stays free
-between and during steps, so ``abort``/``pause``/``sleep`` calls are served within one step.
-``abort`` resolves the request at once with the tokens appended so far; a token the in-flight
-step produces for it afterwards is dropped.
-
-Log-probs. Each token's log-prob is ``log_softmax(logits)`` of the *untempered*, untruncated
-model distribution (temperature 1, no top-p) at the sampled token: what GRPO's importance ratio
-compares against the trainer's recomputed log-probs. Temperature and top-p only change which
-token is drawn.
-
-Budget clamping. A sequence never outgrows the position table: the budget of a request is
-``min(max_new_tokens, max_seq_len - len(prompt))``; a response stopped by that clamp finishes
-with ``length``. A prompt longer than ``max_seq_len`` is refused with ``ValueError``.
-
-Param version. A result carries the weights version its *first* token was generated with; if
-``load_weights`` lands while a request is running, its later tokens come from the new weights
-but the result still reports the older version (the conservative choice for staleness).
+Owns the model, the cache (one slot per running sequence), sampling and the worker thread that
+runs every touch of them; one iteration = prefill the admitted prompts one by one, then one batched
+decode over the sequences already running. It keeps no request lists: admission, finish, abort
+and version stamping are the core's. The full description is in ``docs/engines.md``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from cluster.model import KVCache, TinyLM, TinyLMConfig
-from cluster.engines.base import EngineState
-from cluster.types import FinishReason, GenerationRequest, GenerationResult
+from cluster.engines.base import EngineState, check_request, check_state_dict
+from cluster.engines.batching import Batcher, SequenceState, StepOutput
+from cluster.types import GenerationRequest, GenerationResult
 
 
 class TorchEngine(EngineState):
@@ -89,19 +62,9 @@ class TorchEngine(EngineState):
         self._sleeping = False
         self._paused = False
         self._closed = False
-        self._waiting: deque[_Sequence] = deque()
-        self._running: dict[int, _Sequence] = {}  # slot → sequence
-        self._free_slots = list(range(max_batch - 1, -1, -1))
-        self._work: asyncio.Event | None = None
-        self._scheduler: asyncio.Task | None = None
-        self._stats = {
-            "generated_tokens": 0,
-            "prefill_tokens": 0,
-            "finished_requests": 0,
-            "aborted_requests": 0,
-            "decode_steps": 0,
-            "busy_s": 0.0,
-        }
+        self._batch = Batcher(max_batch=max_batch, eos_id=eos_id, step=self._iterate,
+                              version=lambda: self._version, name="torch-engine")
+        self._stats = {"decode_steps": 0, "busy_s": 0.0}
 
     # ---------------------------------------------------------------- state
 
@@ -116,30 +79,26 @@ class TorchEngine(EngineState):
     def stats(self) -> dict[str, float]:
         """Counters since construction, plus the current queue depths and memory."""
         return {
+            **self._batch.counters,
             **self._stats,
-            "running_requests": len(self._running),
-            "waiting_requests": len(self._waiting),
+            "running_requests": self._batch.running,
+            "waiting_requests": self._batch.waiting,
             "kv_cache_bytes": self.kv_cache_bytes,
             "weight_bytes": self.weight_bytes,
         }
 
     # ---------------------------------------------------------------- requests
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Generate one response; returns when it stops, hits its budget or is aborted."""
-        self._check_ready()
-        if self._paused:
-            return self._result(request, [], [], "abort", self._version, 0)
-        budget = self._budget(request)
-        if budget == 0:
-            return self._result(request, [], [], "length", self._version, 0)
+    def _budget(self, request: GenerationRequest) -> int:
+        return check_request(request, max_seq_len=self.cfg.max_seq_len, vocab_size=self.cfg.vocab_size)
+
+    async def _generate(self, request: GenerationRequest, budget: int) -> GenerationResult:
         seed = request.sampling.seed
         generator = None if seed is None else torch.Generator().manual_seed(seed)
-        seq = _Sequence(request, budget, asyncio.get_running_loop().create_future(), generator)
-        self._ensure_scheduler()
-        self._waiting.append(seq)
-        self._work.set()
-        return await seq.future
+        return await self._batch.submit(request, budget, generator)
+
+    def _abort_where(self, match: Callable[[SequenceState], bool]) -> int:
+        return self._batch.abort_where(match)
 
     # ---------------------------------------------------------------- memory and weights
 
@@ -148,7 +107,7 @@ class TorchEngine(EngineState):
         if self._sleeping:
             return
         self._sleeping = True
-        self._abort_where(lambda seq: True)
+        self._batch.abort_where(lambda seq: True)
         await self._on_worker(self._release)
 
     async def wake_up(self) -> None:
@@ -165,8 +124,7 @@ class TorchEngine(EngineState):
         directly: the tensors are copied, never shared. A state dict with other names or shapes
         raises ``ValueError`` and leaves the current weights untouched.
         """
-        if self._sleeping or self._closed:
-            raise RuntimeError("engine is asleep: call wake_up() before load_weights()")
+        self._check_awake()
         await self._on_worker(self._copy_weights, state, version)
 
     async def shutdown(self) -> None:
@@ -174,120 +132,20 @@ class TorchEngine(EngineState):
         if self._closed:
             return
         self._closed = True
-        self._abort_where(lambda seq: True)
-        if self._scheduler is not None and self._scheduler.get_loop() is asyncio.get_running_loop():
-            self._scheduler.cancel()
-            try:
-                await self._scheduler
-            except asyncio.CancelledError:
-                pass
+        await self._batch.close()
         await self._on_worker(self._release)
         self._worker.shutdown(wait=False)
 
-    # ---------------------------------------------------------------- scheduler (event loop)
+    # ---------------------------------------------------------------- one iteration (event loop)
 
-    def _ensure_scheduler(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._scheduler is not None and not self._scheduler.done() and self._scheduler.get_loop() is loop:
-            return
-        if self._scheduler is not None and self._scheduler.get_loop() is not loop:
-            # Requests of an earlier event loop can never be answered: forget them.
-            self._waiting.clear()
-            self._running.clear()
-            self._free_slots = list(range(self.max_batch - 1, -1, -1))
-        self._work = asyncio.Event()
-        self._scheduler = loop.create_task(self._schedule(), name="torch-engine-scheduler")
-
-    async def _schedule(self) -> None:
-        while True:
-            self._drop_finished()
-            admitted = self._admit()
-            decoding = [seq for seq in self._running.values() if seq not in admitted]
-            if not admitted and not decoding:
-                self._work.clear()
-                await self._work.wait()
-                continue
-            started = time.perf_counter()
-            try:
-                tokens, logprobs, version = await self._on_worker(self._step, admitted, decoding)
-            except Exception as exc:  # a failed step fails its requests, not the engine
-                for seq in admitted + decoding:
-                    if not seq.future.done():
-                        seq.future.set_exception(exc)
-                continue
-            finally:
-                self._stats["busy_s"] += time.perf_counter() - started
-            self._stats["decode_steps"] += bool(decoding)
-            for seq, token, logprob in zip(admitted + decoding, tokens, logprobs):
-                self._append(seq, token, logprob, version)
-
-    def _drop_finished(self) -> None:
-        self._waiting = deque(seq for seq in self._waiting if not seq.future.done())
-        for slot, seq in list(self._running.items()):
-            if seq.future.done():
-                del self._running[slot]
-                self._free_slots.append(slot)
-
-    def _admit(self) -> list[_Sequence]:
-        admitted = []
-        while self._waiting and self._free_slots:
-            seq = self._waiting.popleft()
-            seq.slot = self._free_slots.pop()
-            seq.prefilled = len(seq.request.prompt_tokens)
-            self._running[seq.slot] = seq
-            self._stats["prefill_tokens"] += seq.prefilled
-            admitted.append(seq)
-        return admitted
-
-    def _append(self, seq: _Sequence, token: int, logprob: float, version: int) -> None:
-        if seq.future.done():  # aborted while the step ran: its token is dropped
-            return
-        seq.tokens.append(token)
-        seq.logprobs.append(logprob)
-        if seq.version is None:
-            seq.version = version
-        self._stats["generated_tokens"] += 1
-        if token == self.eos_id and not seq.request.sampling.ignore_eos:
-            self._finish(seq, "stop")
-        elif len(seq.tokens) >= seq.budget:
-            self._finish(seq, "length")
-
-    def _abort_where(self, match: Callable[[_Sequence], bool]) -> int:
-        hits = [seq for seq in (*self._waiting, *self._running.values()) if not seq.future.done() and match(seq)]
-        for seq in hits:
-            self._finish(seq, "abort")
-        return len(hits)
-
-    def _finish(self, seq: _Sequence, reason: FinishReason) -> None:
-        version = self._version if seq.version is None else seq.version
-        seq.future.set_result(self._result(seq.request, seq.tokens, seq.logprobs, reason, version, seq.prefilled))
-        self._stats["aborted_requests" if reason == "abort" else "finished_requests"] += 1
-
-    @staticmethod
-    def _result(request, tokens, logprobs, reason, version, prefilled) -> GenerationResult:
-        return GenerationResult(request.request_id, list(tokens), list(logprobs), reason, version, prefilled)
-
-    def _check_ready(self) -> None:
-        if self._closed:
-            raise RuntimeError("engine is shut down")
-        if self._sleeping:
-            raise RuntimeError("engine is asleep: call wake_up() and load_weights() first")
-        if not self._weights_loaded:
-            raise RuntimeError("no weights loaded: call load_weights() first")
-
-    def _budget(self, request: GenerationRequest) -> int:
-        prompt, spec = request.prompt_tokens, request.sampling
-        if not prompt:
-            raise ValueError(f"{request.request_id}: empty prompt")
-        if len(prompt) > self.cfg.max_seq_len:
-            raise ValueError(
-                f"{request.request_id}: prompt of {len(prompt)} tokens exceeds max_seq_len={self.cfg.max_seq_len}"
-            )
-        if min(prompt) < 0 or max(prompt) >= self.cfg.vocab_size:
-            raise ValueError(f"{request.request_id}: token id outside the vocabulary of {self.cfg.vocab_size}")
-        if spec.max_new_tokens < 0 or spec.temperature < 0 or not 0 < spec.top_p <= 1:
-            raise ValueError(f"{request.request_id}: bad sampling {spec}")
-        return min(spec.max_new_tokens, self.cfg.max_seq_len - len(prompt))
+    async def _iterate(self, admitted: list[SequenceState], decoding: list[SequenceState], after_idle: bool) -> StepOutput:
+        started = time.perf_counter()
+        try:
+            out = await self._on_worker(self._step, admitted, decoding)
+        finally:
+            self._stats["busy_s"] += time.perf_counter() - started
+        self._stats["decode_steps"] += bool(decoding)
+        return out
 
     async def _on_worker(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
@@ -295,7 +153,7 @@ class TorchEngine(EngineState):
     # ---------------------------------------------------------------- compute (worker thread)
 
     @torch.inference_mode()  # ~25 % less per-op overhead than no_grad on this small model
-    def _step(self, admitted: list[_Sequence], decoding: list[_Sequence]) -> tuple[list[int], list[float], int]:
+    def _step(self, admitted: list[SequenceState], decoding: list[SequenceState]) -> StepOutput:
         """Prefill ``admitted`` one by one, decode ``decoding`` as one batch, sample all."""
         model, cache, device = self._model, self._cache, self.device
         if cache is None or not self._weights_loaded:
@@ -319,15 +177,15 @@ class TorchEngine(EngineState):
         tokens, logprobs = sample_tokens(logits, temperature, top_p, uniforms)
         return tokens.tolist(), logprobs.tolist(), self._version
 
-    def _uniforms(self, seqs: list[_Sequence]) -> torch.Tensor:
-        """One U[0, 1) draw per sampled row: from the request's own generator when seeded."""
+    def _uniforms(self, seqs: list[SequenceState]) -> torch.Tensor:
+        """One U[0, 1) draw per sampled row: from the request's own generator (``seq.extra``) when seeded."""
         out = torch.zeros(len(seqs))
-        shared = [i for i, seq in enumerate(seqs) if seq.generator is None and seq.request.sampling.temperature > 0]
+        shared = [i for i, seq in enumerate(seqs) if seq.extra is None and seq.request.sampling.temperature > 0]
         if shared:
             out[shared] = torch.rand(len(shared), generator=self._generator)
         for i, seq in enumerate(seqs):
-            if seq.generator is not None and seq.request.sampling.temperature > 0:
-                out[i] = torch.rand((), generator=seq.generator)
+            if seq.extra is not None and seq.request.sampling.temperature > 0:
+                out[i] = torch.rand((), generator=seq.extra)
         return out
 
     def _module_tensors(self) -> list[tuple[str, torch.Tensor]]:
@@ -351,35 +209,13 @@ class TorchEngine(EngineState):
     def _copy_weights(self, state: Mapping[str, Any], version: int) -> None:
         if self._cache is None:
             raise RuntimeError("engine is asleep: call wake_up() before load_weights()")
-        missing, unexpected = self._shapes.keys() - state.keys(), state.keys() - self._shapes.keys()
-        if missing or unexpected:
-            raise ValueError(f"state dict does not match TinyLM: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
-        for name, shape in self._shapes.items():
-            if tuple(state[name].shape) != tuple(shape):
-                raise ValueError(f"state dict {name!r} has shape {tuple(state[name].shape)}, expected {tuple(shape)}")
+        check_state_dict(state, self._shapes)
         target = self._model.state_dict()
         with torch.no_grad():
             for name, tensor in target.items():
                 tensor.copy_(state[name])
         self._version = version
         self._weights_loaded = True
-
-
-@dataclass(eq=False)
-class _Sequence:
-    """One request in the engine: waiting (slot -1) or running in a cache slot."""
-
-    request: GenerationRequest
-    budget: int
-    """Tokens this call may generate (``max_new_tokens`` clamped to the free positions)."""
-    future: asyncio.Future
-    generator: torch.Generator | None
-    slot: int = -1
-    prefilled: int = 0
-    version: int | None = None
-    """Weights version of the first generated token."""
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
 
 
 @torch.no_grad()

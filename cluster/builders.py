@@ -63,11 +63,12 @@ def _vllm_engine(model_cfg: TinyLMConfig, max_batch: int, threads: int, eos: int
 
 def _simulated_engine(base_s: float, per_seq_s: float, prefill_s_per_token: float, max_batch: int,
                       lengths: dict[str, Any], eos: int, seed: int, vocab: int, costs: dict[str, Any]) -> Any:
-    from cluster.engines.simulated import SimulatedEngine, sample_key
+    from cluster.engines.base import request_sample_uid
+    from cluster.engines.simulated import SimulatedEngine
     from loop.workload import SeededLengths
 
     return SimulatedEngine(decode_step_s=(base_s, per_seq_s), prefill_s_per_token=prefill_s_per_token,
-                           max_batch=max_batch, lengths=SeededLengths(**lengths, seed=seed, prompt_key=sample_key),
+                           max_batch=max_batch, lengths=SeededLengths(**lengths, seed=seed, prompt_key=request_sample_uid),
                            eos_id=eos, seed=seed, vocab_size=vocab, **costs)
 
 

@@ -12,52 +12,14 @@ import asyncio
 import math
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from cluster.engines.base import EngineState, check_request, request_sample_uid
+from cluster.engines.base import EngineState, check_request
 from cluster.engines.batching import Batcher, SequenceState, StepOutput
 from cluster.types import GenerationRequest, GenerationResult
 
 LengthModel = Callable[[str, int], int]
 """``lengths(request_id, version) -> tokens``: the response length of a request at a version."""
-
-
-@dataclass(frozen=True)
-class LogNormalLengths:
-    """Response lengths drawn like the simulator's workload (``sim/workload.py``), per request.
-
-    Length = ``round(exp(mu + z_prompt + z_response))`` clipped to ``[1, max_len]``, with
-    ``mu = log(mean(version)) − (prompt_sigma² + response_sigma²) / 2`` (so the unclipped mean is
-    ``mean(version)``), ``z_prompt ~ N(0, prompt_sigma)`` shared by the responses of one sample
-    (``request_sample_uid``: hard prompts make all responses long) and ``z_response ~ N(0,
-    response_sigma)`` per response. The mean moves linearly from ``mean_start`` (version 0) to
-    ``mean_end`` (``last_version``, the run's last step). With both sigmas 0 every length is
-    ``round(mean)``. A pure function of ``(seed, request_id, version)``; picklable.
-    """
-
-    mean_start: float
-    mean_end: float
-    response_sigma: float
-    prompt_sigma: float
-    max_len: int
-    last_version: int
-    seed: int = 0
-
-    def mean(self, version: int) -> float:
-        frac = min(1.0, version / self.last_version) if self.last_version > 0 else 1.0
-        return self.mean_start + (self.mean_end - self.mean_start) * frac
-
-    def __call__(self, request_id: str, version: int) -> int:
-        mean, sp, sr = self.mean(version), self.prompt_sigma, self.response_sigma
-        if sp == 0.0 and sr == 0.0:
-            return min(self.max_len, max(1, round(mean)))
-        mu = math.log(mean) - (sp * sp + sr * sr) / 2
-        if sp:
-            mu += random.Random(f"{self.seed}:{request_sample_uid(request_id)}:prompt").gauss(0.0, sp)
-        if sr:
-            mu += random.Random(f"{self.seed}:{request_id}:response").gauss(0.0, sr)
-        return min(self.max_len, max(1, round(math.exp(mu))))
 
 
 class SimulatedEngine(EngineState):

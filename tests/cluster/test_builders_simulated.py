@@ -19,7 +19,8 @@ import pickle
 import pytest
 
 from cluster.builders import engine_factory, simulated_engine_costs, tokenizer_and_problems
-from cluster.engines.simulated import SimulatedEngine, sample_key
+from cluster.engines.base import request_sample_uid
+from cluster.engines.simulated import SimulatedEngine
 from config import load_config
 from loop.workload import SeededLengths
 
@@ -60,7 +61,7 @@ def test_the_engine_decodes_and_draws_lengths_like_the_simulator_replica():
     assert standalone._lengths == SeededLengths(
         mean_start=s.response_len_mean_start, mean_end=s.response_len_mean_end, response_sigma=s.response_len_sigma,
         prompt_sigma=s.prompt_len_sigma, max_len=r.response_length,
-        last_version=cfg.trainer.total_training_steps - 1, seed=cfg.trainer.seed, prompt_key=sample_key)
+        last_version=cfg.trainer.total_training_steps - 1, seed=cfg.trainer.seed, prompt_key=request_sample_uid)
     # replicas built with different seeds serve the same response for the same request
     assert standalone.response_tokens("e0-p3-r1", 50) == hybrid.response_tokens("e0-p3-r1", 50)
 

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import subprocess
 import sys
 
 import pytest
 
-from cluster.engines.simulated import LogNormalLengths, SimulatedEngine
+from cluster.engines.simulated import SimulatedEngine
 from cluster.types import GenerationRequest, SamplingSpec
 
 pytestmark = pytest.mark.timeout(20)  # a scheduler bug hangs rather than fails
@@ -131,26 +130,6 @@ def test_importing_the_engines_package_and_the_simulated_engine_does_not_load_to
 
 
 # ------------------------------------------------------------------ the emulated cluster's engine
-
-
-def test_lognormal_lengths_follow_the_simulators_workload_mean_drift_and_shared_prompt_factor():
-    """The unclipped mean is the drifting mean at every version (μ is corrected for both sigmas),
-    a sample's responses share its prompt factor (they vary less among themselves than across
-    samples), and each length is a pure function of (seed, request id, version)."""
-    import statistics
-
-    lengths = LogNormalLengths(mean_start=100, mean_end=300, response_sigma=0.4, prompt_sigma=0.5,
-                               max_len=10**9, last_version=10)
-    ids = [f"e0-p{i}-r{j}" for i in range(600) for j in range(8)]
-    for version, mean in ((0, 100), (5, 200), (10, 300), (20, 300)):
-        assert statistics.fmean(lengths(rid, version) for rid in ids) == pytest.approx(mean, rel=0.05)
-    logs = [[math.log(lengths(f"e0-p{i}-r{j}", 0)) for j in range(8)] for i in range(600)]
-    within = statistics.fmean(statistics.pvariance(sample) for sample in logs)
-    across = statistics.pvariance([x for sample in logs for x in sample])
-    assert within == pytest.approx(0.4**2, rel=0.15) and across == pytest.approx(0.4**2 + 0.5**2, rel=0.15)
-    again = LogNormalLengths(100, 300, 0.4, 0.5, 10**9, 10)
-    assert [again(rid, 3) for rid in ids[:50]] == [lengths(rid, 3) for rid in ids[:50]]
-    assert {LogNormalLengths(100, 300, 0.0, 0.0, 150, 10)(rid, 5) for rid in ids[:20]} == {150}  # clipped
 
 
 def test_a_resumed_response_keeps_its_tokens_and_ends_at_its_length_for_the_version_it_is_served_at():

@@ -8,6 +8,7 @@ import statistics
 
 import pytest
 
+from cluster.engines.base import request_sample_uid
 from loop.workload import LengthModel, SeededLengths
 
 PARAMS = dict(mean_start=100, mean_end=300, response_sigma=0.4, prompt_sigma=0.5, max_len=10**9, last_version=10)
@@ -49,3 +50,23 @@ def test_without_spread_every_length_is_the_rounded_mean_clipped_and_nothing_is_
     flat = LengthModel(mean_start=100, mean_end=300, response_sigma=0.0, prompt_sigma=0.0, max_len=150, last_version=10)
     assert (flat.draw(rng, 3, 1), flat.draw(rng, 2, 9), rng.getstate() == state) == ([120] * 3, [150] * 2, True)
     assert SeededLengths(**{**PARAMS, "response_sigma": 0.0, "prompt_sigma": 0.0, "max_len": 150})("x-r0", 9) == 150
+
+
+def test_seeded_lengths_of_engine_request_ids_follow_the_workload_mean_drift_and_shared_prompt_factor():
+    """The unclipped mean is the drifting mean at every version (μ is corrected for both sigmas),
+    a sample's responses share its prompt factor (they vary less among themselves than across
+    samples), and each length is a pure function of (seed, request id, version)."""
+    import statistics
+
+    lengths = SeededLengths(mean_start=100, mean_end=300, response_sigma=0.4, prompt_sigma=0.5,
+                            max_len=10**9, last_version=10, prompt_key=request_sample_uid)
+    ids = [f"e0-p{i}-r{j}" for i in range(600) for j in range(8)]
+    for version, mean in ((0, 100), (5, 200), (10, 300), (20, 300)):
+        assert statistics.fmean(lengths(rid, version) for rid in ids) == pytest.approx(mean, rel=0.05)
+    logs = [[math.log(lengths(f"e0-p{i}-r{j}", 0)) for j in range(8)] for i in range(600)]
+    within = statistics.fmean(statistics.pvariance(sample) for sample in logs)
+    across = statistics.pvariance([x for sample in logs for x in sample])
+    assert within == pytest.approx(0.4**2, rel=0.15) and across == pytest.approx(0.4**2 + 0.5**2, rel=0.15)
+    again = SeededLengths(100, 300, 0.4, 0.5, 10**9, 10, prompt_key=request_sample_uid)
+    assert [again(rid, 3) for rid in ids[:50]] == [lengths(rid, 3) for rid in ids[:50]]
+    assert {SeededLengths(100, 300, 0.0, 0.0, 150, 10)(rid, 5) for rid in ids[:20]} == {150}  # clipped

@@ -30,6 +30,7 @@ from cluster.rollouter import sample_uid
 from config import load_config, to_plain
 from fault_report import record
 from flows.training_step import training_step
+from loop import LendPlan
 from storage import create_run, make_engine, migrate, session_scope
 from storage.store import consumed_prompts, step_metrics
 from tasks.run_ref import RunRef
@@ -71,11 +72,12 @@ def _start(tmp_path, ray_address, *overrides, lend_hybrid=True):
     plane = DataPlane.build(cfg, uid)
     run = RunRef.from_config(cfg, uid=uid, output_dir=str(tmp_path / "runs" / uid), ray_address=ray_address)
     run = run.model_copy(update={"wait_timeout_s": 120.0})
-    ray.get(plane.controller.broadcast.remote(0))
+    ray.get(plane.controller.broadcast.remote(0, False))  # no staleness window before the start
     ray.get(plane.rollout.start.remote(prompts_for(cfg)))
     if lend_hybrid:
-        ray.get(plane.controller.call.remote("hybrid_sync", 0))
-        ray.get(plane.controller.call.remote("activate"))
+        lend_all = LendPlan(step=0, count=cfg.hybrid_replicas, of=cfg.hybrid_replicas)
+        ray.get(plane.controller.hybrid_sync.remote(lend_all, 0))
+        ray.get(plane.controller.lend.remote(lend_all, []))
     ray.get(plane.controller.drain_records.remote())
     return cfg, plane, run, engine
 

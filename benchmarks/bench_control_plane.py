@@ -12,9 +12,9 @@ Run 1 writes into a fresh Prefect home; a private server is then started on that
 the last of each run, and without step 1, which pays one-off start-up costs; medians over steps):
 
   cycle_i         = start of step i+1 − start of step i   (flow-run timestamps: everything a step costs)
-  data plane      = Σ task-run durations of wait_for_samples, train, broadcast_sync, hybrid_sync, activate
+  data plane      = Σ task-run durations of wait_and_deactivate, train, broadcast_sync, hybrid_sync, lend
   store           = commit_step (trainer checkpoint on disk + one SQL transaction)
-  policy+ctrl     = Σ task-run durations of should_deactivate, should_activate, update_policy
+  policy+ctrl     = Σ task-run durations of begin_step, after_sync, end_step
                     (context from the actors, the policy call in the controller, the Ray round trips)
   Prefect         = cycle − Σ all task-run durations (flow run create/start/finish, task submission,
                     Ray dispatch for the Ray runner, API calls, the parent loop)
@@ -49,8 +49,8 @@ sys.path.insert(0, str(ROOT))
 
 from flows.prefect_server import LocalPrefectServer  # noqa: E402
 
-DATA_PLANE = {"wait_for_samples", "train", "broadcast_sync", "hybrid_sync", "activate"}
-POLICY = {"should_deactivate", "should_activate", "update_policy"}
+DATA_PLANE = {"wait_and_deactivate", "train", "broadcast_sync", "hybrid_sync", "lend"}
+POLICY = {"begin_step", "after_sync", "end_step"}
 STORE = {"commit_step"}
 MARK = "bench_control_plane"
 TARGET_STEP_S = 60.0
@@ -134,9 +134,9 @@ class StepTimes:
 
     def complete(self) -> bool:
         """Every phase the step always runs is there once (task runs arrive asynchronously)."""
-        once = ("should_deactivate", "broadcast_sync", "should_activate", "update_policy", "commit_step")
+        once = ("begin_step", "broadcast_sync", "after_sync", "end_step", "commit_step")
         return (all(self.counts.get(p) == 1 for p in once) and self.counts.get("train", 0) >= 1
-                and self.counts.get("hybrid_sync", 0) == self.counts.get("activate", 0) <= 1)
+                and self.counts.get("hybrid_sync", 0) == self.counts.get("lend", 0) <= 1)
 
 
 async def _read_runs(api_url: str) -> dict[str, list[StepTimes]]:
@@ -240,9 +240,9 @@ def markdown(results: list[tuple[Setup, dict[str, Any], float, float]], steps: i
         "",
         f"`tidal run tiny-cpu` for {steps} steps per setup, one after the other in one invocation; every number is read "
         "back from the Prefect API (flow-run and task-run timestamps). Per step: *cycle* = start of the next step − start "
-        "of this one; *data plane* = wait_for_samples + train + broadcast_sync + hybrid_sync + activate task runs; "
-        "*store* = commit_step (checkpoint + SQL transaction); *policy + controller* = should_deactivate + "
-        "should_activate + update_policy task runs (actor context, policy call, Ray round trips); *Prefect* = cycle − "
+        "of this one; *data plane* = wait_and_deactivate + train + broadcast_sync + hybrid_sync + lend task runs; "
+        "*store* = commit_step (checkpoint + SQL transaction); *policy + controller* = begin_step + "
+        "after_sync + end_step task runs (actor context, policy call, Ray round trips); *Prefect* = cycle − "
         "all task runs (flow-run create/finish, task submission and, for Ray, dispatch to a worker). Medians over steps "
         f"2…{steps - 1} (step 1 pays one-off start-up; the last step has no successor). "
         f"{platform.machine()}, {os.cpu_count()} CPUs shared with other jobs (load average {load:.1f} at the end), "

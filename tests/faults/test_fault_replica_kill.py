@@ -22,6 +22,7 @@ import uuid
 
 import pytest
 import ray
+import sqlalchemy as sa
 from driver_support import ray_head
 
 from cluster.actors import replica_name
@@ -32,6 +33,7 @@ from fault_report import record
 from flows.training_step import training_step
 from loop import LendPlan
 from storage import create_run, make_engine, migrate, session_scope
+from storage.models import Decision
 from storage.store import consumed_prompts, step_metrics
 from tasks.run_ref import RunRef
 
@@ -401,8 +403,7 @@ def test_a_replacement_started_across_a_broadcast_joins_at_the_new_version_and_t
     try:
         _kill_mid_generation(plane, "standalone-0")
         _wait(lambda: _stats(plane)["replacements_in_progress"] == ["standalone-0.r1"], "replacement starting")
-        ray.get(plane.controller.broadcast.remote(1))  # the weights move on while it starts
-        ray.get(plane.rollout.on_weight_sync.remote(1))
+        ray.get(plane.controller.broadcast.remote(1))  # the weights move on while it starts (window too)
         assert _stats(plane)["replacements_in_progress"] == ["standalone-0.r1"]  # the race really happened
         stats = _wait(lambda: (st := _stats(plane))["standalone_replicas"] == ["standalone-0.r1"] and st, "rejoin")
         (death,) = stats["replaced_replicas"]
@@ -422,7 +423,7 @@ def test_a_replacement_started_across_a_broadcast_joins_at_the_new_version_and_t
         planes.append(plane := DataPlane.build(cfg, plane.namespace, param_version=1, replacement_state=committed))
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(old.ping.remote(), timeout=30)
-        ray.get(plane.controller.broadcast.remote(1))
+        ray.get(plane.controller.broadcast.remote(1, False))
         ray.get(plane.rollout.start.remote(prompts_for(cfg)))
         _kill_mid_generation(plane, "standalone-0")
         _wait(lambda: _stats(plane)["standalone_replicas"] == ["standalone-0.r2"], "rejoin as the slot's second")
@@ -490,5 +491,12 @@ def test_the_last_standalone_replica_dying_while_the_hybrid_sleeps_does_not_stal
             got = consumed_prompts(s, run.uid)
         assert len(got) == len(set(got)) == trained
         assert sorted(got) == sorted((e, i) for e, i, _ in prompts_for(cfg))
+        # the refill and the forced lend are recorded decisions: nothing switched unrecorded
+        with session_scope(engine) as s:
+            rows = s.execute(sa.select(Decision.hook, Decision.answer_json).where(Decision.step == kill_at[0])
+                             .order_by(Decision.id)).all()
+        assert [(hook, answer) for hook, answer in rows] == [
+            ("refill_if_stranded", True), ("should_activate_after_step", 1), ("request_rebalance", False),
+            ("update_after_step", None)]
     finally:
         plane.shutdown()

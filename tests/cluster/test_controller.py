@@ -7,7 +7,7 @@ so each test can assert the whole sequence of calls and exact durations.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 

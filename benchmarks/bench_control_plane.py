@@ -37,8 +37,10 @@ sys.path.insert(0, str(ROOT))
 
 from flows.prefect_server import LocalPrefectServer  # noqa: E402
 
-DATA_PLANE = {"wait_for_samples", "train", "broadcast_sync", "hybrid_sync", "activate"}
-POLICY = {"should_deactivate", "should_activate", "update_policy"}
+# Task names of this tree and of the baseline before the typed step API (f691818), which the
+# side-by-side run also measures.
+DATA_PLANE = {"wait_and_deactivate", "train", "broadcast_sync", "hybrid_sync", "lend", "wait_for_samples", "activate"}
+POLICY = {"begin_step", "after_sync", "end_step", "should_deactivate", "should_activate", "update_policy"}
 STORE = {"commit_step"}
 MARK = "bench_control_plane"
 TARGET_STEP_S = 60.0

@@ -4,7 +4,7 @@ Both serve the same seeded requests (the `count` task's prompts, 16-token budget
 up to ``requests_per_replica`` in flight, as the rollouter keeps them. The engine alone runs in
 this process; the actor runs in a local Ray cluster of its own and is called from this process the
 way the rollout service used to call it (one ``generate`` call per response) and the way it calls
-it now (through ``cluster.actors._RemoteEngine``: a sample's ``n`` responses start together and
+it now (through ``cluster.actors.RemoteEngine``: a sample's ``n`` responses start together and
 travel as one ``generate_batch`` call). Reported: CPU milliseconds per response in the engine
 alone, in the actor's process, and in the caller; wall per response.
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     import torch
 
-    from cluster.actors import ReplicaActor, _RemoteEngine
+    from cluster.actors import RemoteEngine, ReplicaActor
     from cluster.builders import engine_factory, model_config, requests_per_replica
     from cluster.model import TinyLM
     from cluster.problems import CharTokenizer, make_problems
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ReplicaActor over Ray, one call per response: {1e3 * actor_cpu / n:.2f} ms CPU per "
                   f"response in the actor, {1e3 * caller_cpu / n:.2f} ms in the caller, {1e3 * wall / n:.2f} ms wall")
 
-            remote, group = _RemoteEngine("r0", actor, hybrid=False), cfg.actor_rollout_ref.rollout.n
+            remote, group = RemoteEngine("r0", actor, hybrid=False), cfg.actor_rollout_ref.rollout.n
             actor_cpu, caller_cpu, wall = over_ray(remote.generate, group)
             print(f"ReplicaActor over Ray, one call per sample ({group} responses, "
                   f"{remote.calls} calls): {1e3 * actor_cpu / n:.2f} ms CPU per response in the actor, "

@@ -30,6 +30,7 @@ from cluster.problems import CharTokenizer, Problem, make_problems, prompt_strea
 from cluster.ray_cluster import GPU_RESOURCE
 from cluster.types import SamplingSpec
 from config import TidalConfig
+from loop.plans import RunSizes
 
 
 def tokenizer_and_problems(cfg: TidalConfig) -> tuple[CharTokenizer, list[Problem]]:
@@ -154,6 +155,18 @@ def prompts_for(cfg: TidalConfig, consumed: Iterable[tuple[int, int]] = ()) -> l
                               skip=consumed, limit=prompt_budget(cfg)))
 
 
+def run_sizes(cfg: TidalConfig, *, consumed_before: int = 0) -> RunSizes:
+    """The run's static sizes the controller's policy context needs; ``consumed_before``: samples
+    trained on by earlier processes of the run (they generated as many)."""
+    return RunSizes(
+        required_samples=cfg.required_samples,
+        trigger_parameter_sync_step=cfg.async_training.trigger_parameter_sync_step,
+        buffer_samples=cfg.buffer_samples, only_hybrid=cfg.only_hybrid,
+        standalone_replicas=cfg.standalone_replicas, hybrid_replicas=cfg.hybrid_replicas,
+        consumed_before=consumed_before, generated_before=consumed_before,
+    )
+
+
 def standalone_ids(cfg: TidalConfig) -> list[str]:
     return [f"standalone-{i}" for i in range(cfg.standalone_replicas)]
 
@@ -212,7 +225,9 @@ class DataPlane:
     def build(cls, cfg: TidalConfig, namespace: str, *, consumed: Iterable[tuple[int, int]] = (),
               param_version: int = 0, replacement_state: Mapping[str, Any] | None = None) -> DataPlane:
         """Start every actor of a run; the rollout service is built but not yet started.
-        ``replacement_state``: the replacer's state at the step a resume starts from."""
+        ``consumed``: the prompts trained on before (a resume); ``replacement_state``: the
+        replacer's state at the step a resume starts from."""
+        consumed = list(consumed)
         _kill_leftovers(namespace, standalone_ids(cfg))
         tokenizer, _ = tokenizer_and_problems(cfg)
         tp = cfg.gpus_per_replica
@@ -248,7 +263,7 @@ class DataPlane:
         controller = ControllerActor.options(name=CONTROLLER, **opts).remote(
             policy_factory(cfg), namespace=namespace, standalone_ids=list(standalone), hybrid_ids=hyb,
             enable_rebalance=a.dynamic_schedule_enable_rebalance, only_hybrid=cfg.only_hybrid,
-            keep_broadcast_weights=r.replace_failed_replicas,
+            sizes=run_sizes(cfg, consumed_before=len(consumed)), keep_broadcast_weights=r.replace_failed_replicas,
         )
         ray.get(controller.ping.remote())
         return cls(namespace, trainer, rollout, controller, standalone)

@@ -1,13 +1,15 @@
 """The dynamic resource controller: lends hybrid replicas to rollout and takes them back.
 
 Owns the STANDALONE_ONLY <-> HYBRID_ACTIVE state machine of the hybrid replicas (the rollout
-engines that live on trainer GPUs), the order in which a switch drives the load balancer and the
-replica pool, the timing of every switch and every policy call, and the small memory a resumed
-run needs to continue exactly (``state_dict``).
+engines that live on trainer GPUs), the policy context of each question (built here, from the
+run's static sizes, one read of the rollout counters, the step's micro-step summaries, the
+membership and the cycle's switch durations), the order in which a switch drives the load
+balancer and the replica pool, the timing of every switch, and the small memory a resumed run
+needs to continue exactly (``state_dict``).
 
-Must not: import Ray (the Ray actors wrap this class), do any I/O other than calling the
-``LoadBalancer`` and ``ReplicaPool`` protocols, or hold policy logic. The policy decides; the
-controller asks it, records the answer with its inputs, reason and duration, and acts.
+Must not: import Ray (the Ray actor wraps this class), do any I/O other than calling the
+``LoadBalancer`` and ``ReplicaPool`` protocols and the counters callable, or hold policy logic:
+every policy question goes through ``loop.Decider`` (asked in its order, recorded).
 
 Switch orders (each one timed per phase):
 
@@ -20,15 +22,19 @@ Switch orders (each one timed per phase):
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from cluster.membership import Membership
+from cluster.types import RolloutCounters
+from loop import Decider, DecisionRecord, SwitchDurations
+from loop.plans import DeactivatePlan, LendPlan, MicroSummary, RunSizes, SwitchReport
+from policies import DynamicScheduleContext
+
 if TYPE_CHECKING:
-    from policies import DynamicScheduleContext, DynamicSchedulePolicyBase
+    from policies import DynamicSchedulePolicyBase
 
 __all__ = [
     "ControllerState",
@@ -37,11 +43,13 @@ __all__ = [
     "IllegalTransition",
     "LoadBalancer",
     "ReplicaPool",
-    "SwitchTiming",
 ]
 
 # Seconds between two in-flight polls while a rebalance waits for the aborted requests to drain.
 DRAIN_POLL_INTERVAL_S = 0.01
+
+STRANDED_REFILL = "refill_if_stranded"
+"""The guard decision recorded when the hybrids are lent because nothing else can generate."""
 
 
 class ControllerState(enum.Enum):
@@ -99,38 +107,6 @@ class IllegalTransition(RuntimeError):
     """A switch that the current controller state does not allow; nothing was called."""
 
 
-@dataclass(frozen=True)
-class SwitchTiming:
-    """How long one switch took, in seconds of the controller's clock.
-
-    ``phases`` maps each phase name (e.g. ``"remove"``, ``"abort"``, ``"sleep"``) to its
-    duration, in the order the phases ran. ``aborted`` counts the requests aborted (0 when the
-    switch aborts nothing).
-    """
-
-    kind: str
-    started_at: float
-    duration_s: float
-    phases: dict[str, float] = field(default_factory=dict)
-    aborted: int = 0
-
-
-@dataclass(frozen=True)
-class DecisionRecord:
-    """One policy call: which hook, at which step, with what inputs, answer and reason.
-
-    ``inputs`` summarises the context the policy saw (totals rather than whole lists), so a
-    record stays small enough to store for every step. ``duration_s`` is the policy call alone.
-    """
-
-    step: int
-    hook: str
-    answer: Any
-    reason: str
-    inputs: dict[str, Any]
-    duration_s: float
-
-
 class _PhaseTimer:
     """Times the phases of one switch with the controller's clock."""
 
@@ -145,13 +121,14 @@ class _PhaseTimer:
         self.phases[name] = self._clock() - begin
         return result
 
-    def finish(self, kind: str, aborted: int = 0) -> SwitchTiming:
-        return SwitchTiming(
+    def finish(self, kind: str, replicas: Sequence[str], aborted: int = 0) -> SwitchReport:
+        return SwitchReport(
             kind=kind,
             started_at=self.started_at,
             duration_s=self._clock() - self.started_at,
             phases=dict(self.phases),
             aborted=int(aborted),
+            replicas=tuple(replicas),
         )
 
 
@@ -163,21 +140,22 @@ def _unique(ids: Sequence[str]) -> tuple[str, ...]:
 class DynamicResourceController:
     """Drives the hybrid replicas between STANDALONE_ONLY and HYBRID_ACTIVE for one run.
 
-    Per training step the caller (the step flow) uses it in this order:
+    Per training step the caller (the controller actor, for the step flow) uses it in the order
+    of ``loop.step_sequence``:
 
-    1. ``should_deactivate`` -> [``deactivate_wait_samples``, wait, ``deactivate``]
+    1. ``begin_step`` -> [wait, ``deactivate``]
     2. train, broadcast weights to the standalone replicas
-    3. ``should_activate`` -> [``hybrid_sync``, ``activate``, ``request_rebalance`` ->
-       ``rebalance``]
-    4. ``update_policy``; then persist ``state_dict()`` and the policy's state.
+    3. ``after_sync`` -> [``hybrid_sync``, ``lend`` (activate, ``request_rebalance``, rebalance)]
+    4. ``end_step`` (``update_after_step``, always); then persist ``state_dict()`` and the
+       policy's state.
 
-    Decision methods return the policy's answer unchanged in meaning (the caller checks that a
-    switch is legal, e.g. ``is_hybrid_active`` before ``deactivate``); switches raise
-    ``IllegalTransition`` before calling anything when the state does not allow them. A switch
-    whose protocol call raises leaves the controller state as it was.
+    Switches raise ``IllegalTransition`` before calling anything when the state does not allow
+    them. A switch whose protocol call raises leaves the controller state as it was.
 
-    ``clock`` times everything; pass a wall clock (``time.time``) when ``last_switch_at`` must
-    stay meaningful across a process restart.
+    ``sizes`` are the run's static sizes; ``counters()`` reads the rollout service's generated
+    total and queue size (once per question); ``membership`` is the one view of the standalone
+    replicas (built from ``standalone_ids`` when not given). ``clock`` times everything; pass a
+    wall clock (``time.time``) when ``last_switch_at`` must stay meaningful across a restart.
     """
 
     def __init__(
@@ -188,6 +166,9 @@ class DynamicResourceController:
         pool: ReplicaPool,
         *,
         standalone_ids: Sequence[str] = (),
+        membership: Membership | None = None,
+        sizes: RunSizes | None = None,
+        counters: Callable[[], RolloutCounters] = RolloutCounters,
         enable_rebalance: bool = True,
         only_hybrid: bool = False,
         clock: Callable[[], float] = time.monotonic,
@@ -196,7 +177,8 @@ class DynamicResourceController:
         initial_state: ControllerState = ControllerState.STANDALONE_ONLY,
     ) -> None:
         hybrids = _unique(hybrid_ids)
-        standalones = _unique(standalone_ids)
+        members = membership if membership is not None else Membership(standalone_ids, hybrids)
+        standalones = members.routable()
         if only_hybrid and standalones:
             raise ValueError(
                 f"only_hybrid runs have no standalone replicas, got {len(standalones)}"
@@ -210,32 +192,56 @@ class DynamicResourceController:
             raise ValueError("cannot start HYBRID_ACTIVE with no hybrid replicas")
 
         self._policy = policy
+        self._decider = Decider(policy, enable_rebalance=enable_rebalance, timer=clock)
+        self._enable_rebalance = enable_rebalance
         self._hybrids = hybrids
-        self._standalones = standalones
+        self._members = members
         self._lb = lb
         self._pool = pool
-        self._enable_rebalance = enable_rebalance
         self._only_hybrid = only_hybrid
+        self._sizes = sizes or RunSizes(required_samples=1, trigger_parameter_sync_step=1,
+                                        only_hybrid=only_hybrid, standalone_replicas=len(standalones),
+                                        hybrid_replicas=len(hybrids))
+        self._counters = counters
         self._clock = clock
         self._sleep = sleep
         self._rebalance_timeout_s = float(rebalance_timeout_s)
 
         self._state = initial_state
-        self._decisions: list[DecisionRecord] = []
-        self._switch_log: list[SwitchTiming] = []
+        self._switch_log: list[SwitchReport] = []
         # Memory a resumed run needs (all of it is in state_dict()).
         self._synced_version: int | None = None  # weights the hybrids hold since the last sleep
-        self._sync_duration_s: float | None = None  # the hybrid_sync that goes with them
-        self._last_activate_duration_s = 0.0
-        self._last_deactivate_duration_s = 0.0
+        self._durations = SwitchDurations()  # this cycle's switch seconds, as the policy sees them
         self._last_switch_at: float | None = None
         self._switch_count = 0
+        self._consumed = int(self._sizes.consumed_before)
+        self._answered: dict[tuple[int, str], Any] = {}  # (step, question) -> its answer
+
+    def _once(self, step: int, question: str, ask: Callable[[], Any]) -> Any:
+        """``ask()`` the first time ``question`` comes for ``step``; its answer again after that.
+
+        A retried Prefect task asks again: it gets the same answer, and nothing is recorded twice.
+        Answers of steps before the previous one are forgotten.
+        """
+        key = (step, question)
+        if key not in self._answered:
+            self._answered = {k: v for k, v in self._answered.items() if k[0] >= step - 1}
+            self._answered[key] = ask()
+        return self._answered[key]
 
     # ------------------------------------------------------------------ state
 
     @property
     def policy(self) -> DynamicSchedulePolicyBase:
         return self._policy
+
+    @property
+    def decider(self) -> Decider:
+        return self._decider
+
+    @property
+    def membership(self) -> Membership:
+        return self._members
 
     @property
     def state(self) -> ControllerState:
@@ -251,7 +257,8 @@ class DynamicResourceController:
 
     @property
     def standalone_ids(self) -> tuple[str, ...]:
-        return self._standalones
+        """The routable standalone replicas (membership's view), in slot order."""
+        return self._members.routable()
 
     @property
     def only_hybrid(self) -> bool:
@@ -263,7 +270,11 @@ class DynamicResourceController:
         return self._synced_version
 
     @property
-    def switch_log(self) -> list[SwitchTiming]:
+    def switch_durations(self) -> SwitchDurations:
+        return self._durations
+
+    @property
+    def switch_log(self) -> list[SwitchReport]:
         """Every completed switch (activate, deactivate, hybrid_sync, rebalance), oldest first."""
         return list(self._switch_log)
 
@@ -275,111 +286,123 @@ class DynamicResourceController:
     @property
     def decisions(self) -> list[DecisionRecord]:
         """Every recorded policy call since the last ``drain_decisions``, oldest first."""
-        return list(self._decisions)
+        return self._decider.records
 
     def drain_decisions(self) -> list[DecisionRecord]:
         """Return the recorded policy calls and forget them."""
-        drained, self._decisions = self._decisions, []
-        return drained
+        return self._decider.drain()
 
-    def drain_switch_log(self) -> list[SwitchTiming]:
+    def drain_switch_log(self) -> list[SwitchReport]:
         """Return the completed switches and forget them (``switch_count`` is kept)."""
         drained, self._switch_log = self._switch_log, []
         return drained
 
-    def replace_standalone(self, old: str, new: str) -> None:
-        """A new standalone replica ``new`` took the place of ``old`` (whose actor died); it
-        keeps ``old``'s position (or comes last when ``old`` is unknown). Touches no replica."""
-        if new in self._standalones or new in self._hybrids:
-            raise ValueError(f"replica id {new!r} is already in use")
-        if old in self._standalones:
-            self._standalones = tuple(new if rid == old else rid for rid in self._standalones)
-        else:
-            self._standalones = (*self._standalones, new)
-
     def active_replica_ids(self) -> tuple[str, ...]:
-        """Replicas that generate now: standalone, plus hybrids when active; each id once."""
+        """Replicas that generate now: routable standalone, plus hybrids when active; each once."""
+        standalones = self._members.routable()
         if self.is_hybrid_active:
-            return _unique(self._standalones + self._hybrids)
-        return self._standalones
+            return _unique(standalones + self._hybrids)
+        return standalones
 
-    def context(self, ctx: DynamicScheduleContext) -> DynamicScheduleContext:
-        """A copy of ``ctx`` with the clock and the controller's own switch measurements.
+    def context(self, micro: Sequence[MicroSummary] = ()) -> DynamicScheduleContext:
+        """The policy's view now: one read of the rollout counters, this step's micro-steps.
 
-        ``last_activate_duration_s`` is the last hybrid_sync plus the activate that followed it
-        (weight sync + onload); ``last_deactivate_duration_s`` the last deactivate; both 0.0
-        until measured. ``last_switch_at`` is when the last activate or deactivate finished.
+        ``last_activate_duration_s`` and ``last_deactivate_duration_s`` are this cycle's switch
+        seconds (``loop.SwitchDurations``: 0 in a cycle that did not switch); ``last_switch_at``
+        is when the last activate or deactivate finished.
         """
-        return dataclasses.replace(
-            ctx,
+        counters = self._counters()
+        s = self._sizes
+        return DynamicScheduleContext(
+            required_samples=s.required_samples,
+            trigger_parameter_sync_step=s.trigger_parameter_sync_step,
+            total_generated_samples=s.generated_before + int(counters.generated_total),
+            expected_samples=self._consumed + sum(m.samples for m in micro),
+            buffer_samples=s.buffer_samples,
+            step_wait_times=[m.wait_s for m in micro],
+            step_wait_samples=[m.wait_samples for m in micro],
+            only_hybrid=s.only_hybrid,
+            last_activate_duration_s=self._durations.activate_s,
+            last_deactivate_duration_s=self._durations.deactivate_s,
             now=self._clock(),
             last_switch_at=self._last_switch_at,
-            last_activate_duration_s=self._last_activate_duration_s,
-            last_deactivate_duration_s=self._last_deactivate_duration_s,
+            mq_size=int(counters.queue_size),
+            standalone_replicas=s.standalone_replicas,
+            hybrid_replicas=s.hybrid_replicas,
+            standalone_lost=self._members.standalone_lost,
         )
 
-    # -------------------------------------------------------------- decisions
+    # ------------------------------------------------------------ step phases
 
-    def should_deactivate(self, step: int, ctx: DynamicScheduleContext) -> bool:
-        args = (step, self.is_hybrid_active, ctx)
-        return self._ask(step, "should_deactivate", ctx, args, bool)
+    def begin_step(self, step: int) -> DeactivatePlan:
+        """Take the hybrids back before training? (asked only while they are active; once a step)."""
+        if not self._hybrids or not self.is_hybrid_active:
+            return DeactivatePlan(step=step, hybrid_active=self.is_hybrid_active)
+        return self._once(step, "begin_step", lambda: self._decider.begin_step(step, True, self.context()))
 
-    def deactivate_wait_samples(self, step: int, ctx: DynamicScheduleContext) -> int:
-        """The policy's buffered-sample threshold before deactivating, never below 0."""
-        return self._ask(
-            step, "deactivate_wait_samples", ctx, (ctx,), lambda answer: max(0, int(answer))
-        )
+    def after_sync(self, step: int, micro: Sequence[MicroSummary]) -> LendPlan:
+        """Lend the trainer's GPUs until the next step? (no question without hybrids; once a step)."""
+        if not self._hybrids:
+            return LendPlan(step=step)
+        return self._once(step, "after_sync", lambda: self._decider.after_sync(
+            step, self.is_hybrid_active, self.context(micro), len(self._hybrids)))
 
-    def should_activate(self, step: int, ctx: DynamicScheduleContext) -> bool:
-        args = (step, self.is_hybrid_active, ctx)
-        return self._ask(step, "should_activate_after_step", ctx, args, bool)
+    def warm_up(self, version: int) -> LendPlan:
+        """Before step 1: a recorded question only for a policy that sets ``warm_up_lend``."""
+        if not self._hybrids or not self._decider.asks_warm_up:
+            return LendPlan(step=0, of=len(self._hybrids))
+        return self._decider.warm_up(self.context(), len(self._hybrids))
 
-    def request_rebalance(self, step: int, ctx: DynamicScheduleContext) -> bool:
-        """Whether to rebalance now; False without asking the policy when rebalance is off."""
-        if not self._enable_rebalance:
+    def relend_after_resume(self, version: int) -> LendPlan:
+        """A resumed run whose hybrids were lent when it stopped lends them again (a guard decision)."""
+        plan = LendPlan(step=0, count=len(self._hybrids), of=len(self._hybrids))
+        self._decider.record_guard(0, "relend_after_resume", plan.count,
+                                   f"the hybrids were lent when the run stopped (param version {version})",
+                                   self.is_hybrid_active, self.context())
+        return plan
+
+    def lend(self, step: int, micro: Sequence[MicroSummary]) -> tuple[SwitchReport, ...]:
+        """Activate the synced hybrids; then rebalance when enabled and the policy asks."""
+        reports = [self.activate()]
+        if self._enable_rebalance and self._decider.wants_rebalance(step, self.context(micro)):
+            reports.append(self.rebalance())
+        return tuple(reports)
+
+    def end_step(self, step: int, micro: Sequence[MicroSummary]) -> None:
+        """``update_after_step`` (always, once a step), then a new cycle: durations reset, samples
+        consumed."""
+        self._once(step, "end_step", lambda: self._end_step(step, micro))
+
+    def _end_step(self, step: int, micro: Sequence[MicroSummary]) -> None:
+        self._decider.end_step(step, self.is_hybrid_active, self.context(micro))
+        self._durations.reset()
+        self._consumed += sum(m.samples for m in micro)
+
+    def refill_if_stranded(self, step: int, version: int, wait_for_queue: Callable[[int], Any]) -> bool:
+        """The trainer waits, the hybrids sleep and no standalone replica is alive: nothing would
+        generate its samples. Lend the hybrids (at ``version``, the last broadcast) until one
+        micro-step's samples are queued, then take them back; recorded as a guard decision first.
+        Returns whether it refilled."""
+        if not self._hybrids or self.is_hybrid_active:
             return False
-        return self._ask(step, "request_rebalance", ctx, (step, ctx), bool)
-
-    def update_policy(self, step: int, ctx: DynamicScheduleContext) -> None:
-        self._ask(step, "update_after_step", ctx, (step, ctx), lambda _: None)
-
-    def _ask(
-        self,
-        step: int,
-        hook: str,
-        ctx: DynamicScheduleContext,
-        args: tuple[Any, ...],
-        convert: Callable[[Any], Any],
-    ) -> Any:
-        """Call the policy method named ``hook``, timed; record and return its converted answer.
-
-        The reason comes from the policy's optional ``explain``, called before the hook with
-        the same inputs so that it sees the policy state the hook sees. Only the hook itself is
-        timed.
-        """
-        active = self.is_hybrid_active
-        explain = getattr(self._policy, "explain", None)
-        reason = str(explain(hook, step, active, ctx)) if callable(explain) else ""
-        call = getattr(self._policy, hook)
-        begin = self._clock()
-        raw = call(*args)
-        duration_s = self._clock() - begin
-        answer = convert(raw)
-        self._decisions.append(
-            DecisionRecord(
-                step=step,
-                hook=hook,
-                answer=answer,
-                reason=reason,
-                inputs=_summarise(ctx, active),
-                duration_s=duration_s,
-            )
-        )
-        return answer
+        ctx = self.context()
+        if not ctx.standalone_lost or ctx.mq_size >= self._sizes.required_samples:
+            return False
+        self._decider.record_guard(step, STRANDED_REFILL, True,
+                                   f"no standalone replica alive and {ctx.mq_size} of "
+                                   f"{self._sizes.required_samples} samples queued: lend the hybrids "
+                                   f"at version {version} until a micro-step is queued", False, ctx)
+        self.hybrid_sync(version)
+        self.activate()
+        try:
+            wait_for_queue(self._sizes.required_samples)
+        finally:
+            self.deactivate()
+        return True
 
     # --------------------------------------------------------------- switches
 
-    def deactivate(self) -> SwitchTiming:
+    def deactivate(self) -> SwitchReport:
         """Take the hybrids back for training: remove -> abort -> sleep."""
         self._require_hybrids("deactivate")
         if not self.is_hybrid_active:
@@ -388,16 +411,14 @@ class DynamicResourceController:
         timer.run("remove", self._lb.remove_replicas, self._hybrids)
         aborted = timer.run("abort", self._pool.abort, self._hybrids)
         timer.run("sleep", self._pool.sleep, self._hybrids)
-        timing = timer.finish("deactivate", aborted)
+        timing = timer.finish("deactivate", self._hybrids, aborted)
 
         self._state = ControllerState.STANDALONE_ONLY
         self._synced_version = None
-        self._sync_duration_s = None
-        self._last_deactivate_duration_s = timing.duration_s
         self._count_switch(timing)
         return timing
 
-    def hybrid_sync(self, version: int) -> SwitchTiming:
+    def hybrid_sync(self, version: int) -> SwitchReport:
         """Wake the sleeping hybrids and load the weights at ``version``."""
         self._require_hybrids("sync")
         if self.is_hybrid_active:
@@ -407,14 +428,14 @@ class DynamicResourceController:
         timer = _PhaseTimer(self._clock)
         timer.run("wake_up", self._pool.wake_up, self._hybrids)
         timer.run("load_weights", self._pool.load_weights, self._hybrids, version)
-        timing = timer.finish("hybrid_sync")
+        timing = timer.finish("hybrid_sync", self._hybrids)
 
         self._synced_version = int(version)
-        self._sync_duration_s = timing.duration_s
         self._switch_log.append(timing)
+        self._durations.add("hybrid_sync", timing.duration_s)
         return timing
 
-    def activate(self, version: int | None = None) -> SwitchTiming:
+    def activate(self, version: int | None = None) -> SwitchReport:
         """Lend the synced hybrids to rollout: add to the balancer -> resume.
 
         With ``version`` (the current param version), the hybrids must hold exactly it.
@@ -432,14 +453,13 @@ class DynamicResourceController:
         timer = _PhaseTimer(self._clock)
         timer.run("add", self._lb.add_replicas, self._hybrids)
         timer.run("resume", self._pool.resume, self._hybrids)
-        timing = timer.finish("activate")
+        timing = timer.finish("activate", self._hybrids)
 
         self._state = ControllerState.HYBRID_ACTIVE
-        self._last_activate_duration_s = (self._sync_duration_s or 0.0) + timing.duration_s
         self._count_switch(timing)
         return timing
 
-    def rebalance(self) -> SwitchTiming:
+    def rebalance(self) -> SwitchReport:
         """Spread the work onto the fresh hybrids: clear sticky -> hold -> abort -> drain ->
         resume -> unhold.
 
@@ -478,8 +498,9 @@ class DynamicResourceController:
             timer.run("resume", self._pool.resume, ids)
         finally:
             self._lb.unhold()
-        timing = timer.finish("rebalance", aborted)
+        timing = timer.finish("rebalance", ids, aborted)
         self._switch_log.append(timing)
+        self._durations.add("rebalance", timing.duration_s)
         return timing
 
     def _wait_for_drain(self, ids: Sequence[str]) -> int:
@@ -497,8 +518,10 @@ class DynamicResourceController:
         if not self._hybrids:
             raise IllegalTransition(f"no hybrid replicas to {verb}")
 
-    def _count_switch(self, timing: SwitchTiming) -> None:
+    def _count_switch(self, timing: SwitchReport) -> None:
+        """An activate or deactivate finished: logged, counted, and added to the cycle's durations."""
         self._switch_log.append(timing)
+        self._durations.add(timing.kind, timing.duration_s)
         self._switch_count += 1
         self._last_switch_at = timing.started_at + timing.duration_s
 
@@ -509,21 +532,21 @@ class DynamicResourceController:
         return {
             "state": self._state.name,
             "synced_version": self._synced_version,
-            "hybrid_sync_duration_s": self._sync_duration_s,
-            "last_activate_duration_s": self._last_activate_duration_s,
-            "last_deactivate_duration_s": self._last_deactivate_duration_s,
+            "switch_durations": self._durations.state_dict(),
             "last_switch_at": self._last_switch_at,
             "switch_count": self._switch_count,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore ``state_dict()`` output. Touches no replica: the caller builds them to match."""
+        """Restore ``state_dict()`` output. Touches no replica: the caller builds them to match.
+
+        A state dict written before the per-cycle switch durations (``last_activate_duration_s``
+        and ``last_deactivate_duration_s`` instead of ``switch_durations``) loads with a fresh
+        cycle: those were the last-ever switches, not this cycle's.
+        """
         try:
             name = state["state"]
             synced_version = state["synced_version"]
-            sync_duration_s = state["hybrid_sync_duration_s"]
-            activate_s = float(state["last_activate_duration_s"])
-            deactivate_s = float(state["last_deactivate_duration_s"])
             last_switch_at = state["last_switch_at"]
             switch_count = int(state["switch_count"])
         except KeyError as missing:
@@ -537,21 +560,6 @@ class DynamicResourceController:
 
         self._state = new_state
         self._synced_version = None if synced_version is None else int(synced_version)
-        self._sync_duration_s = None if sync_duration_s is None else float(sync_duration_s)
-        self._last_activate_duration_s = activate_s
-        self._last_deactivate_duration_s = deactivate_s
+        self._durations.load_state_dict(state.get("switch_durations", {}))
         self._last_switch_at = None if last_switch_at is None else float(last_switch_at)
         self._switch_count = switch_count
-
-
-def _summarise(ctx: Any, is_hybrid_active: bool) -> dict[str, Any]:
-    """The few numbers of a context that explain a decision, with lists reduced to totals."""
-    return {
-        "total_generated_samples": getattr(ctx, "total_generated_samples", 0),
-        "expected_samples": getattr(ctx, "expected_samples", 0),
-        "buffer_samples": getattr(ctx, "buffer_samples", 0),
-        "sum_step_wait_times": float(sum(getattr(ctx, "step_wait_times", ()) or ())),
-        "sum_step_wait_samples": int(sum(getattr(ctx, "step_wait_samples", ()) or ())),
-        "now": getattr(ctx, "now", 0.0),
-        "is_hybrid_active": is_hybrid_active,
-    }

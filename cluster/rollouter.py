@@ -77,7 +77,6 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from cluster.engines.base import request_sample_uid  # noqa: F401 - the one parser; cluster.actors imports it from here
 from cluster.message_queue import QueueClosed
 from cluster.types import GenerationRequest, GenerationResult, Response, Sample, SamplingSpec
 from loop.staleness import StalenessGate, record_change

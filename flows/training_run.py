@@ -13,6 +13,7 @@ import ray
 from prefect import flow, get_run_logger
 from pydantic import SecretStr
 
+from cluster.actors import ControllerHost, call
 from cluster.backends import CheckpointError
 from cluster.builders import DataPlane, prompts_for
 from cluster.ray_cluster import init_ray
@@ -23,17 +24,18 @@ from flows.progress import StepPrinter
 from flows.report import write_report
 from flows.runners import step_flow_settings, task_runner_for
 from flows.training_step import training_step
+from loop import HybridSync, Lend, WarmUp, run_start
 from storage import (
     RunStatus,
     StoreUnavailable,
     create_run,
     load_resume_state,
     migrate,
+    open_store,
     redact_url,
     session_scope,
     set_run_status,
 )
-from tasks.commit import engine_for
 from tasks.run_ref import RunRef
 
 
@@ -45,7 +47,7 @@ def without_secrets(cfg: TidalConfig) -> TidalConfig:
 
 def _open_run(cfg: TidalConfig, resume_uid: str | None) -> tuple[str, Path, Any]:
     """Create a run row (fresh) or load the last committed step (resume)."""
-    engine = engine_for(cfg.storage.url, cfg.storage.busy_timeout_ms)
+    engine = open_store(cfg.storage.url, busy_timeout_ms=cfg.storage.busy_timeout_ms)
     migrate(engine)
     with session_scope(engine, immediate=True) as session:
         if resume_uid is not None:
@@ -80,28 +82,43 @@ def _restore(plane: DataPlane, cfg: TidalConfig, state: Any) -> tuple[int, int]:
     ray.get(plane.controller.load_policy_state.remote(state.policy_state))
     controller_state = dict(state.controller_state)
     controller_state["state"] = "STANDALONE_ONLY"  # the actors are new: the hybrids start asleep
-    ray.get(plane.controller.call.remote("load_state_dict", controller_state))
+    ray.get(call(plane.controller, ControllerHost.load_controller_state, controller_state))
     return state.step + 1, len(state.consumed)
 
 
 def _warm_up(plane: DataPlane, run: RunRef, version: int, was_active: bool, prompts: list) -> None:
-    """Load the weights everywhere, start generating, and lend the hybrids if the run had them
-    lent before it stopped or the policy wants them lent now."""
-    from tasks.phases import build_context
-
-    ray.get(plane.controller.broadcast.remote(version))
+    """Load the weights everywhere and start generating; then ``loop.run_start``: no policy
+    question unless the policy sets ``warm_up_lend`` (a recorded decision). A resumed run whose
+    hybrids were lent when it stopped lends them again (a recorded guard decision)."""
+    ray.get(call(plane.controller, ControllerHost.broadcast, version, False))
     ray.get(plane.rollout.start.remote(prompts))
     if not run.hybrid_replicas:
         return
-    ctx = build_context(run, version, [])
-    if was_active or ray.get(plane.controller.call.remote("should_activate", version, ctx)):
-        ray.get(plane.controller.call.remote("hybrid_sync", version))
-        ray.get(plane.controller.call.remote("activate"))
+    if was_active:
+        plan = ray.get(call(plane.controller, ControllerHost.relend_after_resume, version))
+        ray.get(call(plane.controller, ControllerHost.hybrid_sync, plan, version))
+        ray.get(call(plane.controller, ControllerHost.lend, plan, []))
+        return
+    asks = ray.get(call(plane.controller, ControllerHost.asks_warm_up))
+    phases = run_start(version, has_hybrids=True, asks_warm_up=asks)
+    result: Any = None
+    while True:
+        try:
+            intent = phases.send(result)
+        except StopIteration:
+            return
+        match intent:
+            case WarmUp(version=v):
+                result = ray.get(call(plane.controller, ControllerHost.warm_up, v))
+            case HybridSync(plan=plan, version=v):
+                result = ray.get(call(plane.controller, ControllerHost.hybrid_sync, plan, v))
+            case Lend(plan=plan):
+                result = ray.get(call(plane.controller, ControllerHost.lend, plan, []))
 
 
 def _mark_failed(cfg: TidalConfig, uid: str) -> None:
     try:
-        with session_scope(engine_for(cfg.storage.url, cfg.storage.busy_timeout_ms)) as session:
+        with session_scope(open_store(cfg.storage.url, busy_timeout_ms=cfg.storage.busy_timeout_ms)) as session:
             set_run_status(session, uid, RunStatus.FAILED)
     except Exception:  # noqa: BLE001 - the original error matters more (the store may be what failed)
         pass
@@ -157,7 +174,7 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
                 break
             step += 1
         report = write_report(cfg, uid, out_dir)
-        with session_scope(engine_for(cfg.storage.url, cfg.storage.busy_timeout_ms)) as session:
+        with session_scope(open_store(cfg.storage.url, busy_timeout_ms=cfg.storage.busy_timeout_ms)) as session:
             set_run_status(session, uid, RunStatus.FINISHED)
         printer.done(report)
         return {"run": uid, "steps": step, "output_dir": str(out_dir), "report": report}

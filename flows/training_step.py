@@ -1,4 +1,8 @@
-"""The `training_step` flow: one Tidal step, phase by phase (DESIGN §2). Reads like its table of contents."""
+"""The `training_step` flow: one Tidal step, phase by phase (DESIGN §2).
+
+It drives ``loop.step_sequence`` (what happens next, from the answers so far) and maps each
+intent to one task (how); the ``match`` below reads like the step's table of contents.
+"""
 
 from __future__ import annotations
 
@@ -8,44 +12,88 @@ from typing import Any
 from prefect import flow
 
 from flows.runners import run_phase
+from loop import (
+    AfterSync,
+    BeginStep,
+    Broadcast,
+    Commit,
+    EndStep,
+    HybridSync,
+    Lend,
+    Train,
+    WaitAndDeactivate,
+    step_sequence,
+)
 from tasks.phases import (
-    activate,
+    after_sync,
+    begin_step,
     broadcast_sync,
     commit_step,
+    end_step,
     hybrid_sync,
-    should_activate,
-    should_deactivate,
+    lend,
+    summaries,
     train,
-    update_policy,
-    wait_for_samples,
+    wait_and_deactivate,
 )
-from tasks.run_ref import RunRef
+from tasks.run_ref import MicroReport, RunRef
 from tasks.summary import step_metrics
 
 
 @flow(name="training-step", flow_run_name="step-{step:05d}", log_prints=True, validate_parameters=False)
 def training_step(run: RunRef, step: int, final: bool = False) -> dict[str, Any]:
     """One step. ``final``: the run's last step, after which nothing trains, so the policy is not
-    asked to lend the trainer's GPUs (a lend would only cost a hybrid sync, an activation and three
+    asked to lend the trainer's GPUs (a lend would only cost a hybrid sync, an activation and two
     Prefect tasks before the run ends)."""
     started = time.time()
-    wait = activation = hybrid = None
-    decision = run_phase(should_deactivate, run, step)
-    if decision["deactivate"]:
-        wait = run_phase(wait_for_samples, run, step, decision["wait_samples"])
-    micro = [run_phase(train, run, step, i) for i in range(run.trigger_parameter_sync_step)]
-    micro = [m for m in micro if m.samples]
-    version = step  # the weights after step N are param version N
-    sync = run_phase(broadcast_sync, run, step, version)
-    if not final and run_phase(should_activate, run, step, micro):
-        hybrid = run_phase(hybrid_sync, run, step, version)
-        activation = run_phase(activate, run, step, micro)
-    policy_state = run_phase(update_policy, run, step, micro)
-    metrics = step_metrics(run, micro=micro, wait=wait, sync=sync, activation=activation, hybrid=hybrid,
-                           step_s=time.time() - started, version=version)
+    micro: list[MicroReport] = []
+    got: dict[type, Any] = {}  # the last result of each kind of intent
+    phases = step_sequence(step, micro_steps=run.trigger_parameter_sync_step, final=final,
+                           has_hybrids=run.hybrid_replicas > 0)
+    result: Any = None
+    while (intent := _next(phases, result)) is not None:
+        match intent:
+            case BeginStep(step=n):
+                result = run_phase(begin_step, run, n)
+            case WaitAndDeactivate(plan=plan):
+                result = run_phase(wait_and_deactivate, run, plan)
+            case Train(step=n, micro=i):
+                result = run_phase(train, run, n, i)
+                if result.samples:
+                    micro.append(result)
+            case Broadcast(step=n, version=version):
+                result = run_phase(broadcast_sync, run, n, version)
+            case AfterSync(step=n):
+                result = run_phase(after_sync, run, n, summaries(micro))
+            case HybridSync(plan=plan, version=version):
+                result = run_phase(hybrid_sync, run, plan, version)
+            case Lend(plan=plan):
+                result = run_phase(lend, run, plan, summaries(micro))
+            case EndStep(step=n):
+                result = run_phase(end_step, run, n, summaries(micro))
+            case Commit(step=n, version=version):
+                result = _commit(run, n, version, started, micro, got)
+        got[type(intent)] = result
+    return {**result, "exhausted": any(m.exhausted for m in micro) or len(micro) < run.trigger_parameter_sync_step}
+
+
+def _next(phases: Any, result: Any) -> Any:
+    """The next intent of the step, given the last one's result (None when the step is done)."""
+    try:
+        return phases.send(result)
+    except StopIteration:
+        return None
+
+
+def _commit(run: RunRef, step: int, version: int, started: float, micro: list[MicroReport],
+            got: dict[type, Any]) -> dict[str, Any]:
+    """The step's metrics and summary from the phases' reports, then the commit task."""
+    activation = got.get(Lend)
+    metrics = step_metrics(run, micro=micro, wait=got.get(WaitAndDeactivate), sync=got[Broadcast],
+                           activation=activation, hybrid=got.get(HybridSync), step_s=time.time() - started,
+                           version=version)
     consumed = [p for m in micro for p in m.prompts]
-    summary = {"started_at": started, "policy_state": policy_state, "metrics": metrics, "prompts": consumed,
+    summary = {"started_at": started, "outcome": got[EndStep], "metrics": metrics, "prompts": consumed,
                "consumed_total": run.consumed_before + len(consumed)}
     commit = run_phase(commit_step, run, step, version, summary)
-    return {**commit, "metrics": metrics, "hybrid_active": activation is not None, "trained": len(consumed),
-            "exhausted": any(m.exhausted for m in micro) or len(micro) < run.trigger_parameter_sync_step}
+    return {**commit, "metrics": metrics, "hybrid_active": activation is not None, "trained": len(consumed)}

@@ -10,8 +10,12 @@ Production executes the intents against its actors; the simulator against its ev
 
 from loop.decisions import DecisionRecord, Decider, SwitchDurations, lend_count
 from loop.plans import (
+    BroadcastReport,
     DeactivatePlan,
     LendPlan,
+    MicroSummary,
+    RunSizes,
+    StepOutcome,
     SwitchReport,
     WaitReport,
 )
@@ -35,6 +39,7 @@ __all__ = [
     "AfterSync",
     "BeginStep",
     "Broadcast",
+    "BroadcastReport",
     "Commit",
     "DeactivatePlan",
     "DecisionRecord",
@@ -44,8 +49,11 @@ __all__ = [
     "Intent",
     "Lend",
     "LendPlan",
+    "MicroSummary",
+    "RunSizes",
     "SwitchDurations",
     "SwitchReport",
+    "StepOutcome",
     "Train",
     "WaitAndDeactivate",
     "WaitReport",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -56,3 +57,57 @@ class LendPlan:
     @property
     def lends(self) -> bool:
         return self.count > 0
+
+
+@dataclass(frozen=True)
+class RunSizes:
+    """The static sizes of a run the policy context needs, known when the controller is built.
+
+    ``consumed_before`` and ``generated_before`` count what earlier processes of the run trained on
+    and generated (a resume); the controller adds each step's samples to the consumed count.
+    """
+
+    required_samples: int
+    trigger_parameter_sync_step: int
+    buffer_samples: int = 0
+    only_hybrid: bool = False
+    standalone_replicas: int = 0
+    hybrid_replicas: int = 0
+    consumed_before: int = 0
+    generated_before: int = 0
+
+
+@dataclass(frozen=True)
+class MicroSummary:
+    """What the policy context needs of one micro-step: samples trained, seconds and samples waited."""
+
+    samples: int
+    wait_s: float = 0.0
+    wait_samples: int = 0
+
+
+@dataclass(frozen=True)
+class BroadcastReport:
+    """The trainer → standalone weight sync at ``version``, and the rollouter's window metrics."""
+
+    version: int
+    broadcast_s: float
+    max_replica_load_s: float = 0.0
+    replicas: int = 0
+    window: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """The end of a step: what the store keeps of the policy, the controller and the switches.
+
+    ``decisions`` and ``switch_events`` are the step's records (drained: each is reported once).
+    """
+
+    step: int
+    hybrid_active: bool
+    policy_state: dict[str, Any]
+    controller_state: dict[str, Any]
+    decisions: tuple[Any, ...] = ()
+    switch_events: tuple[SwitchReport, ...] = ()
+    replacements: dict[str, Any] = field(default_factory=dict)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 from metrics import (
     MQ_SIZE,
@@ -18,6 +18,7 @@ from metrics import (
     cluster_resource_utilization,
     train_resource_utilization,
 )
+from loop.plans import BroadcastReport, SwitchReport, WaitReport
 from tasks.run_ref import MicroReport, RunRef
 
 
@@ -25,10 +26,10 @@ def step_metrics(
     run: RunRef,
     *,
     micro: list[MicroReport],
-    wait: dict[str, Any] | None,
-    sync: dict[str, Any],
-    activation: dict[str, Any] | None,
-    hybrid: dict[str, Any] | None,
+    wait: WaitReport | None,
+    sync: BroadcastReport,
+    activation: Sequence[SwitchReport] | None,
+    hybrid: SwitchReport | None,
     step_s: float,
     version: int,
 ) -> dict[str, float]:
@@ -40,20 +41,16 @@ def step_metrics(
         for m in micro
     ]
     out = aggregate_cycle(per_micro) if per_micro else {}
-    switch_s = sum(
-        part.get("duration_s", 0.0)
-        for part in [(wait or {}).get("deactivate", {}), hybrid or {}, *(activation or {}).values()]
-    )
+    lent_s = (hybrid.duration_s if hybrid else 0.0) + sum(part.duration_s for part in activation or ())
+    switch_s = lent_s + (wait.deactivate.duration_s if wait and wait.deactivate else 0.0)
     compute = [m.compute_s for m in micro]
     allocated = [m.allocated_s for m in micro]
     if allocated:  # the reference counts param sync and activation inside the training turn
-        allocated[-1] += sync["broadcast_s"] + (hybrid or {}).get("duration_s", 0.0) + sum(
-            part.get("duration_s", 0.0) for part in (activation or {}).values()
-        )
+        allocated[-1] += sync.broadcast_s + lent_s
     u_train = train_resource_utilization(compute, allocated) if compute else 0.0
-    wait_s = (wait or {}).get("wait_for_enough_samples_s", 0.0)
-    u_rollout = sync["window"].get(ROLLOUT_RESOURCE_UTILIZATION, 0.0)
-    out.update(sync["window"])
+    wait_s = wait.waited_s if wait else 0.0
+    u_rollout = sync.window.get(ROLLOUT_RESOURCE_UTILIZATION, 0.0)
+    out.update(sync.window)
     out.update({
         TRAIN_COMPUTE_TIME_S: sum(compute),
         TRAIN_ALLOCATED_TIME_S: sum(allocated),
@@ -64,7 +61,7 @@ def step_metrics(
             u_train, u_rollout, wait_s, step_s, run.trainer_gpus, run.standalone_gpus
         ),
         WASTE_SWITCH_S: switch_s,
-        "timing_s/param_sync": sync["broadcast_s"],
+        "timing_s/param_sync": sync.broadcast_s,
         "fully_async/param_version": float(version),
         "fully_async/trained_samples": float(sum(m.samples for m in micro)),
         "fully_async/max_staleness": float(max((version - 1 - lo for lo, _ in _versions(micro)), default=0)),

@@ -7,17 +7,20 @@ so each test can assert the whole sequence of calls and exact durations.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
 from cluster.controller import (
+    STRANDED_REFILL,
     ControllerState,
-    DecisionRecord,
     DynamicResourceController,
     IllegalTransition,
-    SwitchTiming,
 )
+from cluster.membership import Membership
+from cluster.types import RolloutCounters
+from loop import DecisionRecord, DeactivatePlan, LendPlan, MicroSummary, RunSizes, SwitchReport
+from policies import DynamicSchedulePolicyBase
 
 HYBRIDS = ("h0", "h1")
 STANDALONES = ("s0", "s1")
@@ -41,22 +44,9 @@ SYNC_S = 24.0
 ACTIVATE_S = 0.75
 
 
-@dataclass
-class Ctx:
-    """The context fields the controller reads or fills (a stand-in for the policies' one)."""
-
-    required_samples: int = 16
-    trigger_parameter_sync_step: int = 4
-    total_generated_samples: int = 0
-    expected_samples: int = 0
-    buffer_samples: int = 0
-    step_wait_times: list[float] = field(default_factory=list)
-    step_wait_samples: list[int] = field(default_factory=list)
-    only_hybrid: bool = False
-    last_activate_duration_s: float = 0.0
-    last_deactivate_duration_s: float = 0.0
-    now: float = 0.0
-    last_switch_at: float | None = None
+SIZES = RunSizes(required_samples=16, trigger_parameter_sync_step=4, buffer_samples=8,
+                 standalone_replicas=2, hybrid_replicas=2, consumed_before=32, generated_before=32)
+COUNTERS = RolloutCounters(generated_total=40, queue_size=6)
 
 
 class FakeClock:
@@ -134,7 +124,7 @@ class FakePool:
         self.clock.advance(COSTS["resume"])
 
 
-class RecordingPolicy:
+class RecordingPolicy(DynamicSchedulePolicyBase):
     """Answers from a script, records each call, and costs COSTS["policy"] on the fake clock."""
 
     def __init__(self, events: list[tuple], clock: FakeClock, answers: dict | None = None):
@@ -197,6 +187,7 @@ def make_rig(
     in_flight=(0,),
     policy_cls=ExplainingPolicy,
     answers=None,
+    counters=COUNTERS,
     **kwargs,
 ) -> Rig:
     events: list[tuple] = []
@@ -204,12 +195,19 @@ def make_rig(
     lb = FakeLoadBalancer(events, clock, list(in_flight))
     pool = FakePool(events, clock)
     policy = policy_cls(events, clock, answers)
+
+    def read_counters() -> RolloutCounters:
+        events.append(("rollout.counters",))
+        return counters
+
     controller = DynamicResourceController(
         policy,
         hybrid_ids,
         lb,
         pool,
         standalone_ids=standalone_ids,
+        sizes=SIZES,
+        counters=read_counters,
         clock=clock,
         sleep=clock.sleep,
         **kwargs,
@@ -230,12 +228,13 @@ def test_deactivate_removes_routing_then_aborts_then_sleeps_the_hybrids():
         ("pool.abort", HYBRIDS),
         ("pool.sleep", HYBRIDS),
     ]
-    assert timing == SwitchTiming(
+    assert timing == SwitchReport(
         kind="deactivate",
         started_at=START,
         duration_s=DEACTIVATE_S,
         phases={"remove": 1.0, "abort": 2.0, "sleep": 4.0},
         aborted=ABORTED,
+        replicas=HYBRIDS,
     )
     assert rig.controller.state is ControllerState.STANDALONE_ONLY
     assert rig.controller.is_hybrid_active is False
@@ -255,19 +254,21 @@ def test_hybrid_sync_then_activate_wakes_loads_then_adds_and_resumes_the_hybrids
         ("lb.add_replicas", HYBRIDS),
         ("pool.resume", HYBRIDS),
     ]
-    assert sync == SwitchTiming(
+    assert sync == SwitchReport(
         kind="hybrid_sync",
         started_at=START,
         duration_s=SYNC_S,
         phases={"wake_up": 8.0, "load_weights": 16.0},
         aborted=0,
+        replicas=HYBRIDS,
     )
-    assert activate == SwitchTiming(
+    assert activate == SwitchReport(
         kind="activate",
         started_at=START + SYNC_S,
         duration_s=ACTIVATE_S,
         phases={"add": 0.5, "resume": 0.25},
         aborted=0,
+        replicas=HYBRIDS,
     )
     assert rig.controller.state is ControllerState.HYBRID_ACTIVE
     assert rig.controller.synced_version == 3
@@ -297,6 +298,7 @@ def test_rebalance_clears_sticky_aborts_every_active_replica_and_waits_for_the_d
         ("lb.unhold",),
     ]
     assert timing.kind == "rebalance"
+    assert timing.replicas == ALL
     assert timing.started_at == started
     assert timing.aborted == ABORTED
     assert list(timing.phases) == ["clear_sticky", "abort", "drain", "resume"]
@@ -308,9 +310,13 @@ def test_rebalance_clears_sticky_aborts_every_active_replica_and_waits_for_the_d
 
 
 def test_a_replaced_standalone_takes_the_dead_ones_place_in_every_later_switch():
-    rig = make_rig()
+    members = Membership(STANDALONES, HYBRIDS)
+    rig = make_rig(membership=members)
     dead = STANDALONES[0]
-    rig.controller.replace_standalone(dead, f"{dead}.r1")
+    members.died(dead)
+    assert rig.controller.standalone_ids == STANDALONES[1:]
+    members.replacing(dead, f"{dead}.r1")
+    members.joined(dead, f"{dead}.r1")
     assert rig.controller.standalone_ids == (f"{dead}.r1", *STANDALONES[1:])
     rig.controller.hybrid_sync(1)
     rig.controller.activate()
@@ -321,8 +327,6 @@ def test_a_replaced_standalone_takes_the_dead_ones_place_in_every_later_switch()
     ids = (f"{dead}.r1", *STANDALONES[1:], *HYBRIDS)
     assert rig.events == [("lb.clear_sticky",), ("lb.hold",), ("pool.abort", ids), ("lb.in_flight", ids),
                           ("pool.resume", ids), ("lb.unhold",)]
-    with pytest.raises(ValueError, match="already in use"):
-        rig.controller.replace_standalone(STANDALONES[1], f"{dead}.r1")
 
 
 def test_rebalance_that_times_out_resumes_the_replicas_before_raising():
@@ -384,15 +388,6 @@ def test_only_hybrid_run_cycles_deactivate_sync_activate_twice():
     ] * 2
     assert rig.controller.switch_count == 4
     assert rig.controller.state is ControllerState.HYBRID_ACTIVE
-
-
-def test_an_active_hybrid_that_is_also_listed_as_standalone_is_counted_once():
-    rig = make_rig(hybrid_ids=("h0", "x"), standalone_ids=("s0", "x"))
-
-    assert rig.controller.active_replica_ids() == ("s0", "x")
-    rig.controller.hybrid_sync(1)
-    rig.controller.activate()
-    assert rig.controller.active_replica_ids() == ("s0", "x", "h0")
 
 
 # ------------------------------------------------------------------------ illegal transitions
@@ -492,8 +487,12 @@ def test_activate_after_a_deactivate_needs_a_fresh_hybrid_sync():
             "cannot start HYBRID_ACTIVE with no hybrid replicas",
         ),
         ({"rebalance_timeout_s": 0.0}, "rebalance_timeout_s must be > 0, got 0.0"),
+        (
+            {"hybrid_ids": ("h0", "x"), "standalone_ids": ("s0", "x")},
+            "replica ids both standalone and hybrid: ['x']",
+        ),
     ],
-    ids=["only-hybrid-with-standalone", "only-hybrid-empty", "active-empty", "zero-timeout"],
+    ids=["only-hybrid-with-standalone", "only-hybrid-empty", "active-empty", "zero-timeout", "id-in-both"],
 )
 def test_construction_rejects_an_impossible_setup(kwargs, message):
     with pytest.raises(ValueError) as raised:
@@ -504,130 +503,224 @@ def test_construction_rejects_an_impossible_setup(kwargs, message):
 
 # --------------------------------------------------------------------------------- decisions
 
+MICRO = [MicroSummary(samples=16, wait_s=1.5, wait_samples=3), MicroSummary(samples=16, wait_s=2.5, wait_samples=4)]
 
-def test_each_policy_call_is_recorded_with_inputs_answer_reason_and_duration():
-    rig = make_rig(answers={"deactivate_wait_samples": 12, "request_rebalance": None})
-    ctx = Ctx(
-        total_generated_samples=40,
-        expected_samples=32,
-        buffer_samples=8,
-        step_wait_times=[1.5, 2.5],
-        step_wait_samples=[3, 4],
-        now=55.0,
-    )
 
-    answers = [
-        rig.controller.should_deactivate(7, ctx),
-        rig.controller.deactivate_wait_samples(7, ctx),
-        rig.controller.should_activate(7, ctx),
-        rig.controller.request_rebalance(7, ctx),
-        rig.controller.update_policy(7, ctx),
-    ]
-
-    assert answers == [True, 12, True, False, None]
-    assert rig.events == [
-        ("policy.should_deactivate", 7, False),
-        ("policy.deactivate_wait_samples",),
-        ("policy.should_activate_after_step", 7, False),
-        ("policy.request_rebalance", 7),
-        ("policy.update_after_step", 7),
-    ]
-    inputs = {
-        "total_generated_samples": 40,
-        "expected_samples": 32,
-        "buffer_samples": 8,
-        "sum_step_wait_times": 4.0,
-        "sum_step_wait_samples": 7,
-        "now": 55.0,
-        "is_hybrid_active": False,
+def inputs(*, now: float, active: bool, micro=(), lost: bool = False) -> dict:
+    """The summary a decision record keeps of the context the rig's controller builds."""
+    return {
+        "total_generated_samples": SIZES.generated_before + COUNTERS.generated_total,
+        "expected_samples": SIZES.consumed_before + sum(m.samples for m in micro),
+        "buffer_samples": SIZES.buffer_samples,
+        "sum_step_wait_times": float(sum(m.wait_s for m in micro)),
+        "sum_step_wait_samples": sum(m.wait_samples for m in micro),
+        "mq_size": COUNTERS.queue_size,
+        "standalone_lost": lost,
+        "now": now,
+        "is_hybrid_active": active,
     }
-    record = lambda hook, answer: DecisionRecord(  # noqa: E731
-        step=7,
-        hook=hook,
-        answer=answer,
-        reason=f"{hook} at step 7, active=False",
-        inputs=inputs,
-        duration_s=COSTS["policy"],
-    )
-    assert rig.controller.decisions == [
-        record("should_deactivate", True),
-        record("deactivate_wait_samples", 12),
-        record("should_activate_after_step", True),
-        record("request_rebalance", False),
-        record("update_after_step", None),
+
+
+def record(step, hook, answer, *, now, active, micro=(), reason=None, duration_s=COSTS["policy"]):
+    return DecisionRecord(step=step, hook=hook, answer=answer,
+                          reason=f"{hook} at step {step}, active={active}" if reason is None else reason,
+                          inputs=inputs(now=now, active=active, micro=micro), duration_s=duration_s)
+
+
+def test_a_lending_step_asks_the_policy_in_the_deciders_order_and_records_every_answer():
+    rig = make_rig(initial_state=ControllerState.HYBRID_ACTIVE)
+
+    plan = rig.controller.begin_step(7)
+    rig.controller.deactivate()
+    after_deactivate = rig.clock.now
+    lend = rig.controller.after_sync(7, MICRO)
+    rig.controller.hybrid_sync(7)
+    switches = rig.controller.lend(7, MICRO)
+    after_lend = rig.clock.now
+    rig.controller.end_step(7, MICRO)
+
+    assert plan == DeactivatePlan(step=7, deactivate=True, wait_samples=12, hybrid_active=True)
+    assert lend == LendPlan(step=7, count=2, of=2)
+    assert [s.kind for s in switches] == ["activate", "rebalance"]
+    assert rig.events == [
+        ("rollout.counters",), ("policy.should_deactivate", 7, True), ("policy.deactivate_wait_samples",),
+        ("lb.remove_replicas", HYBRIDS), ("pool.abort", HYBRIDS), ("pool.sleep", HYBRIDS),
+        ("rollout.counters",), ("policy.should_activate_after_step", 7, False),
+        ("pool.wake_up", HYBRIDS), ("pool.load_weights", HYBRIDS, 7),
+        ("lb.add_replicas", HYBRIDS), ("pool.resume", HYBRIDS),
+        ("rollout.counters",), ("policy.request_rebalance", 7),
+        ("lb.clear_sticky",), ("lb.hold",), ("pool.abort", ALL), ("lb.in_flight", ALL), ("pool.resume", ALL),
+        ("lb.unhold",),
+        ("rollout.counters",), ("policy.update_after_step", 7),
     ]
-
-
-def test_drain_decisions_returns_the_records_once():
-    rig = make_rig()
-    rig.controller.should_deactivate(1, Ctx())
-    rig.controller.should_activate(1, Ctx())
-
-    drained = rig.controller.drain_decisions()
-
-    assert [d.hook for d in drained] == ["should_deactivate", "should_activate_after_step"]
+    policy_s = COSTS["policy"]
+    assert rig.controller.drain_decisions() == [
+        record(7, "should_deactivate", True, now=START, active=True),
+        record(7, "deactivate_wait_samples", 12, now=START, active=True),
+        record(7, "should_activate_after_step", 2, now=after_deactivate, active=False, micro=MICRO),
+        record(7, "request_rebalance", True, now=after_deactivate + policy_s + SYNC_S + ACTIVATE_S, active=True,
+               micro=MICRO),
+        record(7, "update_after_step", None, now=after_lend, active=True, micro=MICRO),
+    ]
     assert rig.controller.decisions == []
-    assert rig.controller.drain_decisions() == []
 
 
-def test_a_policy_without_explain_gets_an_empty_reason():
-    rig = make_rig(policy_cls=RecordingPolicy, initial_state=ControllerState.HYBRID_ACTIVE)
+def test_a_step_that_starts_with_the_hybrids_asleep_asks_nothing_before_training():
+    rig = make_rig()
 
-    answer = rig.controller.should_deactivate(2, Ctx())
+    assert rig.controller.begin_step(3) == DeactivatePlan(step=3, hybrid_active=False)
+    assert rig.events == []
+    assert rig.controller.decisions == []
 
-    assert answer is True
-    assert rig.events == [("policy.should_deactivate", 2, True)]
-    [decision] = rig.controller.decisions
-    assert decision.reason == ""
-    assert decision.inputs["is_hybrid_active"] is True
+
+def test_a_retried_question_is_answered_from_memory_and_recorded_once():
+    rig = make_rig(initial_state=ControllerState.HYBRID_ACTIVE)
+
+    first = rig.controller.begin_step(5)
+    again = rig.controller.begin_step(5)
+    rig.controller.end_step(5, MICRO)
+    rig.controller.end_step(5, MICRO)
+
+    assert again == first == DeactivatePlan(step=5, deactivate=True, wait_samples=12, hybrid_active=True)
+    assert [e[0] for e in rig.events if e[0].startswith("policy.")] == [
+        "policy.should_deactivate", "policy.deactivate_wait_samples", "policy.update_after_step",
+    ]
+    assert [d.hook for d in rig.controller.decisions] == [
+        "should_deactivate", "deactivate_wait_samples", "update_after_step",
+    ]
+    assert rig.controller.context().expected_samples == SIZES.consumed_before + 32  # consumed once
 
 
 @pytest.mark.parametrize(("raw", "clamped"), [(-5, 0), (0, 0), (9, 9)])
 def test_deactivate_wait_samples_never_goes_below_zero(raw, clamped):
-    rig = make_rig(answers={"deactivate_wait_samples": raw})
+    rig = make_rig(answers={"deactivate_wait_samples": raw}, initial_state=ControllerState.HYBRID_ACTIVE)
 
-    assert rig.controller.deactivate_wait_samples(1, Ctx()) == clamped
+    assert rig.controller.begin_step(1).wait_samples == clamped
     assert rig.controller.decisions[-1].answer == clamped
 
 
 def test_disabled_rebalance_never_asks_the_policy():
     rig = make_rig(enable_rebalance=False, answers={"request_rebalance": True})
+    rig.controller.hybrid_sync(4)
+    del rig.events[:]
 
-    assert rig.controller.request_rebalance(4, Ctx()) is False
+    switches = rig.controller.lend(4, [])
+
+    assert [s.kind for s in switches] == ["activate"]
+    assert rig.events == [("lb.add_replicas", HYBRIDS), ("pool.resume", HYBRIDS)]
+    assert rig.controller.decisions == []
+
+
+class WarmUpPolicy(ExplainingPolicy):
+    warm_up_lend = True
+
+
+def test_the_warm_up_asks_a_plain_policy_nothing_and_lends_nothing():
+    rig = make_rig()
+
+    assert rig.controller.warm_up(0) == LendPlan(step=0, count=0, of=2)
     assert rig.events == []
+    assert rig.controller.decisions == []
+
+
+def test_the_warm_up_asks_a_policy_that_sets_warm_up_lend_and_records_its_answer():
+    rig = make_rig(policy_cls=WarmUpPolicy)
+
+    assert rig.controller.warm_up(0) == LendPlan(step=0, count=2, of=2)
+    assert rig.events == [("rollout.counters",), ("policy.should_activate_after_step", 0, False)]
+    assert rig.controller.decisions == [record(0, "should_activate_after_step", 2, now=START, active=False)]
+
+
+def test_a_resumed_run_relends_its_hybrids_as_a_recorded_guard_decision():
+    rig = make_rig()
+
+    assert rig.controller.relend_after_resume(4) == LendPlan(step=0, count=2, of=2)
+    assert rig.events == [("rollout.counters",)]
+    assert rig.controller.decisions == [
+        record(0, "relend_after_resume", 2, now=START, active=False, duration_s=0.0,
+               reason="the hybrids were lent when the run stopped (param version 4)"),
+    ]
+
+
+def test_with_every_standalone_dead_the_guard_forces_the_lend_and_the_record_says_so():
+    members = Membership(STANDALONES, HYBRIDS)
+    rig = make_rig(membership=members, answers={"should_activate_after_step": False})
+    for rid in STANDALONES:
+        members.died(rid)
+
+    lend = rig.controller.after_sync(3, [])
+
+    assert lend == LendPlan(step=3, count=2, of=2)
+    [decision] = rig.controller.decisions
+    assert (decision.hook, decision.answer, decision.inputs["standalone_lost"]) == (
+        "should_activate_after_step", 2, True)
+    assert decision.reason == "guard: no standalone replica alive; should_activate_after_step at step 3, active=False"
+
+
+def test_the_stranded_refill_records_a_guard_decision_then_lends_at_the_last_broadcast_version():
+    members = Membership(STANDALONES, HYBRIDS)
+    rig = make_rig(membership=members)
+    for rid in STANDALONES:
+        members.died(rid)
+
+    refilled = rig.controller.refill_if_stranded(4, 3, lambda k: rig.events.append(("rollout.wait_for_queue", k)))
+
+    assert refilled is True
+    assert rig.events == [
+        ("rollout.counters",),
+        ("pool.wake_up", HYBRIDS), ("pool.load_weights", HYBRIDS, 3),
+        ("lb.add_replicas", HYBRIDS), ("pool.resume", HYBRIDS),
+        ("rollout.wait_for_queue", 16),
+        ("lb.remove_replicas", HYBRIDS), ("pool.abort", HYBRIDS), ("pool.sleep", HYBRIDS),
+    ]
+    assert rig.controller.decisions == [DecisionRecord(
+        step=4, hook=STRANDED_REFILL, answer=True,
+        reason="no standalone replica alive and 6 of 16 samples queued: lend the hybrids at version 3 "
+               "until a micro-step is queued",
+        inputs={**inputs(now=START, active=False), "standalone_lost": True}, duration_s=0.0)]
+    assert rig.controller.state is ControllerState.STANDALONE_ONLY
+
+
+def test_no_refill_while_a_standalone_replica_is_alive():
+    rig = make_rig()
+
+    assert rig.controller.refill_if_stranded(4, 3, lambda k: rig.events.append(("rollout.wait_for_queue", k))) is False
+    assert rig.events == [("rollout.counters",)]
     assert rig.controller.decisions == []
 
 
 # ---------------------------------------------------------------------------------- context
 
 
-def test_context_before_any_switch_only_fills_the_clock():
-    rig = make_rig()
-    ctx = Ctx(now=1.0, last_switch_at=3.0, last_activate_duration_s=9.0)
-
-    filled = rig.controller.context(ctx)
-
-    assert filled == Ctx(now=START)
-    assert ctx == Ctx(now=1.0, last_switch_at=3.0, last_activate_duration_s=9.0)
-
-
-def test_context_reports_sync_plus_activate_and_the_last_deactivate():
-    rig = make_rig()
+def test_switch_durations_add_up_over_a_cycle_and_reset_after_update_after_step():
+    rig = make_rig(initial_state=ControllerState.HYBRID_ACTIVE)
+    rig.controller.deactivate()
     rig.controller.hybrid_sync(1)
     rig.controller.activate()
-    rig.controller.deactivate()
+    rebalance = rig.controller.rebalance()
+
+    during = rig.controller.context(MICRO)
+    rig.controller.end_step(1, MICRO)
+    after = rig.controller.context()
+
+    assert (during.last_deactivate_duration_s, during.last_activate_duration_s) == (
+        DEACTIVATE_S, SYNC_S + ACTIVATE_S + rebalance.duration_s)
+    assert (after.last_deactivate_duration_s, after.last_activate_duration_s) == (0.0, 0.0)
+    assert after.last_switch_at == START + DEACTIVATE_S + SYNC_S + ACTIVATE_S
+
+
+def test_the_context_is_built_from_sizes_counters_micro_steps_and_membership():
+    rig = make_rig()
     rig.clock.advance(2.0)
 
-    filled = rig.controller.context(Ctx(total_generated_samples=5))
+    ctx = rig.controller.context(MICRO)
 
-    end_of_deactivate = START + SYNC_S + ACTIVATE_S + DEACTIVATE_S
-    assert filled == Ctx(
-        total_generated_samples=5,
-        now=end_of_deactivate + 2.0,
-        last_switch_at=end_of_deactivate,
-        last_activate_duration_s=SYNC_S + ACTIVATE_S,
-        last_deactivate_duration_s=DEACTIVATE_S,
-    )
+    assert rig.events == [("rollout.counters",)]
+    assert (ctx.required_samples, ctx.trigger_parameter_sync_step, ctx.buffer_samples) == (16, 4, 8)
+    assert (ctx.total_generated_samples, ctx.expected_samples, ctx.mq_size) == (72, 64, 6)
+    assert (ctx.step_wait_times, ctx.step_wait_samples) == ([1.5, 2.5], [3, 4])
+    assert (ctx.standalone_replicas, ctx.hybrid_replicas, ctx.standalone_lost) == (2, 2, False)
+    assert (ctx.now, ctx.last_switch_at) == (START + 2.0, None)
 
 
 # ------------------------------------------------------------------------------- persistence
@@ -640,7 +733,7 @@ def drive(rig: Rig, version: int) -> list:
     rig.controller.activate(version=version)
     rig.controller.rebalance()
     return [
-        rig.controller.context(Ctx()),
+        rig.controller.context(),
         rig.controller.state_dict(),
         rig.controller.switch_count,
         rig.controller.switch_log,
@@ -665,7 +758,7 @@ def test_state_dict_round_trip_gives_a_controller_that_behaves_identically():
 
     assert restored.controller.state is ControllerState.HYBRID_ACTIVE
     assert restored.controller.state_dict() == original.controller.state_dict()
-    assert restored.controller.context(Ctx()) == original.controller.context(Ctx())
+    assert restored.controller.context() == original.controller.context()
     assert drive(restored, 5) == drive(original, 5)
     assert restored.events == original.events
     assert restored.controller.switch_count == 5
@@ -681,9 +774,23 @@ def test_a_restored_hybrid_sync_lets_activate_proceed_without_syncing_again():
     timing = restored.controller.activate(version=6)
 
     assert restored.events == [("lb.add_replicas", HYBRIDS), ("pool.resume", HYBRIDS)]
-    assert restored.controller.context(Ctx()).last_activate_duration_s == SYNC_S + timing.duration_s
+    assert restored.controller.context().last_activate_duration_s == SYNC_S + timing.duration_s
     with pytest.raises(IllegalTransition):
         fresh.controller.activate(version=6)
+
+
+def test_a_state_dict_from_before_the_per_cycle_durations_loads_with_a_fresh_cycle():
+    rig = make_rig()
+    old = {"state": "STANDALONE_ONLY", "synced_version": 2, "hybrid_sync_duration_s": 24.0,
+           "last_activate_duration_s": 24.75, "last_deactivate_duration_s": 7.0, "last_switch_at": 90.0,
+           "switch_count": 3}
+
+    rig.controller.load_state_dict(old)
+
+    assert rig.controller.state_dict() == {
+        "state": "STANDALONE_ONLY", "synced_version": 2,
+        "switch_durations": {"activate_s": 0.0, "deactivate_s": 0.0}, "last_switch_at": 90.0, "switch_count": 3,
+    }
 
 
 def test_load_state_dict_rejects_an_unknown_state_name():

@@ -1,6 +1,6 @@
 """The rollout service's engine proxy sends a sample's requests of one event-loop turn as one Ray call.
 
-``_RemoteEngine`` is tested against an in-test handle that records each ``generate_batch`` (or
+``RemoteEngine`` is tested against an in-test handle that records each ``generate_batch`` (or
 ``hybrid_generate_batch``) call and answers it with what the test scripted; the real actor side,
 ``generate_each``, is tested against an in-test engine. The whole path over a real Ray cluster is
 exercised by ``tests/integration/test_dataplane.py`` and the replica-kill fault tests.
@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from cluster.actors import _RemoteEngine, generate_each
+from cluster.actors import RemoteEngine, generate_each
 from cluster.rollouter import response_request_id
 from cluster.types import GenerationRequest, GenerationResult, SamplingSpec
 
@@ -52,7 +52,7 @@ class FakeHandle:
 
 def test_requests_of_one_turn_travel_in_one_call_and_each_caller_gets_its_own_result():
     handle = FakeHandle()
-    engine = _RemoteEngine("standalone-0", handle, hybrid=False)
+    engine = RemoteEngine("standalone-0", handle, hybrid=False)
 
     async def main():
         return await asyncio.gather(*(engine.generate(_request(i)) for i in range(16)))
@@ -83,7 +83,7 @@ def test_samples_never_share_a_call_so_none_waits_for_another():
             return reply()
 
     handle = SlowForB()
-    engine = _RemoteEngine("standalone-0", handle, hybrid=False)
+    engine = RemoteEngine("standalone-0", handle, hybrid=False)
 
     async def main():
         a = [asyncio.ensure_future(engine.generate(_request(i, "a"))) for i in range(3)]
@@ -101,7 +101,7 @@ def test_samples_never_share_a_call_so_none_waits_for_another():
 
 def test_requests_of_different_turns_travel_separately():
     handle = FakeHandle()
-    engine = _RemoteEngine("standalone-0", handle, hybrid=False)
+    engine = RemoteEngine("standalone-0", handle, hybrid=False)
 
     async def main():
         first = asyncio.ensure_future(engine.generate(_request(0)))
@@ -116,7 +116,7 @@ def test_requests_of_different_turns_travel_separately():
 
 def test_hybrid_requests_go_to_the_trainer_with_the_replica_id():
     handle = FakeHandle()
-    engine = _RemoteEngine("hybrid-0", handle, hybrid=True)
+    engine = RemoteEngine("hybrid-0", handle, hybrid=True)
 
     async def main():
         return await asyncio.gather(*(engine.generate(_request(i)) for i in range(3)))
@@ -131,7 +131,7 @@ def test_a_failed_request_fails_alone():
     def answer(requests):
         return [ValueError("prompt too long") if r.request_id == "s-r1" else _result(r) for r in requests]
 
-    engine = _RemoteEngine("standalone-0", FakeHandle(answer), hybrid=False)
+    engine = RemoteEngine("standalone-0", FakeHandle(answer), hybrid=False)
 
     async def main():
         return await asyncio.gather(*(engine.generate(_request(i)) for i in range(3)), return_exceptions=True)
@@ -145,7 +145,7 @@ def test_a_request_cancelled_on_the_replica_fails_that_caller_without_cancelling
     def answer(requests):
         return [asyncio.CancelledError() if r.request_id == "s-r0" else _result(r) for r in requests]
 
-    engine = _RemoteEngine("standalone-0", FakeHandle(answer), hybrid=False)
+    engine = RemoteEngine("standalone-0", FakeHandle(answer), hybrid=False)
 
     async def main():
         return await asyncio.gather(*(engine.generate(_request(i)) for i in range(2)), return_exceptions=True)
@@ -162,7 +162,7 @@ def test_a_failed_call_fails_every_request_in_it():
     def answer(requests):
         raise ActorDied("the actor died")
 
-    engine = _RemoteEngine("standalone-0", FakeHandle(answer), hybrid=False)
+    engine = RemoteEngine("standalone-0", FakeHandle(answer), hybrid=False)
 
     async def main():
         return await asyncio.gather(*(engine.generate(_request(i)) for i in range(4)), return_exceptions=True)
@@ -172,7 +172,7 @@ def test_a_failed_call_fails_every_request_in_it():
 
 
 def test_a_caller_that_gives_up_does_not_disturb_the_others():
-    engine = _RemoteEngine("standalone-0", FakeHandle(), hybrid=False)
+    engine = RemoteEngine("standalone-0", FakeHandle(), hybrid=False)
 
     async def main():
         calls = [asyncio.ensure_future(engine.generate(_request(i))) for i in range(3)]
@@ -201,7 +201,7 @@ def test_generate_each_keeps_the_order_and_returns_exceptions_in_place():
 
 @pytest.mark.parametrize("n", [1, 5])
 def test_nothing_is_left_pending_after_a_batch(n):
-    engine = _RemoteEngine("standalone-0", FakeHandle(), hybrid=False)
+    engine = RemoteEngine("standalone-0", FakeHandle(), hybrid=False)
 
     async def main():
         await asyncio.gather(*(engine.generate(_request(i)) for i in range(n)))

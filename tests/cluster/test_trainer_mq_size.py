@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import types
 
-import cluster.actors as actors
+import cluster.actors.trainer as actors
 from cluster.backends.base import StepResult
 
 Trainer = actors.TrainerActor.__ray_metadata__.modified_class  # the plain class behind the Ray actor

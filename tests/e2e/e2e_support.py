@@ -196,7 +196,7 @@ def read_logs(api_url: str, flow_run_id: Any) -> list[str]:
 
 
 def store_decisions(db: Path) -> tuple[dict[int, bool], dict[int, bool], dict[int, bool]]:
-    """From the Tidal store: per step, (hybrid active after it, its last should_activate answer,
+    """From the Tidal store: per step, (hybrid active after it, its last should_activate_after_step answer (lent or not),
     whether the policy asked to deactivate before training)."""
     import sqlalchemy as sa
 
@@ -215,6 +215,6 @@ def store_decisions(db: Path) -> tuple[dict[int, bool], dict[int, bool], dict[in
 
 def expected_phases(trigger: int, deactivated: bool, activated: bool, final: bool = False) -> tuple[str, ...]:
     """DESIGN §2's order for one step; the run's last step asks no lend (nothing trains after it)."""
-    return (("should_deactivate",) + (("wait_for_samples",) if deactivated else ())
-            + ("train",) * trigger + ("broadcast_sync",) + (() if final else ("should_activate",))
-            + (("hybrid_sync", "activate") if activated else ()) + ("update_policy", "commit_step"))
+    return (("begin_step",) + (("wait_and_deactivate",) if deactivated else ())
+            + ("train",) * trigger + ("broadcast_sync",) + (() if final else ("after_sync",))
+            + (("hybrid_sync", "lend") if activated else ()) + ("end_step", "commit_step"))

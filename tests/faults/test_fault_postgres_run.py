@@ -49,7 +49,7 @@ POLICY_DIR = Path(__file__).resolve().parents[1] / "integration"  # step_countin
 STEPS = 8
 EXIT_DEADLINE_S = 120.0
 CLI_TIMEOUT_S = 420.0
-ACTOR_CLASSES = ("TrainerActor", "ReplicaActor", "RolloutService", "ControllerActor")
+ACTOR_CLASSES = ("TrainerActor", "ReplicaActor", "RolloutService", "ControllerHost")  # ControllerActor runs as its class
 CLI = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main(sys.argv[1:]))"]
 
 

@@ -22,6 +22,7 @@ import uuid
 
 import pytest
 import ray
+import sqlalchemy as sa
 from driver_support import ray_head
 
 from cluster.actors import replica_name
@@ -30,7 +31,9 @@ from cluster.rollouter import sample_uid
 from config import load_config, to_plain
 from fault_report import record
 from flows.training_step import training_step
+from loop import LendPlan
 from storage import create_run, make_engine, migrate, session_scope
+from storage.models import Decision
 from storage.store import consumed_prompts, read_step_metrics
 from tasks.run_ref import RunRef
 
@@ -71,11 +74,12 @@ def _start(tmp_path, ray_address, *overrides, lend_hybrid=True):
     plane = DataPlane.build(cfg, uid)
     run = RunRef.from_config(cfg, uid=uid, output_dir=str(tmp_path / "runs" / uid), ray_address=ray_address)
     run = run.model_copy(update={"wait_timeout_s": 120.0})
-    ray.get(plane.controller.broadcast.remote(0))
+    ray.get(plane.controller.broadcast.remote(0, False))  # no staleness window before the start
     ray.get(plane.rollout.start.remote(prompts_for(cfg)))
     if lend_hybrid:
-        ray.get(plane.controller.call.remote("hybrid_sync", 0))
-        ray.get(plane.controller.call.remote("activate"))
+        lend_all = LendPlan(step=0, count=cfg.hybrid_replicas, of=cfg.hybrid_replicas)
+        ray.get(plane.controller.hybrid_sync.remote(lend_all, 0))
+        ray.get(plane.controller.lend.remote(lend_all, []))
     ray.get(plane.controller.drain_records.remote())
     return cfg, plane, run, engine
 
@@ -399,8 +403,7 @@ def test_a_replacement_started_across_a_broadcast_joins_at_the_new_version_and_t
     try:
         _kill_mid_generation(plane, "standalone-0")
         _wait(lambda: _stats(plane)["replacements_in_progress"] == ["standalone-0.r1"], "replacement starting")
-        ray.get(plane.controller.broadcast.remote(1))  # the weights move on while it starts
-        ray.get(plane.rollout.on_weight_sync.remote(1))
+        ray.get(plane.controller.broadcast.remote(1))  # the weights move on while it starts (window too)
         assert _stats(plane)["replacements_in_progress"] == ["standalone-0.r1"]  # the race really happened
         stats = _wait(lambda: (st := _stats(plane))["standalone_replicas"] == ["standalone-0.r1"] and st, "rejoin")
         (death,) = stats["replaced_replicas"]
@@ -420,7 +423,7 @@ def test_a_replacement_started_across_a_broadcast_joins_at_the_new_version_and_t
         planes.append(plane := DataPlane.build(cfg, plane.namespace, param_version=1, replacement_state=committed))
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(old.ping.remote(), timeout=30)
-        ray.get(plane.controller.broadcast.remote(1))
+        ray.get(plane.controller.broadcast.remote(1, False))
         ray.get(plane.rollout.start.remote(prompts_for(cfg)))
         _kill_mid_generation(plane, "standalone-0")
         _wait(lambda: _stats(plane)["standalone_replicas"] == ["standalone-0.r2"], "rejoin as the slot's second")
@@ -488,5 +491,12 @@ def test_the_last_standalone_replica_dying_while_the_hybrid_sleeps_does_not_stal
             got = consumed_prompts(s, run.uid)
         assert len(got) == len(set(got)) == trained
         assert sorted(got) == sorted((e, i) for e, i, _ in prompts_for(cfg))
+        # the refill and the forced lend are recorded decisions: nothing switched unrecorded
+        with session_scope(engine) as s:
+            rows = s.execute(sa.select(Decision.hook, Decision.answer_json).where(Decision.step == kill_at[0])
+                             .order_by(Decision.id)).all()
+        assert [(hook, answer) for hook, answer in rows] == [
+            ("refill_if_stranded", True), ("should_activate_after_step", 1), ("request_rebalance", False),
+            ("update_after_step", None)]
     finally:
         plane.shutdown()

@@ -3,8 +3,8 @@ locked by another writer past the busy timeout, and a real PostgreSQL stopped be
 the middle of a step's transaction. Each time: a one-line `StoreError`, no row of the failed step
 in any per-step table, and once the database is back the same step commits and resume reads it.
 
-The Ray actors that `commit` talks to (trainer checkpoint, controller records) are replaced by
-small fakes: the subject here is the transaction, not the data plane.
+The trainer actor that `commit` checkpoints through is replaced by a small fake, and the
+controller's step outcome is made here: the subject here is the transaction, not the data plane.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+import storage.engine as storage_engine
 import tasks.commit as commit_mod
+from loop import DecisionRecord, StepOutcome, SwitchReport
 from storage import (
     StoreError,
     StoredStep,
@@ -55,30 +57,12 @@ class _FakeTrainer:
         return {"path": path, "sha256": "0" * 64, "size_bytes": 7}
 
 
-class _FakeController:
-    def __init__(self):
-        self.drain_records = _Remote(lambda: {
-            "switch_events": [{"kind": "deactivate", "started_at": 1.0, "duration_s": 0.5,
-                               "phases": {"remove": 0.1}, "aborted": 1}],
-            "decisions": [{"hook": "should_deactivate", "answer": True, "reason": "r", "inputs": {},
-                           "duration_s": 0.0}],
-        })
-        self.hybrid_active = _Remote(lambda: False)
-        self.controller_state = _Remote(lambda: {"state": "STANDALONE_ONLY"})
-
-
-class _FakeRollout:
-    def __init__(self):
-        self.replacement_state = _Remote(lambda: {"spent": {"standalone-0": 1}, "joined": 1})
-
-
 @pytest.fixture
 def fake_ray(monkeypatch):
-    actors = {commit_mod.CONTROLLER: _FakeController(), commit_mod.TRAINER: _FakeTrainer(),
-              commit_mod.ROLLOUT_SERVICE: _FakeRollout()}
+    actors = {commit_mod.TRAINER: _FakeTrainer()}
     fake = types.SimpleNamespace(get_actor=lambda name, namespace=None: actors[name], get=lambda ref: ref)
     monkeypatch.setattr(commit_mod, "ray", fake)
-    monkeypatch.setattr(commit_mod, "_ENGINES", {})  # each test's own engine and busy timeout
+    monkeypatch.setattr(storage_engine, "_OPEN", {})  # each test's own engine and busy timeout
 
 
 def _run_ref(url: str, tmp_path: Path, busy_timeout_ms: int = 30_000) -> RunRef:
@@ -89,9 +73,16 @@ def _run_ref(url: str, tmp_path: Path, busy_timeout_ms: int = 30_000) -> RunRef:
 
 
 def _summary(step: int) -> dict:
-    return {"started_at": 100.0 * step, "policy_state": {"steps_seen": list(range(1, step + 1))},
-            "metrics": {"mq_size": float(step), "reward": 0.5},
-            "prompts": [(0, 2 * step), (0, 2 * step + 1)], "consumed_total": 2 * step, "generated_total": 0}
+    outcome = StepOutcome(
+        step=step, hybrid_active=False, policy_state={"steps_seen": list(range(1, step + 1))},
+        controller_state={"state": "STANDALONE_ONLY"},
+        decisions=(DecisionRecord(step, "should_deactivate", True, "r", {}, 0.0),),
+        switch_events=(SwitchReport(kind="deactivate", started_at=1.0, duration_s=0.5, phases={"remove": 0.1},
+                                    aborted=1),),
+        replacements={"spent": {"standalone-0": 1}, "joined": 1},
+    )
+    return {"started_at": 100.0 * step, "outcome": outcome, "metrics": {"mq_size": float(step), "reward": 0.5},
+            "prompts": [(0, 2 * step), (0, 2 * step + 1)], "consumed_total": 2 * step}
 
 
 def _commit(run: RunRef, step: int) -> dict:

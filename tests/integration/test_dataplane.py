@@ -15,6 +15,7 @@ import ray
 from cluster.builders import DataPlane, prompts_for
 from config import load_config, to_plain
 from flows.training_step import training_step
+from loop import LendPlan
 from storage import create_run, make_engine, migrate, session_scope
 from storage.store import consumed_prompts, read_step_metrics
 from tasks.run_ref import RunRef
@@ -37,10 +38,11 @@ def _start(tmp_path, ray_address, *overrides):
     plane = DataPlane.build(cfg, uid)
     run = RunRef.from_config(cfg, uid=uid, output_dir=str(tmp_path / "runs" / uid), ray_address=ray_address)
     run = run.model_copy(update={"wait_timeout_s": 120.0})
-    ray.get(plane.controller.broadcast.remote(0))
+    ray.get(plane.controller.broadcast.remote(0, False))  # no staleness window before the start
     ray.get(plane.rollout.start.remote(prompts_for(cfg)))
-    ray.get(plane.controller.call.remote("hybrid_sync", 0))
-    ray.get(plane.controller.call.remote("activate"))
+    lend_all = LendPlan(step=0, count=cfg.hybrid_replicas, of=cfg.hybrid_replicas)
+    ray.get(plane.controller.hybrid_sync.remote(lend_all, 0))
+    ray.get(plane.controller.lend.remote(lend_all, []))
     ray.get(plane.controller.drain_records.remote())  # warm-up switches are not step 1's
     return cfg, plane, run, engine
 

@@ -1,7 +1,9 @@
-"""The step flow's orchestration order, with recording fakes in place of the Ray actors.
+"""The step flow's orchestration order and its Ray calls, with recording fakes in place of the actors.
 
-The whole event list is asserted with `==`: which actor verbs run, in which order, and which are
-skipped (no wait when the policy keeps the hybrids off, no hybrid sync when it does not lend them).
+Every actor call the tasks make (the step's control plane) is one event; the whole event list is
+asserted with `==`: which calls run, in which order, with which arguments, and which are skipped
+(no wait when the hybrids are asleep, no hybrid sync when the policy does not lend them). The
+commit is the real one, against a SQLite file, so its checkpoint call is counted too.
 """
 
 from __future__ import annotations
@@ -12,129 +14,180 @@ from typing import Any
 import pytest
 
 import tasks.commit
-from cluster.controller import SwitchTiming
 import tasks.phases as phases
 from flows.training_step import training_step
+from loop import (
+    BroadcastReport,
+    DeactivatePlan,
+    DecisionRecord,
+    LendPlan,
+    MicroSummary,
+    StepOutcome,
+    SwitchReport,
+    WaitReport,
+)
+from storage import create_run, latest_step, make_engine, migrate, session_scope, sqlite_url
+from storage.store import get_run
 from tasks.run_ref import RunRef
 
-RUN = RunRef(uid="unit", namespace="unit", storage_url="sqlite://", output_dir="/nonexistent",
-             required_samples=4, trigger_parameter_sync_step=2, buffer_samples=4, only_hybrid=False,
-             standalone_replicas=1, hybrid_replicas=1, trainer_gpus=1, standalone_gpus=1, policy="fake")
+STEP_CALL_BUDGET = 10
+"""The issue's target: at most this many actor calls by the control plane for a two-micro-step step."""
+
+
+def switch(kind: str) -> SwitchReport:
+    return SwitchReport(kind=kind, started_at=0.0, duration_s=0.5, replicas=("hybrid-0",))
 
 
 class FakeCluster:
-    """Every actor verb appends (actor, verb, args) to one list and answers from a script."""
+    """Every actor call appends (actor, method, args) to one list and answers from a script."""
 
-    def __init__(self, *, active: bool, deactivate: bool, activate: bool, standalone_alive: int = 1):
+    def __init__(self, *, active: bool, deactivate: bool, activate: bool, timeouts: int = 0):
         self.events: list[tuple] = []
-        self.active, self.deactivate, self.activate, self.alive = active, deactivate, activate, standalone_alive
+        self.active, self.deactivate, self.activate, self.timeouts = active, deactivate, activate, timeouts
+        self.pulled = 0  # prompts handed to the trainer so far (each once: the real store checks)
 
     def actor(self, run: RunRef, name: str) -> Any:
         cluster = self
 
         class Actor:
-            def __getattr__(self, verb: str):
-                return types.SimpleNamespace(remote=lambda *a, **k: cluster.answer(name, verb, a))
+            def __getattr__(self, method: str):
+                return types.SimpleNamespace(remote=lambda *a: cluster.answer(name, method, a))
 
         return Actor()
 
-    def answer(self, actor: str, verb: str, args: tuple) -> Any:
-        if verb == "call":
-            method, *rest = args
-            self.events.append((actor, method))
-            return {
-                "context": rest[0] if rest else None,
-                "should_deactivate": self.deactivate,
-                "deactivate_wait_samples": 3,
-                "should_activate": self.activate,
-                "request_rebalance": True,
-                "update_policy": None,
-            }.get(method, SwitchTiming(kind=method, started_at=0.0, duration_s=0.5))
-        self.events.append((actor, verb))
+    def answer(self, actor: str, method: str, args: tuple) -> Any:
+        self.events.append((actor, method, args))
+        step = args[0] if args and isinstance(args[0], int) else None
+        if method == "train_micro_step" and self.timeouts:
+            self.timeouts -= 1
+            return {"samples": None, "timed_out": True, "wait_s": 5.0, "size_at_start": 1, "mq_size": 1}
+        if method == "train_micro_step":
+            self.pulled += 4
         return {
-            "hybrid_active": self.active,
-            "standalone_alive": self.alive,
-            "stats": {"total_generated_samples": 8, "queue_size": 2},
-            "wait_for_queue": {"waited_s": 1.5, "mq_size": 3, "exhausted": False},
-            "train_micro_step": {"samples": [(0, i, 0, 0) for i in range(4)], "wait_s": 0.1, "wait_samples": 1,
-                                 "mq_size": 1, "exhausted": False, "metrics": {"reward_mean": 0.5},
-                                 "timing_s": {"update_actor": 0.2}, "compute_s": 0.2, "allocated_s": 0.3},
-            "broadcast": {"broadcast_s": 0.05},
-            "on_weight_sync": {"dynamic_resource/rollout_resource_utilization": 0.9},
-            "policy_state": {"ratio": 0.5},
-        }[verb]
+            "begin_step": lambda: DeactivatePlan(step=step, deactivate=self.active and self.deactivate,
+                                                 wait_samples=3 if self.active and self.deactivate else 0,
+                                                 hybrid_active=self.active),
+            "wait_and_deactivate": lambda: WaitReport(waited_s=1.5, mq_size=3, deactivate=switch("deactivate")),
+            "train_micro_step": lambda: {
+                "samples": [(0, i, 0, 0) for i in range(self.pulled - 4, self.pulled)], "wait_s": 0.1, "wait_samples": 1, "mq_size": 1,
+                "exhausted": False, "metrics": {"reward_mean": 0.5}, "timing_s": {"update_actor": 0.2},
+                "compute_s": 0.2, "allocated_s": 0.3},
+            "refill_if_stranded": lambda: True,
+            "broadcast": lambda: BroadcastReport(version=args[0], broadcast_s=0.05, replicas=1,
+                                                 window={"dynamic_resource/rollout_resource_utilization": 0.9}),
+            "after_sync": lambda: LendPlan(step=step, count=1 if self.activate else 0, of=1),
+            "hybrid_sync": lambda: switch("hybrid_sync"),
+            "lend": lambda: (switch("activate"), switch("rebalance")),
+            "end_step": lambda: StepOutcome(
+                step=step, hybrid_active=self.activate, policy_state={"ratio": 0.5},
+                controller_state={"state": "HYBRID_ACTIVE" if self.activate else "STANDALONE_ONLY"},
+                decisions=(DecisionRecord(step, "update_after_step", None, "", {}, 0.0),),
+                switch_events=(switch("deactivate"),)),
+            "save_checkpoint": lambda: {"path": args[0], "sha256": "0" * 64, "size_bytes": 7},
+        }[method]()
+
+
+@pytest.fixture
+def run(tmp_path) -> RunRef:
+    url = sqlite_url(tmp_path / "store.db")
+    migrate(make_engine(url))
+    with session_scope(make_engine(url)) as session:
+        create_run(session, uid="unit", name="unit", project="unit", policy="fake", seed=0, config={},
+                   output_dir=str(tmp_path))
+    return RunRef(uid="unit", namespace="unit", storage_url=url, output_dir=str(tmp_path), required_samples=4,
+                  trigger_parameter_sync_step=2, buffer_samples=4, only_hybrid=False, standalone_replicas=1,
+                  hybrid_replicas=1, trainer_gpus=1, standalone_gpus=1, policy="fake")
 
 
 @pytest.fixture
 def fake(monkeypatch):
     def install(**script):
         cluster = FakeCluster(**script)
+        fake_ray = types.SimpleNamespace(get=lambda x: x, is_initialized=lambda: True,
+                                         get_actor=lambda name, namespace: cluster.actor(None, name))
         monkeypatch.setattr(phases, "_actor", cluster.actor)
-        monkeypatch.setattr(phases, "ray", types.SimpleNamespace(get=lambda x: x, is_initialized=lambda: True))
-        monkeypatch.setattr(tasks.commit, "commit", lambda run, step, version, summary, now: (
-            cluster.events.append(("store", "commit")) or {"step": step, "decisions": [], "switch_events": []}))
+        monkeypatch.setattr(phases, "ray", fake_ray)
+        monkeypatch.setattr(tasks.commit, "ray", fake_ray)
         monkeypatch.setattr("prefect.artifacts.create_markdown_artifact", lambda **kw: None)
         return cluster
 
     return install
 
 
-# each micro-step first checks that some replica still generates (tasks.phases._refill_if_stranded)
-TRAIN = [("controller", "standalone_alive"), ("trainer", "train_micro_step")] * 2
-SYNC = [("controller", "broadcast"), ("rollout", "on_weight_sync")]
+MICRO = [MicroSummary(samples=4, wait_s=0.1, wait_samples=1)] * 2
 
 
-def ctx_events():
-    return [("rollout", "stats"), ("controller", "context")]
+def train(n: int = 2) -> list[tuple]:
+    return [("trainer", "train_micro_step", (5.0,))] * n
 
 
-def test_a_lent_hybrid_is_waited_for_deactivated_trained_synced_and_lent_again(fake):
+def checkpoint(run: RunRef, step: int) -> tuple:
+    return ("trainer", "save_checkpoint", (str(tasks.commit.checkpoint_path(run, step)),))
+
+
+def test_a_lent_hybrid_is_waited_for_deactivated_trained_synced_and_lent_again_in_ten_calls(fake, run):
     cluster = fake(active=True, deactivate=True, activate=True)
-    result = training_step(RUN, 7)
+
+    result = training_step(run, 7)
+
     assert cluster.events == [
-        *ctx_events(), ("controller", "hybrid_active"), ("controller", "should_deactivate"),
-        ("controller", "deactivate_wait_samples"), ("controller", "standalone_alive"),
-        ("rollout", "wait_for_queue"), ("controller", "deactivate"),
-        *TRAIN, *SYNC,
-        *ctx_events(), ("controller", "should_activate"),
-        ("controller", "hybrid_sync"),
-        ("controller", "activate"), *ctx_events(), ("controller", "request_rebalance"), ("controller", "rebalance"),
-        *ctx_events(), ("controller", "update_policy"), ("controller", "policy_state"),
-        ("store", "commit"),
+        ("controller", "begin_step", (7,)),
+        ("controller", "wait_and_deactivate", (DeactivatePlan(7, True, 3, True), 600.0)),
+        *train(),
+        ("controller", "broadcast", (7,)),
+        ("controller", "after_sync", (7, MICRO)),
+        ("controller", "hybrid_sync", (LendPlan(7, 1, 1), 7)),
+        ("controller", "lend", (LendPlan(7, 1, 1), MICRO)),
+        ("controller", "end_step", (7, MICRO)),
+        checkpoint(run, 7),
     ]
-    assert result["hybrid_active"] is True and result["trained"] == 8
+    assert len(cluster.events) == STEP_CALL_BUDGET
+    assert (result["hybrid_active"], result["trained"], result["exhausted"]) == (True, 8, False)
+    assert [e["kind"] for e in result["switch_events"]] == ["deactivate"]
+    with session_scope(make_engine(run.storage_url)) as session:
+        assert latest_step(session, get_run(session, "unit").id).step == 7
 
 
-def test_a_hybrid_the_policy_keeps_off_is_neither_waited_for_nor_synced(fake):
+def test_a_hybrid_the_policy_keeps_off_is_neither_waited_for_nor_synced(fake, run):
     cluster = fake(active=False, deactivate=True, activate=False)
-    result = training_step(RUN, 3)
+
+    result = training_step(run, 3)
+
     assert cluster.events == [
-        *ctx_events(), ("controller", "hybrid_active"),
-        *TRAIN, *SYNC,
-        *ctx_events(), ("controller", "should_activate"), ("controller", "standalone_alive"),
-        *ctx_events(), ("controller", "update_policy"), ("controller", "policy_state"),
-        ("store", "commit"),
+        ("controller", "begin_step", (3,)),
+        *train(),
+        ("controller", "broadcast", (3,)),
+        ("controller", "after_sync", (3, MICRO)),
+        ("controller", "end_step", (3, MICRO)),
+        checkpoint(run, 3),
     ]
     assert result["hybrid_active"] is False
 
 
-def test_the_last_step_of_a_run_does_not_ask_to_lend_the_trainer(fake):
+def test_the_last_step_of_a_run_does_not_ask_to_lend_the_trainer(fake, run):
     cluster = fake(active=True, deactivate=True, activate=True)
-    result = training_step(RUN, 9, final=True)
+
+    result = training_step(run, 9, final=True)
+
     assert cluster.events == [
-        *ctx_events(), ("controller", "hybrid_active"), ("controller", "should_deactivate"),
-        ("controller", "deactivate_wait_samples"), ("controller", "standalone_alive"),
-        ("rollout", "wait_for_queue"), ("controller", "deactivate"),
-        *TRAIN, *SYNC,
-        *ctx_events(), ("controller", "update_policy"), ("controller", "policy_state"),
-        ("store", "commit"),
+        ("controller", "begin_step", (9,)),
+        ("controller", "wait_and_deactivate", (DeactivatePlan(9, True, 3, True), 600.0)),
+        *train(),
+        ("controller", "broadcast", (9,)),
+        ("controller", "end_step", (9, MICRO)),
+        checkpoint(run, 9),
     ]
     assert result["hybrid_active"] is False
 
 
-def test_with_every_standalone_replica_dead_the_hybrid_waits_for_a_whole_cycle_and_is_lent_again(fake):
-    cluster = fake(active=True, deactivate=True, activate=False, standalone_alive=0)
-    training_step(RUN, 2)
-    assert ("controller", "hybrid_sync") in cluster.events
-    wait = phases.should_deactivate.fn(RUN, 2)
-    assert wait == {"deactivate": True, "wait_samples": 8, "hybrid_active": True}  # 4 × 2, not the policy's 3
+def test_a_pull_that_times_out_lets_the_controller_refill_a_stranded_queue_before_pulling_again(fake, run):
+    cluster = fake(active=False, deactivate=False, activate=False, timeouts=1)
+
+    training_step(run, 2)
+
+    assert cluster.events[:4] == [
+        ("controller", "begin_step", (2,)),
+        ("trainer", "train_micro_step", (5.0,)),
+        ("controller", "refill_if_stranded", (2, 600.0)),
+        ("trainer", "train_micro_step", (5.0,)),
+    ]

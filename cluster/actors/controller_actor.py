@@ -1,0 +1,315 @@
+"""The controller actor: the typed API of a step, around ``DynamicResourceController``.
+
+Each step phase is one method returning a frozen plan or report of ``loop.plans``
+(``begin_step`` → ``DeactivatePlan``, ``wait_and_deactivate`` → ``WaitReport``, ``broadcast`` →
+``BroadcastReport``, ``after_sync`` → ``LendPlan``, ``hybrid_sync`` → ``SwitchReport``, ``lend`` →
+its ``SwitchReport``s, ``end_step`` → ``StepOutcome``), so a Prefect task is one call. It owns the
+run's standalone membership (``cluster.membership``): the rollout service reports deaths and
+replacements to it, and a failed call or ping of its own counts too.
+
+Must not: hold policy logic (the controller asks ``loop.Decider``), or be called by name strings:
+tasks go through ``call(handle, ControllerHost.method, ...)`` so go-to-definition leads here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import ray
+
+from cluster.actors.names import ROLLOUT_SERVICE, TRAINER, replica_name
+from cluster.actors.remote_engine import actor_is_dead
+from cluster.controller import DynamicResourceController
+from cluster.membership import Membership
+from cluster.types import RolloutCounters
+from loop.plans import (
+    BroadcastReport,
+    DeactivatePlan,
+    LendPlan,
+    MicroSummary,
+    RunSizes,
+    StepOutcome,
+    SwitchReport,
+    WaitReport,
+)
+
+
+class _BalancerAdapter:
+    """The controller's ``LoadBalancer`` protocol, spoken to the rollout service."""
+
+    def __init__(self, service: Any):
+        self.service = service
+
+    def add_replicas(self, ids: Sequence[str]) -> None:
+        ray.get(self.service.lb_add.remote(list(ids)))
+
+    def remove_replicas(self, ids: Sequence[str]) -> None:
+        ray.get(self.service.lb_remove.remote(list(ids)))
+
+    def clear_sticky(self) -> int:
+        return ray.get(self.service.lb_clear_sticky.remote())
+
+    def in_flight(self, ids: Sequence[str] | None = None) -> int:
+        return ray.get(self.service.lb_in_flight.remote(None if ids is None else list(ids)))
+
+    def hold(self) -> None:
+        ray.get(self.service.lb_hold.remote())
+
+    def unhold(self) -> None:
+        ray.get(self.service.lb_unhold.remote())
+
+
+class _PoolAdapter:
+    """The controller's ``ReplicaPool`` protocol over standalone actors and the trainer's hybrids.
+
+    A standalone replica whose call fails because its actor died is reported to ``members`` and
+    skipped from then on (the run goes on without it).
+    """
+
+    def __init__(self, standalone: Mapping[str, Any], trainer: Any, members: Membership):
+        self.standalone, self.trainer, self.members = dict(standalone), trainer, members
+
+    def _split(self, ids: Sequence[str]) -> tuple[list[str], list[str]]:
+        hybrids = set(self.members.hybrid_ids)
+        hyb = [i for i in ids if i in hybrids]
+        return hyb, [i for i in ids if i not in hybrids and not self.members.is_dead(i)]
+
+    def get_alive(self, refs: Mapping[str, Any]) -> dict[str, Any]:
+        """``ray.get`` each standalone replica's result; a dead actor is reported and left out."""
+        out = {}
+        for rid, ref in refs.items():
+            try:
+                out[rid] = ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - only actor death is tolerated
+                if not actor_is_dead(exc):
+                    raise
+                self.members.died(rid)
+        return out
+
+    def _run(self, op: str, ids: Sequence[str]) -> int:
+        hyb, std = self._split(ids)
+        total = sum(r or 0 for r in self.get_alive({i: getattr(self.standalone[i], op).remote() for i in std}).values())
+        if hyb:
+            total += ray.get(self.trainer.hybrid.remote(op, hyb)) or 0
+        return int(total)
+
+    def abort(self, ids: Sequence[str]) -> int:
+        self._run("pause", ids)
+        return self._run("abort_all", ids)
+
+    def sleep(self, ids: Sequence[str]) -> None:
+        self._run("sleep", ids)
+
+    def wake_up(self, ids: Sequence[str]) -> None:
+        self._run("wake_up", ids)
+
+    def resume(self, ids: Sequence[str]) -> None:
+        self._run("resume", ids)
+
+    def load_weights(self, ids: Sequence[str], version: int) -> None:
+        hyb, std = self._split(ids)
+        if std:  # not used by the controller (hybrids only), but keep the protocol whole
+            weights = self.trainer.weights.remote()
+            self.get_alive({i: self.standalone[i].load_weights.remote(weights, version) for i in std})
+        if hyb:
+            ray.get(self.trainer.hybrid_load_weights.remote(hyb, version))
+
+
+def call(handle: Any, method: Callable[..., Any], *args: Any) -> Any:
+    """``handle.<method>.remote(*args)`` for a method of ``ControllerHost`` (or any actor class):
+    the method is named by reference, not by a string, so an editor finds its definition."""
+    return getattr(handle, method.__name__).remote(*args)
+
+
+class ControllerHost:
+    """The controller actor's class (``ControllerActor`` is it under ``ray.remote``)."""
+
+    def __init__(
+        self,
+        policy_factory: Callable[[], Any],
+        *,
+        namespace: str,
+        standalone_ids: Sequence[str],
+        hybrid_ids: Sequence[str],
+        enable_rebalance: bool,
+        only_hybrid: bool,
+        sizes: RunSizes,
+        keep_broadcast_weights: bool = False,
+    ):
+        self.service = ray.get_actor(ROLLOUT_SERVICE, namespace=namespace)
+        self.trainer = ray.get_actor(TRAINER, namespace=namespace)
+        self.standalone = {rid: ray.get_actor(replica_name(rid), namespace=namespace) for rid in standalone_ids}
+        self.policy = policy_factory()
+        self.members = Membership(standalone_ids, hybrid_ids)
+        self.pool = _PoolAdapter(self.standalone, self.trainer, self.members)
+        self.ctl = DynamicResourceController(
+            self.policy, list(hybrid_ids), _BalancerAdapter(self.service), self.pool,
+            membership=self.members, sizes=sizes, counters=self._counters,
+            enable_rebalance=enable_rebalance, only_hybrid=only_hybrid, clock=time.time,
+        )
+        self._keep_weights = keep_broadcast_weights
+        self._last_broadcast: tuple[Any, int] | None = None
+        """(weights ref, version) of the last broadcast, kept for replacements when asked to."""
+        self._version: int | None = None
+        """The param version of the last broadcast (what a refill loads into the hybrids)."""
+
+    def _counters(self) -> RolloutCounters:
+        """One read of the rollout service per policy question, after a check of membership."""
+        self._ping_standalone()
+        return ray.get(self.service.counters.remote())
+
+    def _ping_standalone(self) -> None:
+        """Ping every routable standalone replica, so a death is seen even when no request of it
+        has failed yet (the pool reports it to the membership)."""
+        routable = self.members.routable()
+        self.pool.get_alive({rid: self.standalone[rid].ping.remote() for rid in routable})
+
+    # ------------------------------------------------------------------ step phases
+
+    def begin_step(self, step: int) -> DeactivatePlan:
+        """Take the hybrids back before training, and after how many queued samples?"""
+        return self.ctl.begin_step(step)
+
+    def wait_and_deactivate(self, plan: DeactivatePlan, timeout_s: float | None) -> WaitReport:
+        """Let the hybrids generate until ``plan.wait_samples`` are queued (or data runs out),
+        then take them back."""
+        waited = ray.get(self.service.wait_for_queue.remote(plan.wait_samples, timeout_s))
+        report = self.ctl.deactivate()
+        return WaitReport(waited_s=waited["waited_s"], mq_size=waited["mq_size"], exhausted=waited["exhausted"],
+                          deactivate=report)
+
+    def refill_if_stranded(self, step: int, timeout_s: float | None) -> bool:
+        """The trainer waits and nothing can generate: lend the hybrids (a recorded guard
+        decision) at the last broadcast's version until one micro-step is queued."""
+        version = 0 if self._version is None else self._version
+        return self.ctl.refill_if_stranded(
+            step, version, lambda k: ray.get(self.service.wait_for_queue.remote(k, timeout_s)))
+
+    def broadcast(self, version: int, window: bool = True) -> BroadcastReport:
+        """Trainer → every routable standalone replica at ``version``; with ``window``, then the
+        rollouter's staleness window closes at it (the warm-up broadcast has none yet)."""
+        t0 = time.perf_counter()
+        weights = self.trainer.weights.remote()
+        routable = self.members.routable()
+        per_replica = self.pool.get_alive({rid: self.standalone[rid].load_weights.remote(weights, version)
+                                           for rid in routable})
+        self._version = int(version)
+        if self._keep_weights:
+            self._last_broadcast = (weights, int(version))
+        broadcast_s = time.perf_counter() - t0
+        metrics = ray.get(self.service.on_weight_sync.remote(version)) if window else {}
+        return BroadcastReport(version=int(version), broadcast_s=broadcast_s,
+                               max_replica_load_s=max(per_replica.values(), default=0.0),
+                               replicas=len(per_replica), window=dict(metrics))
+
+    def after_sync(self, step: int, micro: Sequence[MicroSummary]) -> LendPlan:
+        """Lend the trainer's GPUs to rollout until the next step?"""
+        return self.ctl.after_sync(step, micro)
+
+    def asks_warm_up(self) -> bool:
+        """Whether the policy wants to be asked for a lend before step 1 (``warm_up_lend``)."""
+        return self.ctl.decider.asks_warm_up
+
+    def warm_up(self, version: int) -> LendPlan:
+        """Before step 1: no question unless the policy sets ``warm_up_lend``."""
+        return self.ctl.warm_up(version)
+
+    def relend_after_resume(self, version: int) -> LendPlan:
+        """The resumed run's hybrids were lent when it stopped: lend them again (guard decision)."""
+        return self.ctl.relend_after_resume(version)
+
+    def hybrid_sync(self, plan: LendPlan, version: int) -> SwitchReport:
+        """Wake the hybrids and load ``version`` in the trainer's process (only when ``plan`` lends)."""
+        assert plan.lends, f"hybrid_sync for a plan that lends nothing: {plan}"
+        return self.ctl.hybrid_sync(version)
+
+    def lend(self, plan: LendPlan, micro: Sequence[MicroSummary]) -> tuple[SwitchReport, ...]:
+        """Activate the synced hybrids, then ask ``request_rebalance`` and rebalance if it says so."""
+        assert plan.lends, f"lend for a plan that lends nothing: {plan}"
+        return self.ctl.lend(plan.step, micro)
+
+    def end_step(self, step: int, micro: Sequence[MicroSummary]) -> StepOutcome:
+        """``update_after_step``, then what the store keeps: policy and controller state, the
+        step's drained decisions and switches, and the replacer's state."""
+        self.ctl.end_step(step, micro)
+        return StepOutcome(
+            step=step,
+            hybrid_active=self.ctl.is_hybrid_active,
+            policy_state=self.policy.state_dict(),
+            controller_state=self.ctl.state_dict(),
+            decisions=tuple(self.ctl.drain_decisions()),
+            switch_events=tuple(self.ctl.drain_switch_log()),
+            replacements=ray.get(self.service.replacement_state.remote()),
+        )
+
+    # ------------------------------------------------------------------ membership
+
+    def replica_died(self, replica_id: str) -> None:
+        """The rollout service saw ``replica_id``'s actor die."""
+        self.members.died(replica_id)
+
+    def replacement_started(self, old: str, new: str) -> None:
+        """The rollout service started ``new`` in place of the dead ``old``."""
+        self.members.replacing(old, new)
+
+    def adopt_standalone(self, old: str, new: str, handle: Any) -> int | None:
+        """Take ``new`` (a started replica actor) in place of the dead ``old``: load the last
+        broadcast's weights into it and include it in every later broadcast and switch. Returns
+        the param version it now holds (None before the first broadcast: the first broadcast
+        loads it, as it does the others). Runs between broadcasts, never during one (this actor
+        serves one call at a time), so the new replica holds the version the others hold."""
+        version = None
+        if self._last_broadcast is not None:
+            weights, version = self._last_broadcast
+            ray.get(handle.load_weights.remote(weights, version))  # a dead new actor raises: not adopted
+        for handles in (self.standalone, self.pool.standalone):
+            handles[new] = handle
+        self.members.joined(old, new)
+        return version
+
+    def standalone_alive(self) -> int:
+        """Standalone replicas alive and routable (each pinged first, so a death is seen even
+        when no request of it has failed yet)."""
+        self._ping_standalone()
+        return len(self.members.routable())
+
+    def membership(self) -> dict[str, list[str]]:
+        return {"routable": list(self.members.routable()), "dead": list(self.members.dead()),
+                "replacing": list(self.members.replacing_ids())}
+
+    # ------------------------------------------------------------------ state
+
+    def hybrid_active(self) -> bool:
+        return self.ctl.is_hybrid_active
+
+    def controller_state(self) -> dict[str, Any]:
+        return self.ctl.state_dict()
+
+    def load_controller_state(self, state: dict[str, Any]) -> None:
+        self.ctl.load_state_dict(state)
+
+    def drain_records(self) -> dict[str, list[dict[str, Any]]]:
+        """The decisions and switch timings so far (e.g. the warm-up's), cleared afterwards."""
+        return {
+            "decisions": [dataclasses.asdict(d) for d in self.ctl.drain_decisions()],
+            "switch_events": [dataclasses.asdict(s) for s in self.ctl.drain_switch_log()],
+        }
+
+    def policy_state(self) -> dict[str, Any]:
+        return self.policy.state_dict()
+
+    def load_policy_state(self, state: dict[str, Any]) -> None:
+        self.policy.load_state_dict(state)
+
+    def deactivate_ratio(self) -> float | None:
+        value = getattr(self.policy, "deactivate_ratio", None)
+        return None if value is None else float(value)
+
+    def ping(self) -> str:
+        return "ok"
+
+
+ControllerActor = ray.remote(num_cpus=0)(ControllerHost)

@@ -26,14 +26,15 @@ from cluster.actors import (
     replica_name,
 )
 from cluster.model import TinyLMConfig
-from cluster.problems import CharTokenizer, Problem, make_problems, prompt_stream
+from cluster.data_builders import dataset_for, tokenizer_for
+from cluster.problems import CharTokenizer, Problem, make_problems
 from cluster.ray_cluster import GPU_RESOURCE
 from cluster.types import SamplingSpec
 from config import TidalConfig
 
 
 def tokenizer_and_problems(cfg: TidalConfig) -> tuple[CharTokenizer, list[Problem]]:
-    return CharTokenizer(), make_problems(cfg.task.name, cfg.task.num_prompts, cfg.task.seed)
+    return tokenizer_for(cfg), make_problems(cfg.task.name, cfg.task.num_prompts, cfg.task.seed)
 
 
 def model_config(cfg: TidalConfig, tokenizer: CharTokenizer) -> TinyLMConfig:
@@ -148,10 +149,11 @@ def prompt_budget(cfg: TidalConfig) -> int | None:
 
 
 def prompts_for(cfg: TidalConfig, consumed: Iterable[tuple[int, int]] = ()) -> list[tuple[int, int, list[int]]]:
-    """The run's prompt order (seeded), minus what was already trained on (resume)."""
-    tokenizer, problems = tokenizer_and_problems(cfg)
-    return list(prompt_stream(problems, tokenizer, epochs=cfg.rollout.total_epochs, seed=cfg.trainer.seed,
-                              skip=consumed, limit=prompt_budget(cfg)))
+    """The run's prompt order (seeded), minus what was already trained on (resume): the training
+    dataset's (``data.train_files``, or the built-in task as rows of the same schema)."""
+    dataset = dataset_for(cfg, tokenizer_for(cfg))
+    assert dataset is not None
+    return list(dataset.prompt_stream(epochs=cfg.rollout.total_epochs, skip=consumed, limit=prompt_budget(cfg)))
 
 
 def standalone_ids(cfg: TidalConfig) -> list[str]:

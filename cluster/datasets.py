@@ -243,3 +243,30 @@ def write_rows(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return out
+
+
+GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+
+
+def gsm8k_rows(path: str, *, split: str = "train", limit: int | None = None) -> list[dict[str, Any]]:
+    """GSM8K's jsonl (``question``, ``answer`` ending in ``#### n``) as rows of verl's schema:
+    ``data_source: openai/gsm8k``, the question plus the ``####`` instruction as one user message,
+    ground truth ``n`` (commas dropped). A row without ``#### n`` is a ``DatasetError``."""
+    rows = []
+    for origin, raw in read_rows(path, key="gsm8k")[:limit]:
+        for column in ("question", "answer"):
+            if not isinstance(raw.get(column), str):
+                raise DatasetError(f"gsm8k: {origin}: missing column {column!r}")
+        head, sep, tail = raw["answer"].rpartition("####")
+        truth = tail.strip().replace(",", "")
+        if not sep or not truth:
+            raise DatasetError(f"gsm8k: {origin}: column 'answer' does not end in '#### <number>'")
+        index = len(rows)
+        rows.append({
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "user", "content": f"{raw['question']} {GSM8K_INSTRUCTION}"}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": truth},
+            "extra_info": {"split": split, "index": index, "answer": raw["answer"], "question": raw["question"]},
+        })
+    return rows

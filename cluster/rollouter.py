@@ -83,6 +83,7 @@ from typing import Any, Protocol
 
 from cluster.engines.base import request_sample_uid  # noqa: F401 - the one parser; cluster.actors imports it from here
 from cluster.message_queue import QueueClosed
+from cluster.reward import RewardFailed
 from cluster.types import GenerationRequest, GenerationResult, Response, Sample, SamplingSpec
 from loop.staleness import StalenessGate, record_change
 from metrics import (
@@ -552,6 +553,8 @@ class Rollouter:
         await self._signal.wait_until(done)
         if predicate():
             return
+        if isinstance(self._error, RewardFailed):  # its own one line (names function and sample)
+            raise RewardFailed(str(self._error)) from self._error
         if self._error is not None:
             raise RuntimeError("the rollouter failed") from self._error
         raise RuntimeError("the rollouter was stopped")

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cluster.problems import CharTokenizer
 from cluster.types import Sample
 
 ScoreFn = Callable[[str, str, Any, dict[str, Any]], "float | dict[str, Any]"]
@@ -163,11 +164,24 @@ def call_with_timeout(fn: Callable[[], Any], timeout_s: float) -> Any:
 # ------------------------------------------------------------------------------ scoring samples
 
 
-def _decode(tokenizer: Any, tokens: Sequence[int]) -> str:
-    try:
+UNKNOWN = "\ufffd"
+"""Stands for a special token inside a built-in-task response, and for a missing end of sequence."""
+
+
+def response_text(tokenizer: Any, tokens: Sequence[int]) -> str:
+    """The ``solution_str`` of a response: an HF tokenizer's decode without special tokens; for the
+    built-in character tokenizer the text up to ``<eos>`` with every other special token, and a
+    missing ``<eos>``, shown as U+FFFD, so that ``score_tidal`` on it equals the token rule of
+    ``cluster.problems.reward`` exactly (a stray ``<bos>`` breaks the match, a response cut by
+    the length budget lacks the end)."""
+    if not isinstance(tokenizer, CharTokenizer):
         return tokenizer.decode(list(tokens), skip_special_tokens=True)
-    except TypeError:  # the built-in character tokenizer: decode(ids) stops at <eos>
-        return tokenizer.decode(list(tokens))
+    out = []
+    for i in tokens:
+        if i == tokenizer.eos_id:
+            return "".join(out)
+        out.append(tokenizer.itos[i] if i >= 3 else UNKNOWN)
+    return "".join(out) + UNKNOWN
 
 
 class SampleScorer:
@@ -196,7 +210,7 @@ class SampleScorer:
         source, truth, extra = row
         scores, extras = [], []
         for j, response in enumerate(sample.responses):
-            text = _decode(self._tokenizer, response.tokens)
+            text = response_text(self._tokenizer, response.tokens)
             score, more = self._one(sample.uid, j, source, text, truth, extra)
             scores.append(score)
             extras.append(more)

@@ -74,6 +74,23 @@ def test_the_tidal_scorer_on_text_equals_the_token_rule_for_a_response_ended_by_
     assert score_tidal(tok.decode(ids), "cccc") == reward(Problem(0, "c4=", "cccc"), ids, tok)
 
 
+def test_scoring_built_in_task_samples_equals_the_trainers_token_rule_on_any_response():
+    import random
+
+    tok = CharTokenizer()
+    rng = random.Random(0)
+    problems = [Problem(i, "", answer) for i, answer in enumerate(["cccc", "19", "abc"])]
+    rows = {p.index: ("tidal/count", p.answer, {}) for p in problems}
+    alphabet = [0, 1, EOS, *tok.encode("abc19", bos=False)]
+    for _ in range(300):
+        p = rng.choice(problems)
+        ids = [rng.choice(alphabet) for _ in range(rng.randint(0, 6))]
+        if rng.random() < 0.5:  # mostly the answer, then something
+            ids = [*tok.encode(p.answer, bos=False), *ids]
+        s = Sample("e0-p0", 0, p.index, [1], [Response(tokens=ids)], 0)
+        assert SampleScorer(rows, tok)(s).scores == [reward(p, ids, tok)], ids
+
+
 def test_a_data_source_without_a_built_in_scorer_is_named():
     with pytest.raises(RewardConfigError) as err:
         default_compute_score("my/dataset", "x", "y", {})

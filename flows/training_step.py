@@ -21,6 +21,7 @@ from tasks.phases import (
 )
 from tasks.run_ref import RunRef
 from tasks.summary import step_metrics
+from tasks.validation import validate
 
 
 @flow(name="training-step", flow_run_name="step-{step:05d}", log_prints=True, validate_parameters=False)
@@ -30,6 +31,7 @@ def training_step(run: RunRef, step: int, final: bool = False) -> dict[str, Any]
     Prefect tasks before the run ends)."""
     started = time.time()
     wait = activation = hybrid = None
+    val = run_phase(validate, run, step, True) if step == 1 and run.val_before_train else {}
     decision = run_phase(should_deactivate, run, step)
     if decision["deactivate"]:
         wait = run_phase(wait_for_samples, run, step, decision["wait_samples"])
@@ -41,8 +43,10 @@ def training_step(run: RunRef, step: int, final: bool = False) -> dict[str, Any]
         hybrid = run_phase(hybrid_sync, run, step, version)
         activation = run_phase(activate, run, step, micro)
     policy_state = run_phase(update_policy, run, step, micro)
+    if run.test_freq > 0 and step % run.test_freq == 0:
+        val.update(run_phase(validate, run, step))
     metrics = step_metrics(run, micro=micro, wait=wait, sync=sync, activation=activation, hybrid=hybrid,
-                           step_s=time.time() - started, version=version)
+                           step_s=time.time() - started, version=version) | val
     consumed = [p for m in micro for p in m.prompts]
     summary = {"started_at": started, "policy_state": policy_state, "metrics": metrics, "prompts": consumed,
                "consumed_total": run.consumed_before + len(consumed)}

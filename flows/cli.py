@@ -20,6 +20,7 @@ try:  # typer >= 0.20 vendors its own click; its exceptions are not click's
 except ImportError:  # pragma: no cover - older typer uses click itself
     from click import exceptions as click_exc
 
+from cluster.reward import RewardFailed
 from config import ConfigError, list_presets, load_config, to_plain
 from flows.configs import load_checked, summarize_config
 from flows.errors import EXIT_BAD_INPUT, RunError
@@ -274,11 +275,12 @@ def _one_line(text: str) -> str:
 
 def _explained(exc_info: object) -> bool:
     """Whether a log record's exception is (or was caused by) a failure the CLI explains in its
-    own last line: the store becoming unreachable, or any other ``RunError``."""
+    own last line: the store becoming unreachable, a reward function that failed, or any other
+    ``RunError``."""
     exc = exc_info[1] if isinstance(exc_info, tuple) else None
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
-        if isinstance(exc, (StoreUnavailable, RunError)):
+        if isinstance(exc, (StoreUnavailable, RunError, RewardFailed)):
             return True
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__

@@ -26,7 +26,7 @@ from cluster.actors import (
     replica_name,
 )
 from cluster.model import TinyLMConfig
-from cluster.data_builders import dataset_for, tokenizer_for
+from cluster.data_builders import dataset_for, response_length, tokenizer_for
 from cluster.problems import CharTokenizer, Problem, make_problems
 from cluster.ray_cluster import GPU_RESOURCE
 from cluster.types import SamplingSpec
@@ -136,7 +136,7 @@ def policy_factory(cfg: TidalConfig) -> Callable[[], Any]:
 
 def sampling_spec(cfg: TidalConfig) -> SamplingSpec:
     r = cfg.actor_rollout_ref.rollout
-    return SamplingSpec(max_new_tokens=r.response_length, temperature=r.temperature, top_p=r.top_p)
+    return SamplingSpec(max_new_tokens=response_length(cfg), temperature=r.temperature, top_p=r.top_p)
 
 
 def prompt_budget(cfg: TidalConfig) -> int | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from cluster.datasets import RLDataset, task_rows
+from cluster.datasets import DatasetError, RLDataset, task_rows
 from cluster.problems import CharTokenizer
 from cluster.reward import SampleScorer, ScoreFn, check_builtin, load_reward_function
 from config import TidalConfig
@@ -20,6 +20,16 @@ from config import TidalConfig
 def tokenizer_for(cfg: TidalConfig) -> CharTokenizer:
     """The tokenizer of the run's model (today the built-in character tokenizer)."""
     return CharTokenizer()
+
+
+def prompt_length(cfg: TidalConfig) -> int:
+    """``data.max_prompt_length``, else ``actor_rollout_ref.rollout.prompt_length``."""
+    return cfg.data.max_prompt_length or cfg.actor_rollout_ref.rollout.prompt_length
+
+
+def response_length(cfg: TidalConfig) -> int:
+    """``data.max_response_length``, else ``actor_rollout_ref.rollout.response_length``."""
+    return cfg.data.max_response_length or cfg.actor_rollout_ref.rollout.response_length
 
 
 def data_seed(cfg: TidalConfig) -> int:
@@ -33,7 +43,7 @@ def dataset_for(cfg: TidalConfig, tokenizer: Any, *, split: str = "train") -> RL
     files = d.train_files if split == "train" else d.val_files
     kwargs = dict(
         prompt_key=d.prompt_key,
-        max_prompt_length=d.max_prompt_length or cfg.actor_rollout_ref.rollout.prompt_length,
+        max_prompt_length=prompt_length(cfg),
         filter_overlong_prompts=d.filter_overlong_prompts,
         truncation=d.truncation,
         max_samples=d.train_max_samples if split == "train" else d.val_max_samples,
@@ -80,6 +90,10 @@ def _build_scorer(cfg: TidalConfig) -> SampleScorer:
 def check_data(cfg: TidalConfig) -> None:
     """Load the datasets and the reward function as the run will; raises ``DatasetError`` or
     ``RewardConfigError`` (one line each)."""
+    longest = prompt_length(cfg) + response_length(cfg)
+    if cfg.engines.rollout in ("torch", "vllm") and longest > cfg.model.max_seq_len:
+        raise DatasetError(f"data.max_prompt_length + max_response_length ({prompt_length(cfg)}+"
+                           f"{response_length(cfg)}) exceeds model.max_seq_len={cfg.model.max_seq_len}")
     tokenizer = tokenizer_for(cfg)
     datasets = [ds for ds in (dataset_for(cfg, tokenizer), dataset_for(cfg, tokenizer, split="val")) if ds]
     if cfg.custom_reward_function.path is not None:

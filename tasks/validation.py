@@ -13,7 +13,7 @@ import ray
 from prefect import task
 
 from cluster.actors import ROLLOUT_SERVICE
-from cluster.data_builders import dataset_for, sample_scorer, tokenizer_for
+from cluster.data_builders import dataset_for, response_length, sample_scorer, tokenizer_for
 from cluster.validation import run_validation, val_sampling
 from config import load_config
 from config.loader import RESOLVED_FILENAME
@@ -41,7 +41,7 @@ def validate(run: RunRef, step: int, before_train: bool = False) -> dict[str, fl
         log.warning("step %d: no routable standalone replica, validation skipped", step)
         return {}
     vk = cfg.actor_rollout_ref.rollout.val_kwargs
-    sampling = val_sampling(max_new_tokens=cfg.data.max_response_length or cfg.actor_rollout_ref.rollout.response_length,
+    sampling = val_sampling(max_new_tokens=response_length(cfg),
                             temperature=vk.temperature, top_p=vk.top_p, do_sample=vk.do_sample)
     metrics = run_validation(dataset, replicas, sample_scorer(cfg, dataset, tokenizer), n=vk.n, sampling=sampling,
                              tag=f"{step}{'b' if before_train else ''}")

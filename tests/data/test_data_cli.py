@@ -93,6 +93,12 @@ def test_tidal_config_check_of_a_config_with_bad_data_exits_2_in_one_line(tmp_pa
     assert one_error_line(capsys) == expected.format(d=tmp_path)
 
 
+def test_data_lengths_that_do_not_fit_the_model_are_refused(capsys):
+    assert main(["config", "check", "tiny-cpu", "--set", "data.max_response_length=250"]) == 2
+    assert one_error_line(capsys) == ("data.max_prompt_length + max_response_length (12+250) exceeds "
+                                      "model.max_seq_len=24")
+
+
 def test_tidal_run_with_bad_data_starts_nothing_and_writes_no_run(tmp_path, capsys):
     db = tmp_path / "store.db"
     argv = ["run", "tiny-cpu", "--set", f"storage.url=sqlite:///{db}", "--set", f"trainer.default_local_dir={tmp_path}/runs"]

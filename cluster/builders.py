@@ -26,7 +26,8 @@ from cluster.actors import (
     replica_name,
 )
 from cluster.model import TinyLMConfig
-from cluster.problems import CharTokenizer, Problem, make_problems, prompt_stream
+from cluster.data_builders import dataset_for, response_length, scorer_factory, tokenizer_for
+from cluster.problems import CharTokenizer, Problem, make_problems
 from cluster.ray_cluster import GPU_RESOURCE
 from cluster.types import SamplingSpec
 from config import TidalConfig
@@ -34,7 +35,7 @@ from loop.plans import RunSizes
 
 
 def tokenizer_and_problems(cfg: TidalConfig) -> tuple[CharTokenizer, list[Problem]]:
-    return CharTokenizer(), make_problems(cfg.task.name, cfg.task.num_prompts, cfg.task.seed)
+    return tokenizer_for(cfg), make_problems(cfg.task.name, cfg.task.num_prompts, cfg.task.seed)
 
 
 def model_config(cfg: TidalConfig, tokenizer: CharTokenizer) -> TinyLMConfig:
@@ -136,7 +137,7 @@ def policy_factory(cfg: TidalConfig) -> Callable[[], Any]:
 
 def sampling_spec(cfg: TidalConfig) -> SamplingSpec:
     r = cfg.actor_rollout_ref.rollout
-    return SamplingSpec(max_new_tokens=r.response_length, temperature=r.temperature, top_p=r.top_p)
+    return SamplingSpec(max_new_tokens=response_length(cfg), temperature=r.temperature, top_p=r.top_p)
 
 
 def prompt_budget(cfg: TidalConfig) -> int | None:
@@ -149,10 +150,11 @@ def prompt_budget(cfg: TidalConfig) -> int | None:
 
 
 def prompts_for(cfg: TidalConfig, consumed: Iterable[tuple[int, int]] = ()) -> list[tuple[int, int, list[int]]]:
-    """The run's prompt order (seeded), minus what was already trained on (resume)."""
-    tokenizer, problems = tokenizer_and_problems(cfg)
-    return list(prompt_stream(problems, tokenizer, epochs=cfg.rollout.total_epochs, seed=cfg.trainer.seed,
-                              skip=consumed, limit=prompt_budget(cfg)))
+    """The run's prompt order (seeded), minus what was already trained on (resume): the training
+    dataset's (``data.train_files``, or the built-in task as rows of the same schema)."""
+    dataset = dataset_for(cfg, tokenizer_for(cfg))
+    assert dataset is not None
+    return list(dataset.prompt_stream(epochs=cfg.rollout.total_epochs, skip=consumed, limit=prompt_budget(cfg)))
 
 
 def run_sizes(cfg: TidalConfig, *, consumed_before: int = 0) -> RunSizes:
@@ -257,7 +259,8 @@ class DataPlane:
             partial_rollout=a.partial_rollout, seed=seed, param_version=param_version,
             namespace=namespace, replica_starters=starters if r.replace_failed_replicas else None,
             max_replacements=r.max_replacements, replacement_timeout_s=r.replacement_timeout_s,
-            replacement_state=replacement_state,
+            replacement_state=replacement_state, 
+            scorer_factory=None if cfg.engines.rollout == "simulated" else scorer_factory(cfg),
         )
         ray.get([trainer.ping.remote(), rollout.ping.remote(), *(h.ping.remote() for h in standalone.values())])
         controller = ControllerActor.options(name=CONTROLLER, **opts).remote(

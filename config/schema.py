@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from config.data_keys import CustomRewardFunction, DataSection, ValKwargs
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
@@ -116,6 +118,9 @@ class RolloutEngineSection(_Section):
     tensor_model_parallel_size: int = Field(1, ge=1, le=64)
     """GPUs per rollout replica."""
 
+    val_kwargs: ValKwargs = Field(default_factory=ValKwargs)
+    """Sampling for validation."""
+
 
 class ActorSection(_Section):
     """`actor_rollout_ref.actor.*`: the policy update."""
@@ -177,6 +182,12 @@ class TrainerSection(_Section):
 
     default_local_dir: str = "runs"
     """Where run outputs (resolved config, checkpoints, plots) are written."""
+
+    test_freq: int = Field(-1, ge=-1)
+    """Validate on `data.val_files` every this many steps (-1 = never)."""
+
+    val_before_train: bool = True
+    """Validate once before the first step (when `data.val_files` is set)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -394,6 +405,10 @@ class TidalConfig(_Section):
     """The Ray data plane."""
     sim: SimSection = Field(default_factory=SimSection)
     """The simulator's cost model."""
+    data: DataSection = Field(default_factory=DataSection)
+    """The prompt dataset (verl's keys)."""
+    custom_reward_function: CustomRewardFunction = Field(default_factory=CustomRewardFunction)
+    """The reward function (verl's keys); None = built-ins by `data_source`."""
 
     # ---- derived quantities (one definition each, used everywhere) ----
 

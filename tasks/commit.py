@@ -16,7 +16,9 @@ from tasks.faults import crash_point
 from tasks.run_ref import RunRef
 
 def checkpoint_path(run: RunRef, step: int) -> Path:
-    return Path(run.output_dir) / "checkpoints" / f"step-{step:05d}.pt"
+    """``<run>/checkpoints/global_step_<N>/actor.pt`` (verl's folder per step; an HF model's
+    export lands beside it in ``huggingface/``)."""
+    return Path(run.output_dir) / "checkpoints" / f"global_step_{step}" / "actor.pt"
 
 
 def commit(run: RunRef, step: int, version: int, summary: dict[str, Any], now: float) -> dict[str, Any]:

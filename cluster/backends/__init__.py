@@ -51,6 +51,20 @@ __all__ = [
 ]
 
 
+def warmup_steps(cfg: TidalConfig) -> int:
+    """``optim.lr_warmup_steps`` in optimizer updates; -1 = ``lr_warmup_steps_ratio`` of the run's
+    updates (``total_training_steps × trigger_parameter_sync_step × ppo_epochs``; 0 when the run
+    has no step budget)."""
+    optim = cfg.actor_rollout_ref.actor.optim
+    if optim.lr_warmup_steps >= 0:
+        return optim.lr_warmup_steps
+    total = cfg.trainer.total_training_steps
+    if total is None:
+        return 0
+    updates = total * cfg.async_training.trigger_parameter_sync_step * cfg.actor_rollout_ref.actor.ppo_epochs
+    return int(optim.lr_warmup_steps_ratio * updates)
+
+
 def build_backend(cfg: TidalConfig, tokenizer: CharTokenizer, problems: Sequence[Problem]) -> TrainBackend:
     """The backend ``cfg.engines.train`` names, configured from the run's config."""
     kind = cfg.engines.train
@@ -77,13 +91,25 @@ def build_backend(cfg: TidalConfig, tokenizer: CharTokenizer, problems: Sequence
         max_seq_len=cfg.model.max_seq_len,
     )
     kwargs = dict(
-        lr=actor.lr,
-        weight_decay=actor.weight_decay,
-        clip_ratio=actor.clip_ratio,
+        lr=actor.optim.lr,
+        weight_decay=actor.optim.weight_decay,
+        betas=actor.optim.betas,
+        lr_warmup_steps=warmup_steps(cfg),
+        clip_ratio_low=actor.clip_low,
+        clip_ratio_high=actor.clip_high,
+        clip_ratio_c=actor.clip_ratio_c,
+        loss_agg_mode=actor.loss_agg_mode,
+        entropy_coeff=actor.entropy_coeff,
         grad_clip=actor.grad_clip,
         ppo_epochs=actor.ppo_epochs,
+        ppo_micro_batch_size_per_gpu=actor.ppo_micro_batch_size_per_gpu,
         use_kl_loss=actor.use_kl_loss,
         kl_loss_coef=actor.kl_loss_coef,
+        kl_loss_type=actor.kl_loss_type,
+        adv_estimator=cfg.algorithm.adv_estimator,
+        norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+        rollout_is=cfg.algorithm.rollout_correction.rollout_is,
+        rollout_is_threshold=cfg.algorithm.rollout_correction.rollout_is_threshold,
         use_rollout_log_probs=use_rollout_log_probs,
         device=cfg.engines.device,
         threads=cfg.engines.torch_threads_per_actor,

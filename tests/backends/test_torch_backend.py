@@ -213,7 +213,10 @@ def test_metrics_describe_the_batch_that_was_trained_on():
     assert m["tokens"] == sum(lengths) + sum(len(s.prompt_tokens) * len(s.responses) for s in samples)
     assert m["response_length_mean"] == pytest.approx(sum(lengths) / 32)
     assert m["updates"] == 3
-    for key in ("loss", "pg_loss", "kl", "approx_kl", "grad_norm", "clip_frac", "ratio_mean"):
+    assert m["critic/score/mean"] == m["reward_mean"]
+    assert m["response_length/mean"] == m["response_length_mean"]
+    for key in ("loss", "pg_loss", "kl", "approx_kl", "grad_norm", "clip_frac", "actor/pg_loss", "actor/pg_clipfrac",
+                "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "actor/kl_loss", "actor/lr"):
         assert key in m
 
 

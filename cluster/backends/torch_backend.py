@@ -244,8 +244,9 @@ class TorchBackend:
         else:
             self.is_hf = True
             self.max_seq_len = int(getattr(model.config, "max_position_embeddings", 1 << 30))
-            if gradient_checkpointing:
-                model.gradient_checkpointing_enable()
+            if gradient_checkpointing:  # transformers 5 renamed it; 4.x has only the old name
+                enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+                enable()
                 model.config.use_cache = False
         self.model = model.to(self.device)
         self.ref_model: torch.nn.Module | None = None

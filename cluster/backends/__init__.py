@@ -8,7 +8,7 @@ or own the param version (the trainer actor that wraps a backend does all that).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cluster.backends.base import (
     CHECKPOINT_FORMAT,
@@ -65,8 +65,11 @@ def warmup_steps(cfg: TidalConfig) -> int:
     return int(optim.lr_warmup_steps_ratio * updates)
 
 
-def build_backend(cfg: TidalConfig, tokenizer: CharTokenizer, problems: Sequence[Problem]) -> TrainBackend:
-    """The backend ``cfg.engines.train`` names, configured from the run's config."""
+def build_backend(
+    cfg: TidalConfig, tokenizer: CharTokenizer | Any, problems: Sequence[Problem], *, model: Any = None
+) -> TrainBackend:
+    """The backend ``cfg.engines.train`` names, configured from the run's config. ``model``: a
+    built HF causal LM to train (with ``tokenizer`` its HF tokenizer); None = the tiny LM."""
     kind = cfg.engines.train
     actor = cfg.actor_rollout_ref.actor
     use_rollout_log_probs = cfg.async_training.use_rollout_log_probs
@@ -83,13 +86,14 @@ def build_backend(cfg: TidalConfig, tokenizer: CharTokenizer, problems: Sequence
         )
     from cluster.model import TinyLMConfig
 
-    model_cfg = TinyLMConfig(
+    model_cfg = None if model is not None else TinyLMConfig(
         vocab_size=tokenizer.vocab_size,
         n_layer=cfg.model.n_layer,
         n_head=cfg.model.n_head,
         n_embd=cfg.model.n_embd,
         max_seq_len=cfg.model.max_seq_len,
     )
+    hf_keys = getattr(cfg.actor_rollout_ref, "model", None)  # `actor_rollout_ref.model.*` (another section)
     kwargs = dict(
         lr=actor.optim.lr,
         weight_decay=actor.optim.weight_decay,
@@ -114,6 +118,8 @@ def build_backend(cfg: TidalConfig, tokenizer: CharTokenizer, problems: Sequence
         device=cfg.engines.device,
         threads=cfg.engines.torch_threads_per_actor,
         seed=cfg.trainer.seed,
+        model=model,
+        gradient_checkpointing=bool(getattr(hf_keys, "enable_gradient_checkpointing", False)),
     )
     if kind == "deepspeed":
         return DeepSpeedBackend(

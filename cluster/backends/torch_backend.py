@@ -49,7 +49,7 @@ from cluster.grpo import (
     rollout_is_weights,
 )
 from cluster.model import TinyLM, TinyLMConfig
-from cluster.problems import CharTokenizer, Problem, reward
+from cluster.problems import Problem, reward
 from cluster.types import Sample
 
 _ADAM_KEYS = ("exp_avg", "exp_avg_sq")

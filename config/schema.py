@@ -157,6 +157,10 @@ class TrainerSection(_Section):
     default_local_dir: str = "runs"
     """Where run outputs (resolved config, checkpoints, plots) are written."""
 
+    max_actor_ckpt_to_keep: int | None = Field(None, ge=1)
+    """Newest `checkpoints/global_step_<N>/` folders kept (checkpoint file + HF export); older ones
+    are deleted once a newer step is committed. None = keep all."""
+
 
 # --------------------------------------------------------------------------------------------
 # Tidal's own sections

@@ -180,7 +180,9 @@ class DeepSpeedBackend(TorchBackend):
         return dict(self.engine.module.named_parameters())
 
     def _param_shape(self, name: str) -> torch.Size:
-        p = self._params()[name]
+        p = self._params().get(name)
+        if p is None:  # a tied weight (an HF lm_head sharing the embedding) is in the state dict only
+            return self._export_weights()[name].shape
         return p.ds_shape if hasattr(p, "ds_shape") else p.shape
 
     def _export_weights(self) -> dict[str, torch.Tensor]:

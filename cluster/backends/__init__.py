@@ -42,9 +42,11 @@ __all__ = [
     "TrainBackend",
     "UnsafeCheckpointError",
     "TrainBatch",
+    "backend_kwargs",
     "build_backend",
     "build_batch",
     "deepspeed_available",
+    "warmup_steps",
     "read_checkpoint",
     "shutdown_distributed",
     "write_checkpoint",
@@ -63,6 +65,37 @@ def warmup_steps(cfg: TidalConfig) -> int:
         return 0
     updates = total * cfg.async_training.trigger_parameter_sync_step * cfg.actor_rollout_ref.actor.ppo_epochs
     return int(optim.lr_warmup_steps_ratio * updates)
+
+
+def backend_kwargs(cfg: TidalConfig) -> dict[str, Any]:
+    """The torch / DeepSpeed backend's keyword arguments from the run's config (algorithm,
+    actor, device, threads, seed): everything but the model."""
+    actor = cfg.actor_rollout_ref.actor
+    return dict(
+        lr=actor.optim.lr,
+        weight_decay=actor.optim.weight_decay,
+        betas=actor.optim.betas,
+        lr_warmup_steps=warmup_steps(cfg),
+        clip_ratio_low=actor.clip_low,
+        clip_ratio_high=actor.clip_high,
+        clip_ratio_c=actor.clip_ratio_c,
+        loss_agg_mode=actor.loss_agg_mode,
+        entropy_coeff=actor.entropy_coeff,
+        grad_clip=actor.grad_clip,
+        ppo_epochs=actor.ppo_epochs,
+        ppo_micro_batch_size_per_gpu=actor.ppo_micro_batch_size_per_gpu,
+        use_kl_loss=actor.use_kl_loss,
+        kl_loss_coef=actor.kl_loss_coef,
+        kl_loss_type=actor.kl_loss_type,
+        adv_estimator=cfg.algorithm.adv_estimator,
+        norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+        rollout_is=cfg.algorithm.rollout_correction.rollout_is,
+        rollout_is_threshold=cfg.algorithm.rollout_correction.rollout_is_threshold,
+        use_rollout_log_probs=cfg.async_training.use_rollout_log_probs,
+        device=cfg.engines.device,
+        threads=cfg.engines.torch_threads_per_actor,
+        seed=cfg.trainer.seed,
+    )
 
 
 def build_backend(
@@ -94,30 +127,8 @@ def build_backend(
         max_seq_len=cfg.model.max_seq_len,
     )
     hf_keys = getattr(cfg.actor_rollout_ref, "model", None)  # `actor_rollout_ref.model.*` (another section)
-    kwargs = dict(
-        lr=actor.optim.lr,
-        weight_decay=actor.optim.weight_decay,
-        betas=actor.optim.betas,
-        lr_warmup_steps=warmup_steps(cfg),
-        clip_ratio_low=actor.clip_low,
-        clip_ratio_high=actor.clip_high,
-        clip_ratio_c=actor.clip_ratio_c,
-        loss_agg_mode=actor.loss_agg_mode,
-        entropy_coeff=actor.entropy_coeff,
-        grad_clip=actor.grad_clip,
-        ppo_epochs=actor.ppo_epochs,
-        ppo_micro_batch_size_per_gpu=actor.ppo_micro_batch_size_per_gpu,
-        use_kl_loss=actor.use_kl_loss,
-        kl_loss_coef=actor.kl_loss_coef,
-        kl_loss_type=actor.kl_loss_type,
-        adv_estimator=cfg.algorithm.adv_estimator,
-        norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
-        rollout_is=cfg.algorithm.rollout_correction.rollout_is,
-        rollout_is_threshold=cfg.algorithm.rollout_correction.rollout_is_threshold,
-        use_rollout_log_probs=use_rollout_log_probs,
-        device=cfg.engines.device,
-        threads=cfg.engines.torch_threads_per_actor,
-        seed=cfg.trainer.seed,
+    kwargs = backend_kwargs(cfg)
+    kwargs.update(
         model=model,
         gradient_checkpointing=bool(getattr(hf_keys, "enable_gradient_checkpointing", False)),
     )

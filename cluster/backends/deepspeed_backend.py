@@ -158,10 +158,9 @@ class DeepSpeedBackend(TorchBackend):
         # Micro-batches accumulate into one update: the engine's boundary is set by hand (the
         # count varies per step, so ``gradient_accumulation_steps`` stays 1 and never rescales
         # the loss, which ``cluster.grpo`` already normalises by the whole mini-batch).
+        # the boundary is set before each backward; ``_step`` then calls ``engine.step()`` once
         self.engine.set_gradient_accumulation_boundary(last)
         self.engine.backward(loss)
-        if not last:
-            self.engine.step()  # bookkeeping only off the boundary: no optimizer step
 
     def _step(self) -> float:
         norm: float | None = None

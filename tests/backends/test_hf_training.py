@@ -146,3 +146,17 @@ def test_resuming_an_hf_model_from_its_checkpoint_gives_the_exact_next_step(tmp_
     assert rb["loss"] == ra["loss"] and rb["updates"] == ra["updates"] == 2
     for name, value in a.state_dict_for_rollout().items():
         assert torch.equal(b.state_dict_for_rollout()[name], value), name
+
+
+def test_build_backend_trains_a_given_hf_model_with_the_configs_loss_keys():
+    from cluster.backends import build_backend
+    from config import load_config
+
+    actor = "actor_rollout_ref.actor"
+    cfg = load_config("tiny-cpu", [f"{actor}.clip_ratio_high=0.28", f"{actor}.ppo_micro_batch_size_per_gpu=4",
+                                   f"{actor}.loss_agg_mode=seq-mean-token-sum", "engines.device=cpu"])
+    backend = build_backend(cfg, tiny_tokenizer(), [], model=tiny_qwen2())
+    assert (backend.is_hf, backend.model_cfg, backend.ref_model) == (True, None, None)
+    assert (backend.clip_ratio_low, backend.clip_ratio_high, backend.micro_batch, backend.loss_agg_mode) == (
+        0.2, 0.28, 4, "seq-mean-token-sum")
+    assert backend.train_step(make_samples(backend.model)).metrics["updates"] == 1

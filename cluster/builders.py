@@ -259,7 +259,7 @@ class DataPlane:
             partial_rollout=a.partial_rollout, seed=seed, param_version=param_version,
             namespace=namespace, replica_starters=starters if r.replace_failed_replicas else None,
             max_replacements=r.max_replacements, replacement_timeout_s=r.replacement_timeout_s,
-            replacement_state=replacement_state, 
+            replacement_state=replacement_state,
             scorer_factory=None if cfg.engines.rollout == "simulated" else scorer_factory(cfg),
         )
         ray.get([trainer.ping.remote(), rollout.ping.remote(), *(h.ping.remote() for h in standalone.values())])

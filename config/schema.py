@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from config.algo_keys import SCHEDULING_ALIASES, ActorSection, AlgorithmSection, apply_aliases
 from config.data_keys import CustomRewardFunction, DataSection, ValKwargs
 
 
@@ -25,6 +26,11 @@ class _Section(BaseModel):
 
 class AsyncTraining(_Section):
     """`async_training.*`: the fully-async loop and dynamic resource scheduling."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scaling_aliases(cls, data: object) -> object:
+        return apply_aliases(data, SCHEDULING_ALIASES)
 
     staleness_threshold: float = Field(0.5, ge=0.0, le=16.0)
     """Extra samples, as a fraction of one sync cycle's samples, the rollouter may run ahead.
@@ -122,34 +128,6 @@ class RolloutEngineSection(_Section):
     """Sampling for validation."""
 
 
-class ActorSection(_Section):
-    """`actor_rollout_ref.actor.*`: the policy update."""
-
-    ppo_mini_batch_size: int = Field(16, ge=1, le=1_000_000)
-    """Samples (prompts) per mini-batch."""
-
-    ppo_epochs: int = Field(1, ge=1, le=100)
-    """Passes over each micro-step's samples."""
-
-    lr: float = Field(1e-3, gt=0.0, le=1.0)
-    """AdamW learning rate."""
-
-    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
-    """AdamW weight decay."""
-
-    clip_ratio: float = Field(0.2, gt=0.0, le=10.0)
-    """PPO clip range."""
-
-    use_kl_loss: bool = False
-    """Add a KL penalty to the frozen reference model."""
-
-    kl_loss_coef: float = Field(0.001, ge=0.0, le=100.0)
-    """KL penalty weight (used when `use_kl_loss`)."""
-
-    grad_clip: float = Field(1.0, gt=0.0)
-    """Gradient-norm clip."""
-
-
 class ActorRolloutRef(_Section):
     """`actor_rollout_ref.*`."""
 
@@ -188,6 +166,10 @@ class TrainerSection(_Section):
 
     val_before_train: bool = True
     """Validate once before the first step (when `data.val_files` is set)."""
+
+    max_actor_ckpt_to_keep: int | None = Field(None, ge=1)
+    """Newest `checkpoints/global_step_<N>/` folders kept (checkpoint file + HF export); older ones
+    are deleted once a newer step is committed. None = keep all."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -389,6 +371,8 @@ class TidalConfig(_Section):
     """The standalone rollout pool and the data budget (verl's keys)."""
     actor_rollout_ref: ActorRolloutRef = Field(default_factory=ActorRolloutRef)
     """Sampling and the policy update (verl's keys)."""
+    algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
+    """Advantage estimator and rollout correction (verl's keys)."""
     trainer: TrainerSection = Field(default_factory=TrainerSection)
     """The training pool, seed, output folder (verl's keys)."""
     engines: EnginesSection = Field(default_factory=EnginesSection)

@@ -42,6 +42,8 @@ class RunRef(BaseModel):
     """Validate after every this many steps (-1 = never; always -1 without `data.val_files`)."""
     val_before_train: bool = False
     """Validate before step 1 (only with `data.val_files`)."""
+    max_actor_ckpt_to_keep: int | None = None
+    """Newest step checkpoints kept on disk (None = all)."""
 
     @field_serializer("storage_url", when_used="json")
     def _hide_password(self, url: str) -> str:
@@ -62,6 +64,7 @@ class RunRef(BaseModel):
             consumed_before=consumed_before, generated_before=consumed_before,
             test_freq=cfg.trainer.test_freq if cfg.data.val_files else -1,
             val_before_train=bool(cfg.data.val_files) and cfg.trainer.val_before_train,
+            max_actor_ckpt_to_keep=cfg.trainer.max_actor_ckpt_to_keep,
         )
 
 

@@ -60,6 +60,7 @@ from metrics import (
     WastedWork,
     aggregate_cycle,
     cycle_utilizations,
+    rollout_resource_utilization,
 )
 from policies import DynamicScheduleContext, DynamicSchedulePolicyBase
 from sim.events import CONTROL_PLANE, DATA_PLANE, Event, EventLoop
@@ -460,6 +461,12 @@ class Simulator:
             standalone_replicas=s.standalone_replicas,
             hybrid_replicas=s.hybrid_replicas,
             standalone_lost=r.standalone_lost,
+            lent_replicas=sum(1 for rep in r.hybrids if rep in r.routable),
+            max_required_samples=s.max_required_samples,
+            concurrent_samples_per_replica=s.concurrent_samples_per_replica,
+            in_flight_samples=r.in_flight,
+            rollout_utilization=(rollout_resource_utilization(self._log.history, self._log.window_end)
+                                 if self._log.history else 0.0),
         )
 
     # ------------------------------------------------------------------ result

@@ -25,6 +25,7 @@ from cluster.actors.remote_engine import actor_is_dead
 from cluster.controller import DynamicResourceController
 from cluster.membership import Membership
 from cluster.types import RolloutCounters
+from metrics import ROLLOUT_RESOURCE_UTILIZATION
 from loop.plans import (
     BroadcastReport,
     DeactivatePlan,
@@ -201,6 +202,8 @@ class ControllerHost:
             self._last_broadcast = (weights, int(version))
         broadcast_s = time.perf_counter() - t0
         metrics = ray.get(self.service.on_weight_sync.remote(version)) if window else {}
+        if window:
+            self.ctl.window_closed(float(metrics.get(ROLLOUT_RESOURCE_UTILIZATION, 0.0)))
         return BroadcastReport(version=int(version), broadcast_s=broadcast_s,
                                max_replica_load_s=max(per_replica.values(), default=0.0),
                                replicas=len(per_replica), window=dict(metrics))
@@ -224,12 +227,13 @@ class ControllerHost:
     def hybrid_sync(self, plan: LendPlan, version: int) -> SwitchReport:
         """Wake the hybrids and load ``version`` in the trainer's process (only when ``plan`` lends)."""
         assert plan.lends, f"hybrid_sync for a plan that lends nothing: {plan}"
-        return self.ctl.hybrid_sync(version)
+        return self.ctl.hybrid_sync(version, plan.count)
 
     def lend(self, plan: LendPlan, micro: Sequence[MicroSummary]) -> tuple[SwitchReport, ...]:
-        """Activate the synced hybrids, then ask ``request_rebalance`` and rebalance if it says so."""
+        """Activate the ``plan.count`` synced hybrids, then ask ``request_rebalance`` and rebalance
+        if it says so."""
         assert plan.lends, f"lend for a plan that lends nothing: {plan}"
-        return self.ctl.lend(plan.step, micro)
+        return self.ctl.lend(plan.step, micro, plan.count)
 
     def end_step(self, step: int, micro: Sequence[MicroSummary]) -> StepOutcome:
         """``update_after_step``, then what the store keeps: policy and controller state, the

@@ -1,7 +1,7 @@
 """`predictive`: lend the trainer's GPUs only when a prediction of the next step says it wins.
 
 Owns the step-time model of ``docs/policies.md``: from the cycles it has seen (``ctx.now`` at each
-``update_after_step``), the trainer's waits, the rollout utilization, the staleness cap and the
+``update_after_step``), the trainer's waits, the replica counts, the staleness cap and the
 measured switch seconds it predicts a cycle's time without lending (``T0``) and with k of the m
 hybrids lent (``T[k]``); it lends only when a measured ``T[k]`` beats ``T0`` by more than the
 uncertainty of the difference, and it measures a ``T[k]`` (a short probe) only when its prior says
@@ -21,7 +21,7 @@ MIN_BASE_CYCLES = 3
 """No-lend cycles to measure before any prediction is trusted."""
 PROBE_LENDS = 2
 """Consecutive lends of one probe: cycles (0→k), (k→k), (k→0) are measured."""
-FIRST_BACKOFF_STEPS = 16
+FIRST_BACKOFF_STEPS = 24
 """Steps between a probe that lost and the next; doubles after each loss (at most MAX_BACKOFF)."""
 MAX_BACKOFF_STEPS = 256
 REFRESH_EVERY = 16
@@ -29,6 +29,8 @@ REFRESH_EVERY = 16
 Z = 1.0
 """Standard errors a win must clear."""
 NO_PROBE: dict[str, float] = {"k": 0, "left": 0, "lends": 0, "cycles": 0, "total": 0.0, "expected": 0.0}
+EFFECT_TTL_STEPS = 48
+"""A lend effect measured longer ago than this is forgotten (the prior stands in, so it is probed again)."""
 TREND_BETA = 0.2
 """Share of a no-lend cycle's surprise that goes into the per-step slope."""
 PRIOR_SWITCH_S = 6.0
@@ -46,15 +48,12 @@ def _stat() -> dict[str, float]:
     return {"n": 0, "mean": 0.0, "var": 0.0}
 
 
-def _add(stat: dict[str, float], x: float, weight: int = 1) -> dict[str, float]:
-    """A new stat with ``x`` folded in (``weight`` times): running mean and variance, exponential
-    after 1/alpha samples."""
-    for _ in range(max(1, int(weight))):
-        n = stat["n"] + 1
-        w = max(EMA_ALPHA, 1.0 / n)
-        delta = x - stat["mean"]
-        stat = {"n": n, "mean": stat["mean"] + w * delta, "var": (1.0 - w) * (stat["var"] + w * delta * delta)}
-    return stat
+def _add(stat: dict[str, float], x: float) -> dict[str, float]:
+    """A new stat with ``x`` folded in: running mean and variance, exponential after 1/alpha."""
+    n = stat["n"] + 1
+    w = max(EMA_ALPHA, 1.0 / n)
+    delta = x - stat["mean"]
+    return {"n": n, "mean": stat["mean"] + w * delta, "var": (1.0 - w) * (stat["var"] + w * delta * delta)}
 
 
 def _se(stat: dict[str, float]) -> float:
@@ -108,8 +107,6 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         """Seconds of a cycle that neither began nor ended with a lend, as a drifting trend (``T0``)."""
         self.wait = _stat()
         """Trainer wait seconds in those cycles."""
-        self.util = _stat()
-        """Rollout utilization of those cycles' windows."""
         self.effect: dict[str, dict[str, float]] = {}
         """Per k (a string, for JSON): measured seconds a lend of k adds to a cycle (``T[k] − T0``)."""
         self.switch = _stat()
@@ -129,20 +126,14 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     def prior_gain_s(self, k: int, ctx: DynamicScheduleContext) -> float:
         """Trainer wait seconds k hybrids would remove per cycle, before any lend is measured.
 
-        Only concurrency the staleness cap still admits can add throughput: the standalones hold
-        min(S·c, M) samples in flight, k hybrids raise that to min((S+k)·c, M). The wait shrinks in
-        proportion to the added share, and only for the fraction of time the rollout is saturated
-        (its utilization); where the cap binds, the hybrids add nothing.
+        Deliberately optimistic: the wait shrinks by the hybrids' share of the replicas,
+        k / (S + k), as if generation were throughput-bound. Where the staleness cap binds, the
+        hybrids add no throughput (only thinner batches, so somewhat faster sequences): the probe
+        measures what a lend really does, and a measured loss stops the lending.
         """
-        c = ctx.concurrent_samples_per_replica
-        s = ctx.standalone_replicas
-        if c <= 0 or self.wait["n"] == 0:
+        if self.wait["n"] == 0 or k <= 0:
             return 0.0
-        cap = ctx.max_required_samples if ctx.max_required_samples > 0 else math.inf
-        before, after = min(s * c, cap), min((s + k) * c, cap)
-        if after <= 0:
-            return 0.0
-        return self.wait["mean"] * min(1.0, max(0.0, self.util["mean"])) * (after - before) / after
+        return self.wait["mean"] * k / (max(0, ctx.standalone_replicas) + k)
 
     def switch_s(self) -> float:
         return self.switch["mean"] if self.switch["n"] else PRIOR_SWITCH_S
@@ -151,14 +142,15 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         """k → (predicted seconds of cycle ``step``, uncertainty, source) for k = 0 (no lend) … m.
 
         ``T0`` is the no-lend trend; a measured ``T[k]`` is ``T0`` plus the measured effect of
-        lending k; an unmeasured one is ``T0`` − the prior's gain + the switch seconds.
+        lending k; an unmeasured one (or one measured more than ``EFFECT_TTL_STEPS`` ago: the run
+        has moved on) is ``T0`` − the prior's gain + the switch seconds.
         """
         base, spread = _trend_at(self.base, step), math.sqrt(max(self.base["var"], 0.0))
         base_se = spread / math.sqrt(max(1.0, min(self.base["n"], 2.0 / EMA_ALPHA - 1.0)))
         out: dict[int, tuple[float, float, str]] = {0: (base, base_se, "measured")}
         for k in range(1, max(1, ctx.hybrid_replicas) + 1):
             effect = self.effect.get(str(k))
-            if effect and effect["n"] > 0:
+            if effect and effect["n"] > 0 and step - effect.get("step", step) <= EFFECT_TTL_STEPS:
                 out[k] = (base + effect["mean"], math.sqrt(_se(effect) ** 2 + base_se ** 2), "measured")
             else:
                 out[k] = (base - self.prior_gain_s(k, ctx) + self.switch_s(), spread, "prior")
@@ -229,14 +221,14 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         if before == 0 and after == 0:
             self.base = _trend_add(self.base, step, cycle_s)
             self.wait = _add(self.wait, float(sum(ctx.step_wait_times)))
-            self.util = _add(self.util, float(ctx.rollout_utilization))
         elif self.probe["k"]:
             self.probe = {**self.probe, "total": self.probe["total"] + cycle_s,
                           "expected": self.probe["expected"] + _trend_at(self.base, step),
                           "cycles": self.probe["cycles"] + 1}
         elif before and before == after:
             key = str(before)
-            self.effect[key] = _add(self.effect.get(key, _stat()), cycle_s - _trend_at(self.base, step))
+            self.effect[key] = {**_add(self.effect.get(key, _stat()), cycle_s - _trend_at(self.base, step)),
+                                "step": step}
 
     def _advance(self, step: int, lent: int, ctx: DynamicScheduleContext) -> None:
         """Move the refresh pause, the probe or the lending run on by one step; maybe start a probe."""
@@ -267,7 +259,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         effect = (probe["total"] - probe["expected"]) / lends
         se = spread * math.sqrt(cycles + cycles * cycles / max(1, self.base["n"])) / lends
         n_eff = min(lends, 2.0 / EMA_ALPHA - 1.0)
-        self.effect[str(int(probe["k"]))] = {"n": lends, "mean": effect, "var": se * se * n_eff}
+        self.effect[str(int(probe["k"]))] = {"n": lends, "mean": effect, "var": se * se * n_eff, "step": step}
         if effect + Z * se < 0:
             self.lending, self.lends_since_refresh = int(probe["k"]), 0
             self.backoff = FIRST_BACKOFF_STEPS

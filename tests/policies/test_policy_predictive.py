@@ -1,10 +1,10 @@
 """`predictive` on hand-computed contexts: it lends only when a measured lend wins, k of m.
 
 Every context: required_samples=16, trigger_parameter_sync_step=4 (64 samples per cycle), one
-standalone replica of 8 concurrent samples, a staleness cap of 16 samples. A no-lend cycle takes
-60 s of which the trainer waits ``wait`` s at rollout utilization 1, so the prior gain of lending
-k hybrids is wait × (min((1+k)·8, 16) − 8) / min((1+k)·8, 16) = wait / 2 for every k ≥ 1, and
-the prior T[k] = 60 − wait/2 + 6 s (the assumed switch seconds before one is measured).
+standalone replica, a staleness cap of 16 samples. A no-lend cycle takes 60 s of which the trainer
+waits ``wait`` s, so the prior gain of lending k hybrids is wait × k / (1 + k) and the prior
+T[k] = 60 − wait·k/(1+k) + 6 s (the assumed switch seconds before one is measured): with a 30 s
+wait, T[1] = 51 s and T[2] = 46 s.
 """
 
 from __future__ import annotations
@@ -54,21 +54,22 @@ def test_a_rollout_bound_run_probes_when_the_prior_wins_and_keeps_lending_after_
 
     assert answers == [0, 0, 0, 0, True, True, 0, True]
     assert policy.lending == 1
-    assert policy.effect == {"1": {"n": 2, "mean": -15.0, "var": 0.0}}
+    assert policy.effect == {"1": {"n": 2, "mean": -15.0, "var": 0.0, "step": 7}}
 
 
 def test_a_probe_that_loses_backs_off_and_the_next_probe_tries_fewer_of_the_hybrids():
-    # two hybrids: T[1] = T[2] = 51 s by the prior, the tie goes to the larger k: steps 5-6 lend 2;
-    # those cycles take 70 s: effect (210 − 180) / 2 = +15 s → lost, next probe at 7 + 1 + 16 = 24;
-    # then T[2] = 75 s is measured and the unmeasured T[1] = 51 s prior beats T0: step 24 lends 1
+    # two hybrids: T[2] = 46 s beats T[1] = 51 s by the prior: steps 5-6 lend both; those cycles
+    # take 70 s: effect (210 − 180) / 2 = +15 s → lost, next probe at 7 + 1 + 24 = 32; then
+    # T[2] = 75 s is measured (25 steps ago, still remembered) and the unmeasured T[1] = 51 s
+    # beats T0 = 60 s: step 32 lends 1 of the 2
     policy = PredictiveDynamicSchedulePolicy()
 
-    answers, _ = drive(policy, [60.0] * 4 + [70.0] * 3 + [60.0] * 17, hybrids=2)
+    answers, _ = drive(policy, [60.0] * 4 + [70.0] * 3 + [60.0] * 25, hybrids=2)
 
-    assert answers == [0] * 4 + [True, True] + [0] * 17 + [1]
-    assert policy.next_probe_step == 24
-    assert policy.backoff == 32
-    assert policy.effect == {"2": {"n": 2, "mean": 15.0, "var": 0.0}}
+    assert answers == [0] * 4 + [True, True] + [0] * 25 + [1]
+    assert policy.next_probe_step == 32
+    assert policy.backoff == 48
+    assert policy.effect == {"2": {"n": 2, "mean": 15.0, "var": 0.0, "step": 7}}
 
 
 def test_a_measured_win_that_turns_into_a_loss_stops_the_lending():
@@ -86,12 +87,12 @@ def test_a_measured_win_that_turns_into_a_loss_stops_the_lending():
 
 def test_the_explanation_gives_the_predicted_times_behind_the_answer():
     policy = PredictiveDynamicSchedulePolicy()
-    _, now = drive(policy, [60.0] * 4)
+    _, now = drive(policy, [60.0] * 4, hybrids=2)
     ctx = replace(CTX, now=now, hybrid_replicas=2)
 
     reason = policy.explain("should_activate_after_step", 5, False, ctx)
 
-    assert reason == "T0 60.0±0.0s; T[1] 51.0±0.0s prior, T[2] 51.0±0.0s prior → lend 1 (probe, 2 lends left)"
+    assert reason == "T0 60.0±0.0s; T[1] 51.0±0.0s prior, T[2] 46.0±0.0s prior → lend 2 (probe, 2 lends left)"
 
 
 def test_the_deactivation_waits_for_the_samples_the_trainer_would_have_waited_for():

@@ -25,7 +25,6 @@ from cluster.actors.remote_engine import actor_is_dead
 from cluster.controller import DynamicResourceController
 from cluster.membership import Membership
 from cluster.types import RolloutCounters
-from metrics import ROLLOUT_RESOURCE_UTILIZATION
 from loop.plans import (
     BroadcastReport,
     DeactivatePlan,
@@ -36,6 +35,7 @@ from loop.plans import (
     SwitchReport,
     WaitReport,
 )
+from metrics import ROLLOUT_RESOURCE_UTILIZATION
 
 
 class _BalancerAdapter:

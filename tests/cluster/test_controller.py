@@ -206,7 +206,7 @@ def make_rig(
         lb,
         pool,
         standalone_ids=standalone_ids,
-        sizes=SIZES,
+        sizes=kwargs.pop("sizes", SIZES),
         counters=read_counters,
         clock=clock,
         sleep=clock.sleep,
@@ -819,6 +819,21 @@ def test_the_context_is_built_from_sizes_counters_micro_steps_and_membership():
     assert (ctx.step_wait_times, ctx.step_wait_samples) == ([1.5, 2.5], [3, 4])
     assert (ctx.standalone_replicas, ctx.hybrid_replicas, ctx.standalone_lost) == (2, 2, False)
     assert (ctx.now, ctx.last_switch_at) == (START + 2.0, None)
+
+
+def test_the_context_carries_the_lent_count_the_staleness_cap_the_flight_and_the_window_utilization():
+    sizes = RunSizes(required_samples=16, trigger_parameter_sync_step=4, standalone_replicas=2, hybrid_replicas=3,
+                     max_required_samples=96, concurrent_samples_per_replica=8)
+    rig = make_rig(hybrid_ids=THREE, sizes=sizes,
+                   counters=RolloutCounters(generated_total=40, queue_size=6, in_flight=11))
+    rig.controller.hybrid_sync(1, count=2)
+    rig.controller.activate()
+    rig.controller.window_closed(0.75)
+
+    ctx = rig.controller.context()
+
+    assert (ctx.lent_replicas, ctx.hybrid_replicas, ctx.max_required_samples, ctx.concurrent_samples_per_replica,
+            ctx.in_flight_samples, ctx.rollout_utilization) == (2, 3, 96, 8, 11, 0.75)
 
 
 # ------------------------------------------------------------------------------- persistence

@@ -24,7 +24,7 @@ PROBE_LENDS = 2
 FIRST_BACKOFF_STEPS = 24
 """Steps between a probe that lost and the next; doubles after each loss (at most MAX_BACKOFF)."""
 MAX_BACKOFF_STEPS = 256
-REFRESH_EVERY = 16
+REFRESH_EVERY = 48
 """While lending, pause for two steps after this many lends, to re-measure the no-lend cycle."""
 Z = 1.0
 """Standard errors a win must clear."""

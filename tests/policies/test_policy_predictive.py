@@ -126,3 +126,13 @@ def test_a_state_round_trip_mid_run_reproduces_every_later_decision(cut):
 
     assert head + tail == expected
     assert restored.state_dict() == whole.state_dict()
+
+
+def test_a_long_lending_run_pauses_two_steps_every_48_lends_to_measure_the_no_lend_cycle_again():
+    # the win is measured at step 7; steps 8-55 lend (48 lends), 56-57 pause, 58 lends again
+    policy = PredictiveDynamicSchedulePolicy()
+
+    answers, _ = drive(policy, [60.0] * 4 + [50.0] * 51 + [60.0] * 3)
+
+    assert answers == [0] * 4 + [True, True, 0] + [True] * 48 + [0, 0, True]
+    assert policy.base["n"] == 4

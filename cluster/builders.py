@@ -165,7 +165,6 @@ def run_sizes(cfg: TidalConfig, *, consumed_before: int = 0) -> RunSizes:
         standalone_replicas=cfg.standalone_replicas, hybrid_replicas=cfg.hybrid_replicas,
         consumed_before=consumed_before, generated_before=consumed_before,
         max_required_samples=cfg.max_required_samples,
-        concurrent_samples_per_replica=cfg.async_training.concurrent_samples_per_replica,
     )
 
 

@@ -219,7 +219,6 @@ class DynamicResourceController:
         self._synced: tuple[str, ...] = ()  # the hybrids woken and loaded since the last sleep
         self._lent: tuple[str, ...] = hybrids if initial_state is ControllerState.HYBRID_ACTIVE else ()
         self._relend_count = len(hybrids)  # how many a resumed run lends again (its stored lent count)
-        self._rollout_utilization = 0.0  # the last window's, from the broadcast (policy context)
         self._durations = SwitchDurations()  # this cycle's switch seconds, as the policy sees them
         self._last_switch_at: float | None = None
         self._switch_count = 0
@@ -343,14 +342,8 @@ class DynamicResourceController:
             standalone_lost=self._members.standalone_lost,
             lent_replicas=len(self._lent),
             max_required_samples=s.max_required_samples,
-            concurrent_samples_per_replica=s.concurrent_samples_per_replica,
             in_flight_samples=int(counters.in_flight),
-            rollout_utilization=self._rollout_utilization,
         )
-
-    def window_closed(self, rollout_utilization: float) -> None:
-        """The broadcast closed the rollout window: its utilization goes into later contexts."""
-        self._rollout_utilization = float(rollout_utilization)
 
     # ------------------------------------------------------------ step phases
 

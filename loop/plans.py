@@ -77,7 +77,6 @@ class RunSizes:
     generated_before: int = 0
     max_required_samples: int = 0
     """The staleness cap: samples started per param version, and the queue's capacity."""
-    concurrent_samples_per_replica: int = 0
 
 
 @dataclass(frozen=True)

@@ -60,12 +60,8 @@ class DynamicScheduleContext:
     """Hybrid replicas lent to rollout now (k of ``hybrid_replicas``; 0 when none)."""
     max_required_samples: int = 0
     """The staleness cap: samples started per param version (and the queue's capacity); 0 = unknown."""
-    concurrent_samples_per_replica: int = 0
-    """Samples one replica may generate at once; 0 = unknown."""
     in_flight_samples: int = 0
     """Samples being generated when the context was built."""
-    rollout_utilization: float = 0.0
-    """The last closed rollout window's utilization (time-average of in flight / capacity), 0–1."""
     step_required_samples: int = field(init=False)
     """Derived: required_samples × trigger_parameter_sync_step (one cycle's samples)."""
 

@@ -294,7 +294,8 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
                    f"probe, {int(self.probe['left'])} lends left" if self.probe["left"] > 0 else
                    "measured win" if self.lending else
                    "measuring T0" if self.base["n"] < MIN_BASE_CYCLES else "no measured win")
-            return f"T0 {preds[0][0]:.1f}±{preds[0][1]:.1f}s; {shown} → lend {k} ({why})"
+            return (f"T0 {preds[0][0]:.1f}±{preds[0][1]:.1f}s; {shown} → lend {k} ({why}); in flight "
+                    f"{ctx.in_flight_samples} + queued {ctx.mq_size} of cap {ctx.max_required_samples}")
         if hook == "deactivate_wait_samples":
             return f"T0 {self.base['level']:.1f}s, wait {self.wait['mean']:.1f}s → queue first"
         if hook == "update_after_step":

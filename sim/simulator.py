@@ -60,7 +60,6 @@ from metrics import (
     WastedWork,
     aggregate_cycle,
     cycle_utilizations,
-    rollout_resource_utilization,
 )
 from policies import DynamicScheduleContext, DynamicSchedulePolicyBase
 from sim.events import CONTROL_PLANE, DATA_PLANE, Event, EventLoop
@@ -463,10 +462,7 @@ class Simulator:
             standalone_lost=r.standalone_lost,
             lent_replicas=sum(1 for rep in r.hybrids if rep in r.routable),
             max_required_samples=s.max_required_samples,
-            concurrent_samples_per_replica=s.concurrent_samples_per_replica,
             in_flight_samples=r.in_flight,
-            rollout_utilization=(rollout_resource_utilization(self._log.history, self._log.window_end)
-                                 if self._log.history else 0.0),
         )
 
     # ------------------------------------------------------------------ result

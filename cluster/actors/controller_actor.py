@@ -35,7 +35,6 @@ from loop.plans import (
     SwitchReport,
     WaitReport,
 )
-from metrics import ROLLOUT_RESOURCE_UTILIZATION
 
 
 class _BalancerAdapter:
@@ -202,8 +201,6 @@ class ControllerHost:
             self._last_broadcast = (weights, int(version))
         broadcast_s = time.perf_counter() - t0
         metrics = ray.get(self.service.on_weight_sync.remote(version)) if window else {}
-        if window:
-            self.ctl.window_closed(float(metrics.get(ROLLOUT_RESOURCE_UTILIZATION, 0.0)))
         return BroadcastReport(version=int(version), broadcast_s=broadcast_s,
                                max_replica_load_s=max(per_replica.values(), default=0.0),
                                replicas=len(per_replica), window=dict(metrics))

@@ -821,19 +821,17 @@ def test_the_context_is_built_from_sizes_counters_micro_steps_and_membership():
     assert (ctx.now, ctx.last_switch_at) == (START + 2.0, None)
 
 
-def test_the_context_carries_the_lent_count_the_staleness_cap_the_flight_and_the_window_utilization():
+def test_the_context_carries_the_lent_count_the_staleness_cap_and_the_samples_in_flight():
     sizes = RunSizes(required_samples=16, trigger_parameter_sync_step=4, standalone_replicas=2, hybrid_replicas=3,
-                     max_required_samples=96, concurrent_samples_per_replica=8)
+                     max_required_samples=96)
     rig = make_rig(hybrid_ids=THREE, sizes=sizes,
                    counters=RolloutCounters(generated_total=40, queue_size=6, in_flight=11))
     rig.controller.hybrid_sync(1, count=2)
     rig.controller.activate()
-    rig.controller.window_closed(0.75)
 
     ctx = rig.controller.context()
 
-    assert (ctx.lent_replicas, ctx.hybrid_replicas, ctx.max_required_samples, ctx.concurrent_samples_per_replica,
-            ctx.in_flight_samples, ctx.rollout_utilization) == (2, 3, 96, 8, 11, 0.75)
+    assert (ctx.lent_replicas, ctx.hybrid_replicas, ctx.max_required_samples, ctx.in_flight_samples) == (2, 3, 96, 11)
 
 
 # ------------------------------------------------------------------------------- persistence

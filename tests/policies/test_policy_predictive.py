@@ -17,7 +17,7 @@ import pytest
 from policies import DynamicScheduleContext, PredictiveDynamicSchedulePolicy, build_policy
 
 CTX = DynamicScheduleContext(required_samples=16, trigger_parameter_sync_step=4, standalone_replicas=1,
-                             concurrent_samples_per_replica=8, max_required_samples=16, rollout_utilization=1.0)
+                             max_required_samples=16)
 
 
 def drive(policy, cycles, *, hybrids=1, wait=30.0, start_step=1, start_now=0.0, active=False):
@@ -92,7 +92,8 @@ def test_the_explanation_gives_the_predicted_times_behind_the_answer():
 
     reason = policy.explain("should_activate_after_step", 5, False, ctx)
 
-    assert reason == "T0 60.0±0.0s; T[1] 51.0±0.0s prior, T[2] 46.0±0.0s prior → lend 2 (probe, 2 lends left)"
+    assert reason == ("T0 60.0±0.0s; T[1] 51.0±0.0s prior, T[2] 46.0±0.0s prior → lend 2 (probe, 2 lends left); "
+                      "in flight 0 + queued 0 of cap 16")
 
 
 def test_the_deactivation_waits_for_the_samples_the_trainer_would_have_waited_for():

@@ -20,7 +20,7 @@ from config import ConfigError, TidalConfig, load_config
 from policies import UnknownPolicyError, resolve_policy_class
 from sim import SimResult, SimulationStalled, simulate, static_splits, with_policy
 
-DYNAMIC_POLICIES = ("default", "fixed_ratio")
+DYNAMIC_POLICIES = ("default", "fixed_ratio", "predictive")
 """Policies a ``--compare`` runs on the config's own split when ``--policy`` is not given."""
 
 

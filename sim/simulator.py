@@ -460,6 +460,9 @@ class Simulator:
             standalone_replicas=s.standalone_replicas,
             hybrid_replicas=s.hybrid_replicas,
             standalone_lost=r.standalone_lost,
+            lent_replicas=sum(1 for rep in r.hybrids if rep in r.routable),
+            max_required_samples=s.max_required_samples,
+            in_flight_samples=r.in_flight,
         )
 
     # ------------------------------------------------------------------ result

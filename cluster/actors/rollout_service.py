@@ -177,7 +177,8 @@ class RolloutService:
     def counters(self) -> RolloutCounters:
         """The generated total and the queue size, read together (one per policy question)."""
         generated = 0 if self.rollouter is None else self.rollouter.total_generated_samples
-        return RolloutCounters(generated_total=int(generated), queue_size=self.queue.size())
+        in_flight = 0 if self.rollouter is None else self.rollouter.in_flight_samples
+        return RolloutCounters(generated_total=int(generated), queue_size=self.queue.size(), in_flight=int(in_flight))
 
     def stats(self) -> dict[str, Any]:
         base = {"queue_size": self.queue.size(), "active_replicas": list(self.lb.active_ids()),

@@ -43,7 +43,7 @@ def test_compare_runs_every_static_split_and_the_dynamic_setups(tmp_path, capsys
     data = json.loads(out.read_text())
     labels = [s["setup"] for s in data["compare"]]
     assert labels == [f"static {t}+{32 - t}" for t in range(4, 32, 4)] + [
-        "dynamic 16+16 default", "dynamic 16+16 fixed_ratio"
+        "dynamic 16+16 default", "dynamic 16+16 fixed_ratio", "dynamic 16+16 predictive"
     ]
     statics = [s for s in data["compare"] if s["setup"].startswith("static")]
     assert data["best_static"] == min(statics, key=lambda s: s["wall_clock_s"])["setup"]

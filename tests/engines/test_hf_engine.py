@@ -176,3 +176,18 @@ def test_sleep_frees_the_kv_cache_and_the_weights_and_wake_plus_load_restores_th
             await engine.shutdown()
 
     assert asyncio.run(main()) == (True, "abort", True, (0, 0), weight_bytes)
+
+
+def test_the_engine_factory_of_a_config_with_a_model_path_builds_the_hf_torch_engine_after_pickling(folder, tok):
+    import pickle
+
+    from cluster.builders import engine_factory
+    from cluster.problems import CharTokenizer
+    from config import load_config
+
+    cfg = load_config("tiny-cpu", [f"actor_rollout_ref.model.path={folder}"])
+    engine = pickle.loads(pickle.dumps(engine_factory(cfg, CharTokenizer(), hybrid=False, seed=0)))()
+    model = load_model(folder)
+    prompt = tok.encode(TEXTS[0])
+    (result,) = run(engine, model.state_dict(), [greedy("r", prompt, ignore_eos=True)])
+    assert (engine.eos_id, engine.max_batch, result.tokens) == (tok.eos_token_id, 8 * 16, hf_greedy(model, prompt, 16))

@@ -2,8 +2,8 @@
 
 Owns the running rows' cache: one ``DynamicCache`` whose rows are the running sequences, in the
 order the batching core lists them, left-padded to a common length (a 2-D attention mask hides the
-padding; position ids carry each row's true positions). An admitted prompt is prefilled alone, in
-a cache of its own, then merged in; finished rows are dropped and all-padding columns cut off at
+padding; position ids carry each row's true positions). The prompts admitted together are
+prefilled as one left-padded batch, in a cache of their own, then merged in; finished rows are dropped and all-padding columns cut off at
 the next iteration. Must not schedule, sample or load models from disk (``cluster.hf`` does);
 runs only on the torch engine's worker thread.
 
@@ -56,15 +56,15 @@ class HFRunner:
 
     def logits(self, admitted: list[SequenceState], decoding: list[SequenceState]) -> torch.Tensor:
         try:
-            decoded = self._decode(decoding) if decoding else None  # (B, V)
+            rows = [self._decode(decoding)] if decoding else []  # (B, V)
             if not decoding:
                 self._reset()
-            prefilled = [self._prefill(seq) for seq in admitted]  # (V,) each
+            if admitted:
+                rows.insert(0, self._prefill(admitted))  # (A, V)
         except Exception:
             self._reset()  # a failed step fails all its sequences: start the cache afresh
             raise
-        rows = [torch.stack(prefilled)] if prefilled else []
-        return torch.cat(rows + ([] if decoded is None else [decoded]))  # (N, V)
+        return torch.cat(rows)  # (N, V)
 
     def _decode(self, decoding: list[SequenceState]) -> torch.Tensor:
         """One token for every running row: feed each row's last token at its true position."""
@@ -80,15 +80,24 @@ class HFRunner:
                          cache=self._cache, use_cache=True)
         return out.logits[:, -1].float()  # (B, V)
 
-    def _prefill(self, seq: SequenceState) -> torch.Tensor:
-        """Prefill one prompt in its own cache, merge that cache in as the last row."""
+    def _prefill(self, admitted: list[SequenceState]) -> torch.Tensor:
+        """Prefill the admitted prompts as one left-padded batch in a cache of their own, then
+        append that cache's rows to the running rows' cache."""
         from transformers import DynamicCache
 
-        prompt = torch.tensor([seq.request.prompt_tokens], device=self.device)  # (1, P)
+        lengths = [len(seq.request.prompt_tokens) for seq in admitted]
+        width = max(lengths)
+        ids = torch.zeros((len(admitted), width), dtype=torch.long)  # (A, P), padding = token 0
+        mask = torch.zeros((len(admitted), width), dtype=torch.long)  # (A, P)
+        for row, (seq, length) in enumerate(zip(admitted, lengths)):
+            ids[row, width - length:] = torch.tensor(seq.request.prompt_tokens)
+            mask[row, width - length:] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (A, P): each prompt starts at position 0
         cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=prompt, cache=cache, use_cache=True)
-        self._merge(cache, seq)
-        return out.logits[0, -1].float()  # (V,)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+        self._merge(cache, admitted, [width - length for length in lengths])
+        return out.logits[:, -1].float()  # (A, V)
 
     # ---------------------------------------------------------------- the rows' cache
 
@@ -115,19 +124,19 @@ class HFRunner:
         self._rows = list(decoding)
         self._pads = [self._pads[i] - cut for i in keep]
 
-    def _merge(self, cache: Any, seq: SequenceState) -> None:
-        """Append ``cache`` (one row) to the rows' cache, left-padding the shorter side."""
-        new = cache.layers[0].keys.shape[-2]
+    def _merge(self, cache: Any, seqs: list[SequenceState], pads: list[int]) -> None:
+        """Append ``cache`` (the rows of ``seqs``, left-padded by ``pads``) to the rows' cache,
+        left-padding the shorter side."""
         if self._cache is None:
-            self._cache, self._rows, self._pads = cache, [seq], [0]
+            self._cache, self._rows, self._pads = cache, list(seqs), list(pads)
             return
-        length = self._length()
+        length, new = self._length(), cache.layers[0].keys.shape[-2]
         width = max(length, new)
         for mine, theirs in zip(self._cache.layers, cache.layers):
             mine.keys = torch.cat([_left_pad(mine.keys, width), _left_pad(theirs.keys, width)])
             mine.values = torch.cat([_left_pad(mine.values, width), _left_pad(theirs.values, width)])
-        self._pads = [pad + width - length for pad in self._pads] + [width - new]
-        self._rows.append(seq)
+        self._pads = [pad + width - length for pad in self._pads] + [pad + width - new for pad in pads]
+        self._rows.extend(seqs)
 
     # ---------------------------------------------------------------- memory and weights
 

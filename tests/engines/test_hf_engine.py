@@ -191,3 +191,23 @@ def test_the_engine_factory_of_a_config_with_a_model_path_builds_the_hf_torch_en
     prompt = tok.encode(TEXTS[0])
     (result,) = run(engine, model.state_dict(), [greedy("r", prompt, ignore_eos=True)])
     assert (engine.eos_id, engine.max_batch, result.tokens) == (tok.eos_token_id, 8 * 16, hf_greedy(model, prompt, 16))
+
+
+def test_an_in_process_load_copies_the_trainers_tensors_so_a_later_optimizer_step_does_not_leak_in(folder, tok, tmp_path):
+    # A hybrid replica lives in the trainer's process and gets the live ``state_dict()``.
+    trainer_model = load_model(make_tiny_model(tmp_path / "trainer", folder.name, seed=3, initializer_range=0.2))
+    prompt = tok.encode(TEXTS[1])
+    expected = hf_greedy(trainer_model, prompt, 16)
+    engine = engine_for(folder, tok)
+
+    async def main():
+        try:
+            await engine.load_weights(trainer_model.state_dict(), 4)
+            with torch.no_grad():
+                for p in trainer_model.parameters():
+                    p.mul_(-1.0)  # the trainer moves on
+            return (await engine.generate(greedy("r", prompt, ignore_eos=True))).tokens
+        finally:
+            await engine.shutdown()
+
+    assert asyncio.run(main()) == expected

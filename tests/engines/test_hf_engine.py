@@ -211,3 +211,18 @@ def test_an_in_process_load_copies_the_trainers_tensors_so_a_later_optimizer_ste
             await engine.shutdown()
 
     assert asyncio.run(main()) == expected
+
+
+def test_the_sort_free_draw_keeps_the_distribution_and_top_p_still_takes_the_sorted_path():
+    from cluster.engines.torch_engine import sample_tokens
+
+    probs = torch.tensor([0.1, 0.6, 0.3])
+    n = 200
+    logits = probs.log().expand(n, 3)
+    uniforms = torch.linspace(0, 0.9999, n)  # u < 0.1: 20 rows, 0.1 <= u < 0.7: 120 rows, the rest: 60
+
+    def draw(top_p: float, **kw) -> torch.Tensor:
+        return sample_tokens(logits, torch.ones(n), torch.full((n,), top_p), uniforms, **kw)[0]
+
+    assert torch.bincount(draw(1.0, sort_only_for_top_p=True)).tolist() == [20, 120, 60]
+    assert torch.equal(draw(0.8, sort_only_for_top_p=True), draw(0.8))

@@ -226,3 +226,16 @@ def test_the_sort_free_draw_keeps_the_distribution_and_top_p_still_takes_the_sor
 
     assert torch.bincount(draw(1.0, sort_only_for_top_p=True)).tolist() == [20, 120, 60]
     assert torch.equal(draw(0.8, sort_only_for_top_p=True), draw(0.8))
+
+
+def test_rows_freed_by_finished_requests_are_reused_and_every_response_still_equals_generate(folder, tok):
+    # Three slots, six requests of mixed budgets: finished rows are refilled in place, a long
+    # prompt widens the running rows, and the mostly-free rows at the end are compacted.
+    model = load_model(folder)
+    texts = TEXTS + ("the answer is " + "12 + 7 = 19, " * 4, "1")
+    prompts = [tok.encode(t) for t in texts]
+    budgets = [3, 12, 5, 16, 2, 9]
+    engine = TorchEngine(HFRunner(load_model(folder)), max_batch=3, seed=0, eos_id=tok.eos_token_id)
+    results = run(engine, model.state_dict(),
+                  [greedy(f"r{i}", p, b, ignore_eos=True) for i, (p, b) in enumerate(zip(prompts, budgets))])
+    assert [r.tokens for r in results] == [hf_greedy(model, p, b) for p, b in zip(prompts, budgets)]

@@ -83,7 +83,10 @@ def _hf_torch_engine(spec: HFModelSpec, max_batch: int, device: str, threads: in
     tokenizer = load_tokenizer(spec.tokenizer_path, custom_chat_template=spec.custom_chat_template,
                                trust_remote_code=spec.trust_remote_code)
     model = load_model(spec.path, dtype=spec.dtype, trust_remote_code=spec.trust_remote_code, device=device)
-    eos, *extra = eos_ids(model, tokenizer)
+    ids = eos_ids(model, tokenizer)
+    if not ids:
+        raise ValueError(f"{spec.tokenizer_path}: the tokenizer names no EOS token (eos_token) and the model no eos_token_id")
+    eos, *extra = ids
     return TorchEngine(HFRunner(model, device=device), max_batch=max_batch, device=device, threads=threads,
                        eos_id=eos, seed=seed, extra_eos_ids=extra, detokenize=tokenizer.decode)
 

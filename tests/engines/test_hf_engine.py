@@ -239,3 +239,12 @@ def test_rows_freed_by_finished_requests_are_reused_and_every_response_still_equ
     results = run(engine, model.state_dict(),
                   [greedy(f"r{i}", p, b, ignore_eos=True) for i, (p, b) in enumerate(zip(prompts, budgets))])
     assert [r.tokens for r in results] == [hf_greedy(model, p, b) for p, b in zip(prompts, budgets)]
+
+
+def test_the_eos_ids_are_the_tokenizers_then_the_generation_configs_others(folder, tok):
+    from cluster.hf import eos_ids
+
+    model = load_model(folder)
+    assert eos_ids(model, tok) == [tok.eos_token_id]
+    model.generation_config.eos_token_id = [7, tok.eos_token_id, 9]
+    assert eos_ids(model, tok) == [tok.eos_token_id, 7, 9]

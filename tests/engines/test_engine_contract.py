@@ -62,6 +62,8 @@ def _hf_case(arch: str) -> EngineCase:
     # A tiny random Hugging Face model built from its config (no folder, no tokenizer needed: the
     # prompts are CharTokenizer ids, all inside its vocabulary); wide init = peaked logits.
     import torch
+
+    pytest.importorskip("transformers", reason="the HF cases need transformers (not installed here)")
     from transformers import AutoModelForCausalLM
 
     from cluster.engines.hf_runner import HFRunner

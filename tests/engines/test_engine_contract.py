@@ -23,6 +23,11 @@ from cluster.types import GenerationRequest, GenerationResult, SamplingSpec
 
 pytestmark = pytest.mark.timeout(20)  # a scheduler bug hangs rather than fails
 
+try:  # imported at collection, so the first HF case does not spend its timeout importing it
+    import transformers  # noqa: F401
+except ImportError:
+    pass
+
 TOK = CharTokenizer()
 PROMPTS = [TOK.encode(text) for text in ("a3=", "copy:abc=", "12+7=", "e6=", "copy:fdeca=")]
 BUDGET = 40  # fits in every engine's context next to the longest prompt

@@ -55,6 +55,44 @@ def _torch_engine(model_cfg: TinyLMConfig, max_batch: int, device: str, threads:
                        threads=threads, eos_id=eos, seed=seed)
 
 
+@dataclass(frozen=True)
+class HFModelSpec:
+    """What a replica needs to load a Hugging Face model folder: plain values, picklable."""
+
+    path: str
+    tokenizer_path: str
+    custom_chat_template: str | None = None
+    trust_remote_code: bool = False
+    dtype: str = "float32"
+
+
+def hf_model_spec(cfg: TidalConfig) -> HFModelSpec | None:
+    """The HF model of ``cfg``; None when it runs the built-in tiny LM."""
+    m = cfg.actor_rollout_ref.model
+    if m.path is None:
+        return None
+    return HFModelSpec(m.path, m.tokenizer_folder, m.custom_chat_template, m.trust_remote_code,
+                       cfg.actor_rollout_ref.rollout.dtype)
+
+
+def _hf_torch_engine(spec: HFModelSpec, max_batch: int, device: str, threads: int, seed: int) -> Any:
+    """The torch engine serving ``spec``'s folder: EOS ids from its tokenizer and generation config."""
+    from cluster.engines.hf_runner import HFRunner
+    from cluster.engines.torch_engine import TorchEngine
+    from cluster.hf import eos_ids, load_model, load_tokenizer
+
+    device = "cpu" if device == "auto" else device
+    tokenizer = load_tokenizer(spec.tokenizer_path, custom_chat_template=spec.custom_chat_template,
+                               trust_remote_code=spec.trust_remote_code)
+    model = load_model(spec.path, dtype=spec.dtype, trust_remote_code=spec.trust_remote_code, device=device)
+    ids = eos_ids(model, tokenizer)
+    if not ids:
+        raise ValueError(f"{spec.tokenizer_path}: the tokenizer names no EOS token (eos_token) and the model no eos_token_id")
+    eos, *extra = ids
+    return TorchEngine(HFRunner(model, device=device), max_batch=max_batch, device=device, threads=threads,
+                       eos_id=eos, seed=seed, extra_eos_ids=extra, detokenize=tokenizer.decode)
+
+
 def _vllm_engine(model_cfg: TinyLMConfig, max_batch: int, threads: int, eos: int, seed: int) -> Any:
     # vLLM lives in its own venv (README, "vLLM"); importing it here, where the engine is built
     # (inside a Ray actor), keeps every other kind free of it.
@@ -95,6 +133,10 @@ def simulated_engine_costs(cfg: TidalConfig, *, hybrid: bool) -> dict[str, Any]:
 def engine_factory(cfg: TidalConfig, tokenizer: CharTokenizer, *, hybrid: bool, seed: int) -> Callable[[], Any]:
     """A picklable zero-argument callable that builds one replica's engine where it is called."""
     kind = cfg.engines.rollout
+    hf = hf_model_spec(cfg)
+    if kind == "torch" and hf is not None:
+        return functools.partial(_hf_torch_engine, hf, requests_per_replica(cfg), cfg.engines.device,
+                                 cfg.engines.torch_threads_per_actor, seed)
     if kind == "torch":
         return functools.partial(_torch_engine, model_config(cfg, tokenizer), requests_per_replica(cfg),
                                  cfg.engines.device, cfg.engines.torch_threads_per_actor, tokenizer.eos_id, seed)

@@ -24,6 +24,9 @@ class SamplingSpec:
     ignore_eos: bool = False
     """Keep generating after EOS until the budget is spent (EOS is then an ordinary token), so a
     response always finishes by ``length``: for tests and benchmarks that need fixed lengths."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: the response ends (``stop``) with the token that completes one of them in the
+    decoded text (the token is kept). Engines without a detokenizer ignore them."""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from config.algo_keys import SCHEDULING_ALIASES, ActorSection, AlgorithmSection, apply_aliases
 from config.data_keys import CustomRewardFunction, DataSection, ValKwargs
+from config.model_keys import HFModelSection, RolloutDtype
 
 
 class _Section(BaseModel):
@@ -127,10 +128,15 @@ class RolloutEngineSection(_Section):
     val_kwargs: ValKwargs = Field(default_factory=ValKwargs)
     """Sampling for validation."""
 
+    dtype: RolloutDtype = "float32"
+    """Dtype of the rollout engine's weights (HF models; verl's default is bfloat16 on GPUs)."""
+
 
 class ActorRolloutRef(_Section):
     """`actor_rollout_ref.*`."""
 
+    model: HFModelSection = Field(default_factory=HFModelSection)
+    """The Hugging Face model folder (null path = the built-in tiny LM)."""
     rollout: RolloutEngineSection = Field(default_factory=RolloutEngineSection)
     """Sampling: group size, lengths, temperature, GPUs per replica."""
     actor: ActorSection = Field(default_factory=ActorSection)
@@ -470,7 +476,8 @@ class TidalConfig(_Section):
                 f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} to host hybrid replicas"
             )
         r = self.actor_rollout_ref.rollout
-        if self.engines.rollout in ("torch", "vllm") and r.prompt_length + r.response_length > self.model.max_seq_len:
+        tiny = self.actor_rollout_ref.model.path is None  # an HF model's context is its own
+        if tiny and self.engines.rollout in ("torch", "vllm") and r.prompt_length + r.response_length > self.model.max_seq_len:
             raise ValueError(
                 f"actor_rollout_ref.rollout.prompt_length + response_length "
                 f"({r.prompt_length}+{r.response_length}) exceeds model.max_seq_len={self.model.max_seq_len}"

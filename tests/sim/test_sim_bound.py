@@ -77,10 +77,9 @@ SPECS = {
         load_config("sim/qwen35-35b-dynamic", ["async_training.staleness_threshold=0",
                                                "async_training.trigger_parameter_sync_step=1"]), steps=12),
     "old shape, staleness 1, lengths falling": spec_from_config(
-        load_config("sim/_qwen35-35b-tp4", ["async_training.use_dynamic_resource_scheduling=true",
-                                            "async_training.staleness_threshold=1.0", "trainer.nnodes=1",
-                                            "rollout.nnodes=3", "sim.response_len_mean_start=6000",
-                                            "sim.response_len_mean_end=2000"]), steps=8),
+        load_config("sim/qwen35-35b-tp4-dynamic", ["async_training.staleness_threshold=1.0", "trainer.nnodes=1",
+                                                   "rollout.nnodes=3", "sim.response_len_mean_start=6000",
+                                                   "sim.response_len_mean_end=2000"]), steps=8),
     "tiny-cpu": spec_from_config(load_config("tiny-cpu"), steps=6),
 }
 

@@ -17,18 +17,11 @@ from sim import Simulator, spec_from_config
 
 S = 20
 SETUPS = ("static-8-24", "static-16-16", "dynamic")
-OLD_SHAPE = "sim/_qwen35-35b-tp4"
-"""The seed experiment's shape before issue 16 (TP 4, n 8), which the emulated presets keep."""
-OLD_SPLITS = {
-    "static-8-24": ["trainer.nnodes=1", "rollout.nnodes=3"],
-    "static-16-16": [],
-    "dynamic": ["async_training.use_dynamic_resource_scheduling=true", "async_training.dynamic_schedule_policy=default"],
-}
 
 
 @pytest.mark.parametrize("setup", SETUPS)
 def test_an_emulated_preset_is_the_old_seed_shape_with_tokens_and_fixed_costs_divided_by_20(setup):
-    seed, emulated = load_config(OLD_SHAPE, OLD_SPLITS[setup]), load_config(f"sim/qwen35-35b-emulated-{setup}")
+    seed, emulated = load_config(f"sim/qwen35-35b-tp4-{setup}"), load_config(f"sim/qwen35-35b-emulated-{setup}")
     a, b = seed.sim, emulated.sim
     assert (emulated.trainer_gpus, emulated.standalone_gpus, emulated.hybrid_replicas) == (
         seed.trainer_gpus, seed.standalone_gpus, seed.hybrid_replicas)

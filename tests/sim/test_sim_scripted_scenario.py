@@ -40,7 +40,7 @@ class ScriptedPolicy(DynamicSchedulePolicyBase):
 
 
 def test_a_scripted_run_with_a_lend_a_skipped_lend_a_rebalance_and_a_standalone_death():
-    spec = spec_from_config(load_config("sim/qwen35-35b-dynamic"), steps=5)
+    spec = spec_from_config(load_config("sim/qwen35-35b-tp4-dynamic"), steps=5)
 
     def script() -> ScriptedPolicy:
         return ScriptedPolicy(lends={1, 3}, rebalances={1})

@@ -2,8 +2,8 @@
 latency as well as work (docs/simulator.md, *Lower bound*).
 
 Owns ``lower_bound(spec, result)``: the largest of the fluid bound (all work on all GPUs at the
-best speed), the rollout work on the GPUs that can generate, and the *trainer chain*, which replays the run's micro-steps with every wait cut to
-what the staleness rule forces. Must not run a simulation or import anything of ours beyond
+best speed), the rollout work on the GPUs that can generate, and the *trainer chain*, which
+replays the run's micro-steps with every wait cut to what the staleness rule forces. Must not run a simulation or import anything of ours beyond
 ``sim.spec`` and ``sim.result``: it is a pure function of a spec and a finished run's samples.
 
 The chain rests on one fact of DESIGN §5's gate: after the sync that ends step ``k`` (at ``E_k``)
@@ -67,7 +67,8 @@ def best_iteration_s(spec: SimSpec) -> float:
 
 def best_token_gpu_s(spec: SimSpec) -> float:
     """GPU-seconds per decoded token on the kind that is cheapest at its full batch."""
-    base, per_seq = spec.decode_step_base_s / spec.speculative_speedup, spec.decode_step_per_seq_s / spec.speculative_speedup
+    mtp = spec.speculative_speedup
+    base, per_seq = spec.decode_step_base_s / mtp, spec.decode_step_per_seq_s / mtp
     return min((base + per_seq * m) / (m * speed) for speed, m in _kinds(spec)) * spec.gpus_per_replica
 
 
@@ -102,7 +103,8 @@ def _compute_s(spec: SimSpec, tokens: list[int]) -> float:
 def chain_bound_s(spec: SimSpec, result: SimResult, window: int = WINDOW) -> float:
     """The trainer chain: each micro-step starts no earlier than its task, the previous update and
     the staleness wait; each step adds its broadcast and the fixed control-plane costs."""
-    r, b, m_cap, tau = spec.required_samples, spec.step_required_samples, spec.max_required_samples, spec.task_overhead_s
+    r, b, m_cap = spec.required_samples, spec.step_required_samples, spec.max_required_samples
+    tau = spec.task_overhead_s
     steps = len(result.trained_ids) // b
     ids = result.trained_ids
     latency = {i: sample_latency_s(spec, n) for i, n in zip(ids, result.trained_longest)}

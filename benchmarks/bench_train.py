@@ -29,7 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from cluster.backends import TIMING_KEYS, DeepSpeedBackend, TorchBackend, deepspeed_available  # noqa: E402
+from cluster.backends import (  # noqa: E402
+    TIMING_KEYS,
+    DeepSpeedBackend,
+    TorchBackend,
+    backend_kwargs,
+    deepspeed_available,
+)
 from cluster.model import TinyLMConfig  # noqa: E402
 from cluster.problems import EOS, CharTokenizer, make_problems  # noqa: E402
 from cluster.types import Response, Sample  # noqa: E402
@@ -119,20 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         n_embd=cfg.model.n_embd,
         max_seq_len=cfg.model.max_seq_len,
     )
-    actor = cfg.actor_rollout_ref.actor
-    kwargs = dict(
-        lr=actor.lr,
-        weight_decay=actor.weight_decay,
-        clip_ratio=actor.clip_ratio,
-        grad_clip=actor.grad_clip,
-        ppo_epochs=actor.ppo_epochs,
-        use_kl_loss=actor.use_kl_loss,
-        kl_loss_coef=actor.kl_loss_coef,
-        use_rollout_log_probs=cfg.async_training.use_rollout_log_probs,
-        device="cpu",
-        threads=args.threads,
-        seed=cfg.trainer.seed,
-    )
+    kwargs = {**backend_kwargs(cfg), "device": "cpu", "threads": args.threads}
     batch = make_batch(cfg, tokenizer, problems)
     t = time.perf_counter()
     torch_backend = TorchBackend(model_cfg, tokenizer, problems, **kwargs)

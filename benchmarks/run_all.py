@@ -77,6 +77,10 @@ def merge() -> dict:
     if tb.get("setups"):
         out["cpu_training_bound"]["setups"] = {k: {"speedup_vs_static_median": v["speedup_vs_static_median"]}
                                                for k, v in tb["setups"].items()}
+    for name in ("sim_seed", "sim_grid"):  # written by bench_sim.py seed / grid --write
+        figures = read_json(name)
+        if figures:
+            out[name] = {k: v for k, v in figures.items() if k != "load_average"}
     checks = {}
     for key, (op, bound) in TARGETS.items():
         section, name = key.split(".")

@@ -26,7 +26,8 @@ from cluster.actors import (
     replica_name,
 )
 from cluster.model import TinyLMConfig
-from cluster.problems import CharTokenizer, Problem, make_problems, prompt_stream
+from cluster.data_builders import dataset_for, response_length, scorer_factory, tokenizer_for
+from cluster.problems import CharTokenizer, Problem, make_problems
 from cluster.ray_cluster import GPU_RESOURCE
 from cluster.types import SamplingSpec
 from config import TidalConfig
@@ -34,7 +35,7 @@ from loop.plans import RunSizes
 
 
 def tokenizer_and_problems(cfg: TidalConfig) -> tuple[CharTokenizer, list[Problem]]:
-    return CharTokenizer(), make_problems(cfg.task.name, cfg.task.num_prompts, cfg.task.seed)
+    return tokenizer_for(cfg), make_problems(cfg.task.name, cfg.task.num_prompts, cfg.task.seed)
 
 
 def model_config(cfg: TidalConfig, tokenizer: CharTokenizer) -> TinyLMConfig:
@@ -52,6 +53,44 @@ def _torch_engine(model_cfg: TinyLMConfig, max_batch: int, device: str, threads:
 
     return TorchEngine(model_cfg, max_batch=max_batch, device="cpu" if device == "auto" else device,
                        threads=threads, eos_id=eos, seed=seed)
+
+
+@dataclass(frozen=True)
+class HFModelSpec:
+    """What a replica needs to load a Hugging Face model folder: plain values, picklable."""
+
+    path: str
+    tokenizer_path: str
+    custom_chat_template: str | None = None
+    trust_remote_code: bool = False
+    dtype: str = "float32"
+
+
+def hf_model_spec(cfg: TidalConfig) -> HFModelSpec | None:
+    """The HF model of ``cfg``; None when it runs the built-in tiny LM."""
+    m = cfg.actor_rollout_ref.model
+    if m.path is None:
+        return None
+    return HFModelSpec(m.path, m.tokenizer_folder, m.custom_chat_template, m.trust_remote_code,
+                       cfg.actor_rollout_ref.rollout.dtype)
+
+
+def _hf_torch_engine(spec: HFModelSpec, max_batch: int, device: str, threads: int, seed: int) -> Any:
+    """The torch engine serving ``spec``'s folder: EOS ids from its tokenizer and generation config."""
+    from cluster.engines.hf_runner import HFRunner
+    from cluster.engines.torch_engine import TorchEngine
+    from cluster.hf import eos_ids, load_model, load_tokenizer
+
+    device = "cpu" if device == "auto" else device
+    tokenizer = load_tokenizer(spec.tokenizer_path, custom_chat_template=spec.custom_chat_template,
+                               trust_remote_code=spec.trust_remote_code)
+    model = load_model(spec.path, dtype=spec.dtype, trust_remote_code=spec.trust_remote_code, device=device)
+    ids = eos_ids(model, tokenizer)
+    if not ids:
+        raise ValueError(f"{spec.tokenizer_path}: the tokenizer names no EOS token (eos_token) and the model no eos_token_id")
+    eos, *extra = ids
+    return TorchEngine(HFRunner(model, device=device), max_batch=max_batch, device=device, threads=threads,
+                       eos_id=eos, seed=seed, extra_eos_ids=extra, detokenize=tokenizer.decode)
 
 
 def _vllm_engine(model_cfg: TinyLMConfig, max_batch: int, threads: int, eos: int, seed: int) -> Any:
@@ -94,6 +133,10 @@ def simulated_engine_costs(cfg: TidalConfig, *, hybrid: bool) -> dict[str, Any]:
 def engine_factory(cfg: TidalConfig, tokenizer: CharTokenizer, *, hybrid: bool, seed: int) -> Callable[[], Any]:
     """A picklable zero-argument callable that builds one replica's engine where it is called."""
     kind = cfg.engines.rollout
+    hf = hf_model_spec(cfg)
+    if kind == "torch" and hf is not None:
+        return functools.partial(_hf_torch_engine, hf, requests_per_replica(cfg), cfg.engines.device,
+                                 cfg.engines.torch_threads_per_actor, seed)
     if kind == "torch":
         return functools.partial(_torch_engine, model_config(cfg, tokenizer), requests_per_replica(cfg),
                                  cfg.engines.device, cfg.engines.torch_threads_per_actor, tokenizer.eos_id, seed)
@@ -136,7 +179,7 @@ def policy_factory(cfg: TidalConfig) -> Callable[[], Any]:
 
 def sampling_spec(cfg: TidalConfig) -> SamplingSpec:
     r = cfg.actor_rollout_ref.rollout
-    return SamplingSpec(max_new_tokens=r.response_length, temperature=r.temperature, top_p=r.top_p)
+    return SamplingSpec(max_new_tokens=response_length(cfg), temperature=r.temperature, top_p=r.top_p)
 
 
 def prompt_budget(cfg: TidalConfig) -> int | None:
@@ -149,10 +192,11 @@ def prompt_budget(cfg: TidalConfig) -> int | None:
 
 
 def prompts_for(cfg: TidalConfig, consumed: Iterable[tuple[int, int]] = ()) -> list[tuple[int, int, list[int]]]:
-    """The run's prompt order (seeded), minus what was already trained on (resume)."""
-    tokenizer, problems = tokenizer_and_problems(cfg)
-    return list(prompt_stream(problems, tokenizer, epochs=cfg.rollout.total_epochs, seed=cfg.trainer.seed,
-                              skip=consumed, limit=prompt_budget(cfg)))
+    """The run's prompt order (seeded), minus what was already trained on (resume): the training
+    dataset's (``data.train_files``, or the built-in task as rows of the same schema)."""
+    dataset = dataset_for(cfg, tokenizer_for(cfg))
+    assert dataset is not None
+    return list(dataset.prompt_stream(epochs=cfg.rollout.total_epochs, skip=consumed, limit=prompt_budget(cfg)))
 
 
 def run_sizes(cfg: TidalConfig, *, consumed_before: int = 0) -> RunSizes:
@@ -164,6 +208,7 @@ def run_sizes(cfg: TidalConfig, *, consumed_before: int = 0) -> RunSizes:
         buffer_samples=cfg.buffer_samples, only_hybrid=cfg.only_hybrid,
         standalone_replicas=cfg.standalone_replicas, hybrid_replicas=cfg.hybrid_replicas,
         consumed_before=consumed_before, generated_before=consumed_before,
+        max_required_samples=cfg.max_required_samples,
     )
 
 
@@ -258,6 +303,7 @@ class DataPlane:
             namespace=namespace, replica_starters=starters if r.replace_failed_replicas else None,
             max_replacements=r.max_replacements, replacement_timeout_s=r.replacement_timeout_s,
             replacement_state=replacement_state,
+            scorer_factory=None if cfg.engines.rollout == "simulated" else scorer_factory(cfg),
         )
         ray.get([trainer.ping.remote(), rollout.ping.remote(), *(h.ping.remote() for h in standalone.values())])
         controller = ControllerActor.options(name=CONTROLLER, **opts).remote(

@@ -13,11 +13,16 @@ every policy question goes through ``loop.Decider`` (asked in its order, recorde
 
 Switch orders (each one timed per phase):
 
-1. ``deactivate``:  remove from load balancer -> abort in-flight -> sleep
-2. ``hybrid_sync``: wake up -> load weights at the new version
-3. ``activate``:    add to load balancer -> resume generation
+1. ``deactivate``:  remove from load balancer -> abort in-flight -> sleep (the lent hybrids)
+2. ``hybrid_sync``: wake up -> load weights at the new version (the first k of the m hybrids)
+3. ``activate``:    add to load balancer -> resume generation (the synced hybrids)
 4. ``rebalance``:   clear sticky sessions -> abort all active replicas -> wait until nothing is in
    flight -> resume all active replicas
+
+Graded lending (k of m): ``hybrid_sync(version, count=k)`` wakes the first k hybrids in
+``hybrid_ids`` order, ``activate`` lends exactly those, and ``deactivate`` takes back exactly the
+lent ones. HYBRID_ACTIVE means "k ≥ 1 lent" (``lent_ids``). A second lend while some hybrids are
+lent is illegal (``IllegalTransition``): deactivate first, so a lend always starts from all asleep.
 """
 
 from __future__ import annotations
@@ -211,6 +216,9 @@ class DynamicResourceController:
         self._switch_log: list[SwitchReport] = []
         # Memory a resumed run needs (all of it is in state_dict()).
         self._synced_version: int | None = None  # weights the hybrids hold since the last sleep
+        self._synced: tuple[str, ...] = ()  # the hybrids woken and loaded since the last sleep
+        self._lent: tuple[str, ...] = hybrids if initial_state is ControllerState.HYBRID_ACTIVE else ()
+        self._relend_count = len(hybrids)  # how many a resumed run lends again (its stored lent count)
         self._durations = SwitchDurations()  # this cycle's switch seconds, as the policy sees them
         self._last_switch_at: float | None = None
         self._switch_count = 0
@@ -265,6 +273,11 @@ class DynamicResourceController:
         return self._only_hybrid
 
     @property
+    def lent_ids(self) -> tuple[str, ...]:
+        """The hybrids lent to rollout now (the first k of ``hybrid_ids``; empty when none)."""
+        return self._lent
+
+    @property
     def synced_version(self) -> int | None:
         """Param version the hybrids hold since their last sleep; None when not synced."""
         return self._synced_version
@@ -299,10 +312,7 @@ class DynamicResourceController:
 
     def active_replica_ids(self) -> tuple[str, ...]:
         """Replicas that generate now: routable standalone, plus hybrids when active; each once."""
-        standalones = self._members.routable()
-        if self.is_hybrid_active:
-            return _unique(standalones + self._hybrids)
-        return standalones
+        return _unique(self._members.routable() + self._lent)
 
     def context(self, micro: Sequence[MicroSummary] = ()) -> DynamicScheduleContext:
         """The policy's view now: one read of the rollout counters, this step's micro-steps.
@@ -330,6 +340,9 @@ class DynamicResourceController:
             standalone_replicas=s.standalone_replicas,
             hybrid_replicas=s.hybrid_replicas,
             standalone_lost=self._members.standalone_lost,
+            lent_replicas=len(self._lent),
+            max_required_samples=s.max_required_samples,
+            in_flight_samples=int(counters.in_flight),
         )
 
     # ------------------------------------------------------------ step phases
@@ -354,15 +367,19 @@ class DynamicResourceController:
         return self._decider.warm_up(self.context(), len(self._hybrids))
 
     def relend_after_resume(self, version: int) -> LendPlan:
-        """A resumed run whose hybrids were lent when it stopped lends them again (a guard decision)."""
-        plan = LendPlan(step=0, count=len(self._hybrids), of=len(self._hybrids))
+        """A resumed run whose hybrids were lent when it stopped lends as many again (a guard
+        decision)."""
+        plan = LendPlan(step=0, count=self._relend_count, of=len(self._hybrids))
         self._decider.record_guard(0, "relend_after_resume", plan.count,
                                    f"the hybrids were lent when the run stopped (param version {version})",
                                    self.is_hybrid_active, self.context())
         return plan
 
-    def lend(self, step: int, micro: Sequence[MicroSummary]) -> tuple[SwitchReport, ...]:
-        """Activate the synced hybrids; then rebalance when enabled and the policy asks."""
+    def lend(self, step: int, micro: Sequence[MicroSummary], count: int | None = None) -> tuple[SwitchReport, ...]:
+        """Activate the synced hybrids (``count`` of them, when given, must be what was synced);
+        then rebalance when enabled and the policy asks."""
+        if count is not None and count != len(self._synced):
+            raise IllegalTransition(f"cannot lend {count} hybrids: {len(self._synced)} were synced")
         reports = [self.activate()]
         if self._enable_rebalance and self._decider.wants_rebalance(step, self.context(micro)):
             reports.append(self.rebalance())
@@ -407,29 +424,36 @@ class DynamicResourceController:
         self._require_hybrids("deactivate")
         if not self.is_hybrid_active:
             raise IllegalTransition("cannot deactivate: hybrid replicas are not active")
+        lent = self._lent
         timer = _PhaseTimer(self._clock)
-        timer.run("remove", self._lb.remove_replicas, self._hybrids)
-        aborted = timer.run("abort", self._pool.abort, self._hybrids)
-        timer.run("sleep", self._pool.sleep, self._hybrids)
-        timing = timer.finish("deactivate", self._hybrids, aborted)
+        timer.run("remove", self._lb.remove_replicas, lent)
+        aborted = timer.run("abort", self._pool.abort, lent)
+        timer.run("sleep", self._pool.sleep, lent)
+        timing = timer.finish("deactivate", lent, aborted)
 
         self._state = ControllerState.STANDALONE_ONLY
+        self._lent = self._synced = ()
         self._synced_version = None
         self._count_switch(timing)
         return timing
 
-    def hybrid_sync(self, version: int) -> SwitchReport:
-        """Wake the sleeping hybrids and load the weights at ``version``."""
+    def hybrid_sync(self, version: int, count: int | None = None) -> SwitchReport:
+        """Wake ``count`` sleeping hybrids (the first ones; all when None) and load ``version``."""
         self._require_hybrids("sync")
         if self.is_hybrid_active:
             raise IllegalTransition(
                 "cannot hybrid_sync while hybrid replicas are active; deactivate first"
             )
+        count = len(self._hybrids) if count is None else int(count)
+        if not 1 <= count <= len(self._hybrids):
+            raise IllegalTransition(f"cannot hybrid_sync {count} of {len(self._hybrids)} hybrid replicas")
+        ids = self._hybrids[:count]
         timer = _PhaseTimer(self._clock)
-        timer.run("wake_up", self._pool.wake_up, self._hybrids)
-        timer.run("load_weights", self._pool.load_weights, self._hybrids, version)
-        timing = timer.finish("hybrid_sync", self._hybrids)
+        timer.run("wake_up", self._pool.wake_up, ids)
+        timer.run("load_weights", self._pool.load_weights, ids, version)
+        timing = timer.finish("hybrid_sync", ids)
 
+        self._synced = ids
         self._synced_version = int(version)
         self._switch_log.append(timing)
         self._durations.add("hybrid_sync", timing.duration_s)
@@ -450,12 +474,14 @@ class DynamicResourceController:
                 f"cannot activate: hybrid replicas hold version {self._synced_version} but the "
                 f"current version is {version}; call hybrid_sync({version}) first"
             )
+        ids = self._synced
         timer = _PhaseTimer(self._clock)
-        timer.run("add", self._lb.add_replicas, self._hybrids)
-        timer.run("resume", self._pool.resume, self._hybrids)
-        timing = timer.finish("activate", self._hybrids)
+        timer.run("add", self._lb.add_replicas, ids)
+        timer.run("resume", self._pool.resume, ids)
+        timing = timer.finish("activate", ids)
 
         self._state = ControllerState.HYBRID_ACTIVE
+        self._lent = ids
         self._count_switch(timing)
         return timing
 
@@ -535,6 +561,8 @@ class DynamicResourceController:
             "switch_durations": self._durations.state_dict(),
             "last_switch_at": self._last_switch_at,
             "switch_count": self._switch_count,
+            "lent": len(self._lent),
+            "synced": len(self._synced),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -542,7 +570,9 @@ class DynamicResourceController:
 
         A state dict written before the per-cycle switch durations (``last_activate_duration_s``
         and ``last_deactivate_duration_s`` instead of ``switch_durations``) loads with a fresh
-        cycle: those were the last-ever switches, not this cycle's.
+        cycle: those were the last-ever switches, not this cycle's. ``lent`` (how many hybrids
+        are lent; all, in a state written before graded lending) is what a resumed run lends
+        again; a STANDALONE_ONLY state keeps it only for that.
         """
         try:
             name = state["state"]
@@ -558,7 +588,14 @@ class DynamicResourceController:
         if new_state is ControllerState.HYBRID_ACTIVE and not self._hybrids:
             raise ValueError("cannot restore HYBRID_ACTIVE with no hybrid replicas")
 
+        lent = int(state.get("lent", len(self._hybrids)))
+        if not 0 <= lent <= len(self._hybrids):
+            raise ValueError(f"cannot restore {lent} lent of {len(self._hybrids)} hybrid replicas")
         self._state = new_state
+        self._relend_count = lent if lent > 0 else len(self._hybrids)
+        self._lent = self._hybrids[: max(1, lent)] if new_state is ControllerState.HYBRID_ACTIVE else ()
+        synced = int(state.get("synced", len(self._hybrids))) if synced_version is not None else 0
+        self._synced = self._lent or self._hybrids[:synced]
         self._synced_version = None if synced_version is None else int(synced_version)
         self._durations.load_state_dict(state.get("switch_durations", {}))
         self._last_switch_at = None if last_switch_at is None else float(last_switch_at)

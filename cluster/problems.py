@@ -108,15 +108,31 @@ def prompt_stream(
     number of prompts across epochs *including* skipped ones, so a resumed run stops at the same
     place as an uninterrupted one.
     """
+    for epoch, index in epoch_order(len(problems), epochs=epochs, seed=seed, skip=skip, limit=limit):
+        yield epoch, index, tokenizer.encode(problems[index].prompt)
+
+
+def epoch_order(
+    num: int,
+    *,
+    epochs: int,
+    seed: int,
+    shuffle: bool = True,
+    skip: Iterable[tuple[int, int]] = (),
+    limit: int | None = None,
+) -> Iterator[tuple[int, int]]:
+    """(epoch, index) over ``num`` prompts: a seeded order per epoch (file order without
+    ``shuffle``), minus ``skip``; ``limit`` counts skipped pairs too (see ``prompt_stream``)."""
     done = set(skip)
     emitted = 0
     for epoch in range(epochs):
-        order = list(range(len(problems)))
-        random.Random(f"order:{seed}:{epoch}").shuffle(order)
+        order = list(range(num))
+        if shuffle:
+            random.Random(f"order:{seed}:{epoch}").shuffle(order)
         for index in order:
             if limit is not None and emitted >= limit:
                 return
             emitted += 1
             if (epoch, index) in done:
                 continue
-            yield epoch, index, tokenizer.encode(problems[index].prompt)
+            yield epoch, index

@@ -55,6 +55,10 @@ Counting (all cumulative, the metrics are per window):
   into every replica before the rollouter hears of it, so ``behind`` stays 0 unless a replica
   serves stale weights (a replacement that missed a broadcast, say).
 
+Rewards: with ``score`` (``cluster.reward.SampleScorer``) a sample whose responses all finished
+is scored in a worker thread before it is queued (``Sample.scores``); a reward call that raises or
+hangs past its timeout fails the rollouter with the scorer's one-line error.
+
 A sample counts as in flight from its start until ``queue.put`` returns; then
 ``total_generated_samples`` and ``step_generated_samples`` go up, so at every moment
 ``generated == queued + consumed by the trainer``. The ``(t, in flight, capacity)`` history for
@@ -78,6 +82,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from cluster.message_queue import QueueClosed
+from cluster.reward import RewardFailed
 from cluster.types import GenerationRequest, GenerationResult, Response, Sample, SamplingSpec
 from loop.staleness import StalenessGate, record_change
 from metrics import (
@@ -184,6 +189,7 @@ class Rollouter:
         remove_failed_replicas: bool = True,
         replica_is_dead: Callable[[BaseException], bool] | None = None,
         on_replica_removed: Callable[[str], None] | None = None,
+        score: Callable[[Sample], Any] | None = None,
     ) -> None:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
@@ -215,6 +221,7 @@ class Rollouter:
         self._remove_failed = bool(remove_failed_replicas)
         self._replica_is_dead = replica_is_dead or (lambda exc: True)
         self._on_replica_removed = on_replica_removed
+        self._score = score
 
         self._gate = StalenessGate(self._max_required, self._per_replica)
         self._gate.set_routable(lb.num_active)
@@ -495,6 +502,10 @@ class Rollouter:
         async with asyncio.TaskGroup() as group:
             for j in range(self._n):
                 group.create_task(self._run_response(sample, j))
+        if self._score is not None:
+            # Scored where it completes, off the trainer's path, in a worker thread (a reward
+            # call may take seconds); a failure fails the rollouter, naming the sample.
+            await asyncio.to_thread(self._score, sample)
         await self._queue.put(sample)
         # Delivered: from here on the sample is in the queue, not in flight (no await below).
         del self._undelivered[sample.uid]
@@ -541,6 +552,8 @@ class Rollouter:
         await self._signal.wait_until(done)
         if predicate():
             return
+        if isinstance(self._error, RewardFailed):  # its own one line (names function and sample)
+            raise RewardFailed(str(self._error)) from self._error
         if self._error is not None:
             raise RuntimeError("the rollouter failed") from self._error
         raise RuntimeError("the rollouter was stopped")

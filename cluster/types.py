@@ -24,6 +24,9 @@ class SamplingSpec:
     ignore_eos: bool = False
     """Keep generating after EOS until the budget is spent (EOS is then an ordinary token), so a
     response always finishes by ``length``: for tests and benchmarks that need fixed lengths."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: the response ends (``stop``) with the token that completes one of them in the
+    decoded text (the token is kept). Engines without a detokenizer ignore them."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,11 @@ class Sample:
     responses: list[Response]
     started_version: int
     """Param version when generation of this sample started (staleness accounting)."""
+    scores: list[float] | None = None
+    """One reward per response, set where the sample completed (``cluster.reward.SampleScorer``);
+    None = not scored yet (the train backend then scores it itself)."""
+    reward_extras: list[dict[str, float]] | None = None
+    """Per response, the numeric extras a reward function returned beside ``score`` (logged)."""
 
     @property
     def min_version(self) -> int:
@@ -103,11 +111,12 @@ class Sample:
 
 @dataclass(frozen=True)
 class RolloutCounters:
-    """The two numbers of the rollout service a policy context needs, read together.
+    """The numbers of the rollout service a policy context needs, read together.
 
     ``generated_total``: samples finished by this process's rollouter; ``queue_size``: samples
-    queued for the trainer now.
+    queued for the trainer now; ``in_flight``: samples being generated now.
     """
 
     generated_total: int = 0
     queue_size: int = 0
+    in_flight: int = 0

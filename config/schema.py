@@ -11,6 +11,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from config.algo_keys import SCHEDULING_ALIASES, ActorSection, AlgorithmSection, apply_aliases
+from config.data_keys import CustomRewardFunction, DataSection, ValKwargs
+from config.model_keys import HFModelSection, RolloutDtype
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
@@ -23,6 +27,11 @@ class _Section(BaseModel):
 
 class AsyncTraining(_Section):
     """`async_training.*`: the fully-async loop and dynamic resource scheduling."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scaling_aliases(cls, data: object) -> object:
+        return apply_aliases(data, SCHEDULING_ALIASES)
 
     staleness_threshold: float = Field(0.5, ge=0.0, le=16.0)
     """Extra samples, as a fraction of one sync cycle's samples, the rollouter may run ahead.
@@ -116,38 +125,18 @@ class RolloutEngineSection(_Section):
     tensor_model_parallel_size: int = Field(1, ge=1, le=64)
     """GPUs per rollout replica."""
 
+    val_kwargs: ValKwargs = Field(default_factory=ValKwargs)
+    """Sampling for validation."""
 
-class ActorSection(_Section):
-    """`actor_rollout_ref.actor.*`: the policy update."""
-
-    ppo_mini_batch_size: int = Field(16, ge=1, le=1_000_000)
-    """Samples (prompts) per mini-batch."""
-
-    ppo_epochs: int = Field(1, ge=1, le=100)
-    """Passes over each micro-step's samples."""
-
-    lr: float = Field(1e-3, gt=0.0, le=1.0)
-    """AdamW learning rate."""
-
-    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
-    """AdamW weight decay."""
-
-    clip_ratio: float = Field(0.2, gt=0.0, le=10.0)
-    """PPO clip range."""
-
-    use_kl_loss: bool = False
-    """Add a KL penalty to the frozen reference model."""
-
-    kl_loss_coef: float = Field(0.001, ge=0.0, le=100.0)
-    """KL penalty weight (used when `use_kl_loss`)."""
-
-    grad_clip: float = Field(1.0, gt=0.0)
-    """Gradient-norm clip."""
+    dtype: RolloutDtype = "float32"
+    """Dtype of the rollout engine's weights (HF models; verl's default is bfloat16 on GPUs)."""
 
 
 class ActorRolloutRef(_Section):
     """`actor_rollout_ref.*`."""
 
+    model: HFModelSection = Field(default_factory=HFModelSection)
+    """The Hugging Face model folder (null path = the built-in tiny LM)."""
     rollout: RolloutEngineSection = Field(default_factory=RolloutEngineSection)
     """Sampling: group size, lengths, temperature, GPUs per replica."""
     actor: ActorSection = Field(default_factory=ActorSection)
@@ -177,6 +166,16 @@ class TrainerSection(_Section):
 
     default_local_dir: str = "runs"
     """Where run outputs (resolved config, checkpoints, plots) are written."""
+
+    test_freq: int = Field(-1, ge=-1)
+    """Validate on `data.val_files` every this many steps (-1 = never)."""
+
+    val_before_train: bool = True
+    """Validate once before the first step (when `data.val_files` is set)."""
+
+    max_actor_ckpt_to_keep: int | None = Field(None, ge=1)
+    """Newest `checkpoints/global_step_<N>/` folders kept (checkpoint file + HF export); older ones
+    are deleted once a newer step is committed. None = keep all."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -318,6 +317,14 @@ class SimSection(_Section):
     max_num_seqs: int = Field(256, ge=1, le=1_000_000)
     """Sequences one replica decodes at once; further ones wait in the replica's own queue."""
 
+    hybrid_max_num_seqs: int = Field(0, ge=0, le=1_000_000)
+    """``max_num_seqs`` of a hybrid replica (less KV memory next to the trainer's state: verl's
+    ``gpu_memory_utilization`` against ``standalone_gpu_memory_utilization``); 0 = ``max_num_seqs``."""
+
+    speculative_speedup: float = Field(1.0, ge=1.0, le=16.0)
+    """Decode speed-up of speculative decoding (MTP): mean tokens a sequence gains per decode
+    iteration; the iteration costs above are divided by it. 1 = none."""
+
     prefill_tokens_per_s: float = Field(50_000.0, gt=0.0, le=1e9)
     """Prefill speed of a standalone replica; decoding stalls while it prefills a new sample's
     prompt (once per sample) or a retried sample's prompt plus the tokens generated so far."""
@@ -378,6 +385,8 @@ class TidalConfig(_Section):
     """The standalone rollout pool and the data budget (verl's keys)."""
     actor_rollout_ref: ActorRolloutRef = Field(default_factory=ActorRolloutRef)
     """Sampling and the policy update (verl's keys)."""
+    algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
+    """Advantage estimator and rollout correction (verl's keys)."""
     trainer: TrainerSection = Field(default_factory=TrainerSection)
     """The training pool, seed, output folder (verl's keys)."""
     engines: EnginesSection = Field(default_factory=EnginesSection)
@@ -394,6 +403,10 @@ class TidalConfig(_Section):
     """The Ray data plane."""
     sim: SimSection = Field(default_factory=SimSection)
     """The simulator's cost model."""
+    data: DataSection = Field(default_factory=DataSection)
+    """The prompt dataset (verl's keys)."""
+    custom_reward_function: CustomRewardFunction = Field(default_factory=CustomRewardFunction)
+    """The reward function (verl's keys); None = built-ins by `data_source`."""
 
     # ---- derived quantities (one definition each, used everywhere) ----
 
@@ -471,7 +484,8 @@ class TidalConfig(_Section):
                 f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} to host hybrid replicas"
             )
         r = self.actor_rollout_ref.rollout
-        if self.engines.rollout in ("torch", "vllm") and r.prompt_length + r.response_length > self.model.max_seq_len:
+        tiny = self.actor_rollout_ref.model.path is None  # an HF model's context is its own
+        if tiny and self.engines.rollout in ("torch", "vllm") and r.prompt_length + r.response_length > self.model.max_seq_len:
             raise ValueError(
                 f"actor_rollout_ref.rollout.prompt_length + response_length "
                 f"({r.prompt_length}+{r.response_length}) exceeds model.max_seq_len={self.model.max_seq_len}"

@@ -1,6 +1,6 @@
 """The `tidal` command line: parse → build → run → clean up; every bad input exits 2 in one line.
 
-Owns: the commands (``config``, ``simulate``, ``run``, ``resume``, ``runs``, ``report``) and the exit
+Owns: the commands (``config``, ``data``, ``simulate``, ``run``, ``resume``, ``runs``, ``report``) and the exit
 codes (0 done, 2 bad input, 3 store lost). Must not: load configs its own way (``flows.configs``) or
 import the run before a command needs it. Commands and exit codes: ``docs/flows.md``.
 """
@@ -20,6 +20,7 @@ try:  # typer >= 0.20 vendors its own click; its exceptions are not click's
 except ImportError:  # pragma: no cover - older typer uses click itself
     from click import exceptions as click_exc
 
+from cluster.reward import RewardFailed
 from config import ConfigError, list_presets, load_config, to_plain
 from flows.configs import load_checked, summarize_config
 from flows.errors import EXIT_BAD_INPUT, RunError
@@ -35,6 +36,8 @@ app = typer.Typer(
 )
 config_app = typer.Typer(help="Show, check and list configs.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
+data_app = typer.Typer(help="Build datasets in verl's row schema.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
 
 SetOption = Annotated[
     list[str] | None,
@@ -80,6 +83,50 @@ def config_reference() -> None:
     from config.reference import markdown_reference
 
     typer.echo(markdown_reference(), nl=False)
+
+
+@data_app.command("gsm8k")
+def data_gsm8k(
+    src: Annotated[str, typer.Argument(help="GSM8K jsonl (`question`, `answer` ending in `#### n`).")],
+    dest: Annotated[str, typer.Argument(help="Output .parquet (or .jsonl) in verl's row schema.")],
+    limit: Annotated[int | None, typer.Option(min=1, help="Convert only the first N rows.")] = None,
+    split: Annotated[str, typer.Option(help="`extra_info.split` of every row.")] = "train",
+) -> None:
+    """Convert GSM8K to verl's schema (`data_source: openai/gsm8k`, ground truth = the `#### n`)."""
+    from cluster.datasets import DatasetError, gsm8k_rows, write_rows
+
+    try:
+        out = write_rows(gsm8k_rows(src, split=split, limit=limit), dest)
+    except DatasetError as exc:
+        raise BadInput(str(exc)) from None
+    typer.echo(f"wrote {out}")
+
+
+@data_app.command("make-tiny")
+def data_make_tiny(
+    out_dir: Annotated[str, typer.Argument(help="Folder for the dataset (and the tiny model when available).")],
+    train: Annotated[int, typer.Option(min=1, help="Training rows.")] = 512,
+    val: Annotated[int, typer.Option(min=1, help="Validation rows.")] = 64,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the generated problems.")] = 0,
+) -> None:
+    """The tiny-hf preset's files: the arithmetic task as verl-schema parquet (`data/train.parquet`,
+    `data/test.parquet`) and, when `cluster.hf` is present, a tiny Qwen2 model + tokenizer."""
+    from pathlib import Path
+
+    from cluster.datasets import task_rows, write_rows
+
+    root = Path(out_dir)
+    if root.exists() and not root.is_dir():
+        raise BadInput(f"{out_dir}: exists and is not a folder")
+    written = [write_rows(task_rows("arith", train, seed), root / "data" / "train.parquet"),
+               write_rows(task_rows("arith", val, seed + 1), root / "data" / "test.parquet")]
+    try:
+        from cluster.hf import make_tiny_model  # provided by the HF-model work; optional here
+    except ImportError:
+        typer.echo(f"wrote {', '.join(map(str, written))} (no model: cluster.hf.make_tiny_model is not available)")
+        return
+    make_tiny_model(root / "model")
+    typer.echo(f"wrote {', '.join(map(str, written))} and {root / 'model'}")
 
 
 @app.command("simulate")
@@ -228,11 +275,12 @@ def _one_line(text: str) -> str:
 
 def _explained(exc_info: object) -> bool:
     """Whether a log record's exception is (or was caused by) a failure the CLI explains in its
-    own last line: the store becoming unreachable, or any other ``RunError``."""
+    own last line: the store becoming unreachable, a reward function that failed, or any other
+    ``RunError``."""
     exc = exc_info[1] if isinstance(exc_info, tuple) else None
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
-        if isinstance(exc, (StoreUnavailable, RunError)):
+        if isinstance(exc, (StoreUnavailable, RunError, RewardFailed)):
             return True
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__

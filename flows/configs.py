@@ -1,12 +1,15 @@
 """Loading a config the way every entry point does: the CLI, ``flows.serve`` and the flow itself.
 
 Owns: ``load_checked`` (the schema's validation plus what it cannot check alone: the policy name
-resolves) and the one-line summary of a config. Must not: import Ray, Prefect, or any flow or task
+resolves; the datasets load and the reward function exists, ``cluster.data_builders.check_data``) and the one-line summary of a config. Must not: import Ray, Prefect, or any flow or task
 module (so that every entry point can import it without pulling in the run).
 """
 
 from __future__ import annotations
 
+from cluster.data_builders import check_data
+from cluster.datasets import DatasetError
+from cluster.reward import RewardConfigError
 from config import ConfigError, TidalConfig, load_config
 from policies import UnknownPolicyError, resolve_policy_class
 
@@ -19,6 +22,10 @@ def load_checked(config: str, overrides: list[str] | None) -> TidalConfig:
         resolve_policy_class(name)
     except UnknownPolicyError as exc:
         raise ConfigError(f"async_training.dynamic_schedule_policy: {exc}") from None
+    try:
+        check_data(cfg)
+    except (DatasetError, RewardConfigError) as exc:
+        raise ConfigError(" ".join(str(exc).split())) from None
     return cfg
 
 

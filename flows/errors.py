@@ -10,6 +10,9 @@ EXIT_BAD_INPUT = 2
 EXIT_STORE_LOST = 3
 """The store became unreachable while the run was going; every committed step is intact and
 ``tidal resume`` continues once the store is back."""
+EXIT_REWARD_FAILED = 4
+"""A reward function raised, hung past ``custom_reward_function.timeout_s`` or returned no score;
+the line names the function and the sample. Every committed step is intact."""
 
 
 class RunError(RuntimeError):
@@ -32,6 +35,31 @@ class CheckpointRefused(RunError):
     pickled objects that could run code when loaded); exit 2, nothing was trained."""
 
     exit_code = EXIT_BAD_INPUT
+
+
+class RewardFunctionFailed(RunError):
+    """The reward function failed on a sample (exit 4)."""
+
+    exit_code = EXIT_REWARD_FAILED
+
+
+def reward_failure(exc: BaseException) -> RewardFunctionFailed | None:
+    """The ``RewardFunctionFailed`` for a run that stopped because a reward call failed: found
+    anywhere in ``exc``'s chain (causes, contexts, and the ``cause`` a Ray task error carries)."""
+    from cluster.reward import RewardFailed
+
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        inner = getattr(e, "cause", None)
+        if isinstance(e, RewardFailed):
+            return RewardFunctionFailed(str(inner if isinstance(inner, RewardFailed) else e))
+        todo += [e.__cause__, e.__context__, inner if isinstance(inner, BaseException) else None]
+    return None
 
 
 def store_lost_message(*, url: str, reason: str, uid: str, last_step: int, storage_arg: str) -> str:

@@ -2,7 +2,8 @@
 
 Parse → build → run → report. With ``compare`` it also runs every static split of the same GPUs
 (in replica-size steps) and the dynamic setups on the config's own split, prints them side by side
-with each one's fluid lower bound, and names the best static split. Bad input raises
+with each one's fluid bound and its lower bound that counts the staleness rule (``sim.bound``), and
+names the best static split. Bad input raises
 ``config.ConfigError`` with a one-line message (the CLI maps it to exit code 2).
 """
 
@@ -18,9 +19,10 @@ from rich.table import Table
 
 from config import ConfigError, TidalConfig, load_config
 from policies import UnknownPolicyError, resolve_policy_class
-from sim import SimResult, SimulationStalled, simulate, static_splits, with_policy
+from sim import SimResult, SimulationStalled, simulate, spec_from_config, static_splits, with_policy
+from sim.bound import Bound, lower_bound
 
-DYNAMIC_POLICIES = ("default", "fixed_ratio")
+DYNAMIC_POLICIES = ("default", "fixed_ratio", "predictive")
 """Policies a ``--compare`` runs on the config's own split when ``--policy`` is not given."""
 
 
@@ -31,6 +33,8 @@ class Setup:
     label: str
     cfg: TidalConfig
     result: SimResult | None = None
+    bound: Bound | None = None
+    """The run's lower bounds (``sim.bound``): work, and the staleness rule's waits."""
 
 
 def describe(cfg: TidalConfig) -> str:
@@ -51,26 +55,32 @@ def build_setups(cfg: TidalConfig, policy: str | None) -> list[Setup]:
     return setups
 
 
-def _run(cfg: TidalConfig, steps: int | None, seed: int) -> SimResult:
+def _run(setup: Setup, steps: int | None, seed: int) -> Setup:
+    """Simulate ``setup.cfg`` and bound it; returns the setup, filled in."""
     try:
-        return simulate(cfg, seed=seed, steps=steps)
+        setup.result = simulate(setup.cfg, seed=seed, steps=steps)
     except SimulationStalled as exc:
         raise ConfigError(f"simulation stalled: {exc}") from None
+    setup.bound = lower_bound(spec_from_config(setup.cfg, steps), setup.result)
+    return setup
 
 
 def _table(setups: list[Setup], title: str) -> Table:
     table = Table(title=title)
-    for name in ("setup", "wall clock h", "bound h", "× bound", "samples/s", "train U", "rollout U",
+    for name in ("setup", "wall clock h", "fluid h", "× fluid", "bound h", "× bound", "binds", "samples/s", "train U", "rollout U",
                  "cluster U", "switches", "aborted tok", "re-prefill tok", "switch s"):
         table.add_column(name, justify="left" if name == "setup" else "right")
     for s in setups:
-        r = s.result
-        assert r is not None
+        r, b = s.result, s.bound
+        assert r is not None and b is not None
         table.add_row(
             s.label,
             f"{r.wall_clock_s / 3600:.3f}",
             f"{r.fluid_bound_s / 3600:.3f}",
             f"{r.wall_clock_s / r.fluid_bound_s:.2f}" if r.fluid_bound_s > 0 else "-",
+            f"{b.lower_bound_s / 3600:.3f}",
+            f"{r.wall_clock_s / b.lower_bound_s:.2f}" if b.lower_bound_s > 0 else "-",
+            b.binding,
             f"{r.samples_per_s:.3f}",
             f"{r.mean('train_util'):.3f}",
             f"{r.mean('rollout_util'):.3f}",
@@ -84,8 +94,16 @@ def _table(setups: list[Setup], title: str) -> Table:
 
 
 def _summary(setup: Setup) -> dict:
-    assert setup.result is not None
-    return {"setup": setup.label, **setup.result.to_json()}
+    assert setup.result is not None and setup.bound is not None
+    b, wall = setup.bound, setup.result.wall_clock_s
+    return {
+        "setup": setup.label,
+        **setup.result.to_json(),
+        "lower_bound_s": b.lower_bound_s,
+        "ratio_to_lower_bound": wall / b.lower_bound_s if b.lower_bound_s > 0 else None,
+        "lower_bound_binding": b.binding,
+        "bounds_s": {"fluid": b.fluid_s, "rollout": b.rollout_s, "staleness": b.chain_s},
+    }
 
 
 def rolling_mean(values: list[float], window: int) -> list[float]:
@@ -165,7 +183,7 @@ def simulate_main(
             raise ConfigError(f"--policy: {exc}") from None
         cfg = with_policy(cfg, policy)
 
-    main = Setup(describe(cfg), cfg, _run(cfg, steps, seed))
+    main = _run(Setup(describe(cfg), cfg), steps, seed)
     shown = [main]
     best_static: Setup | None = None
     if compare:
@@ -173,7 +191,10 @@ def simulate_main(
         if not any(s.label.startswith("static") for s in others):
             raise ConfigError("--compare: the config has too few GPUs for two rollout replicas' worth of splits")
         for s in others:
-            s.result = main.result if s.cfg == cfg else _run(s.cfg, steps, seed)
+            if s.cfg == cfg:
+                s.result, s.bound = main.result, main.bound
+            else:
+                _run(s, steps, seed)
         shown = others if any(s.cfg == cfg for s in others) else [main, *others]
         statics = [s for s in others if s.label.startswith("static")]
         best_static = min(statics, key=lambda s: s.result.wall_clock_s)  # type: ignore[union-attr]

@@ -19,7 +19,7 @@ from cluster.builders import DataPlane, prompts_for
 from cluster.ray_cluster import init_ray
 from config import TidalConfig, to_plain, write_resolved
 from flows.configs import load_checked  # the same validation as the CLI
-from flows.errors import CheckpointRefused, StoreLost, store_lost_message
+from flows.errors import CheckpointRefused, StoreLost, reward_failure, store_lost_message
 from flows.progress import StepPrinter
 from flows.report import write_report
 from flows.runners import step_flow_settings, task_runner_for
@@ -182,8 +182,11 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
         _mark_failed(cfg, uid)
         raise StoreLost(store_lost_message(url=redact_url(cfg.storage.url), reason=exc.reason or str(exc), uid=uid,
                                            last_step=committed, storage_arg=redact_url(cfg.storage.url))) from exc
-    except BaseException:
+    except BaseException as exc:
         _mark_failed(cfg, uid)
+        failure = reward_failure(exc)
+        if failure is not None:  # a reward function raised or hung: one line, exit 4
+            raise failure from exc
         raise
     finally:
         plane.shutdown()

@@ -38,6 +38,7 @@ from tasks.phases import (
 )
 from tasks.run_ref import MicroReport, RunRef
 from tasks.summary import step_metrics
+from tasks.validation import validate
 
 
 @flow(name="training-step", flow_run_name="step-{step:05d}", log_prints=True, validate_parameters=False)
@@ -48,6 +49,7 @@ def training_step(run: RunRef, step: int, final: bool = False) -> dict[str, Any]
     started = time.time()
     micro: list[MicroReport] = []
     got: dict[type, Any] = {}  # the last result of each kind of intent
+    val = run_phase(validate, run, step, True) if step == 1 and run.val_before_train else {}
     phases = step_sequence(step, micro_steps=run.trigger_parameter_sync_step, final=final,
                            has_hybrids=run.hybrid_replicas > 0)
     result: Any = None
@@ -72,7 +74,9 @@ def training_step(run: RunRef, step: int, final: bool = False) -> dict[str, Any]
             case EndStep(step=n):
                 result = run_phase(end_step, run, n, summaries(micro))
             case Commit(step=n, version=version):
-                result = _commit(run, n, version, started, micro, got)
+                if run.test_freq > 0 and n % run.test_freq == 0:
+                    val.update(run_phase(validate, run, n))
+                result = _commit(run, n, version, started, micro, got, val)
         got[type(intent)] = result
     return {**result, "exhausted": any(m.exhausted for m in micro) or len(micro) < run.trigger_parameter_sync_step}
 
@@ -86,12 +90,13 @@ def _next(phases: Any, result: Any) -> Any:
 
 
 def _commit(run: RunRef, step: int, version: int, started: float, micro: list[MicroReport],
-            got: dict[type, Any]) -> dict[str, Any]:
-    """The step's metrics and summary from the phases' reports, then the commit task."""
+            got: dict[type, Any], val: dict[str, float]) -> dict[str, Any]:
+    """The step's metrics (with the step's validation, if any) from the phases' reports, then the
+    commit task."""
     activation = got.get(Lend)
     metrics = step_metrics(run, micro=micro, wait=got.get(WaitAndDeactivate), sync=got[Broadcast],
                            activation=activation, hybrid=got.get(HybridSync), step_s=time.time() - started,
-                           version=version)
+                           version=version) | val
     consumed = [p for m in micro for p in m.prompts]
     summary = {"started_at": started, "outcome": got[EndStep], "metrics": metrics, "prompts": consumed,
                "consumed_total": run.consumed_before + len(consumed)}

@@ -75,6 +75,8 @@ class RunSizes:
     hybrid_replicas: int = 0
     consumed_before: int = 0
     generated_before: int = 0
+    max_required_samples: int = 0
+    """The staleness cap: samples started per param version, and the queue's capacity."""
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Owns: the policy API (base class, context, hook order), the registry (decorator, entry-point
 group `tidal.policies`, `module:Class` strings), the built-ins `default`, `fixed_ratio`,
-`static_fully_async`, and the opt-in guard rails.
+`static_fully_async`, `predictive`, and the opt-in guard rails.
 Must not: import Ray, torch or anything of ours but `config`; read the clock (time arrives as
 `ctx.now`); log; do I/O. A policy's whole memory is its `state_dict()`.
 """
@@ -18,6 +18,7 @@ from policies.builtin import (
     StaticFullyAsyncPolicy,
 )
 from policies.guard import GuardedPolicy
+from policies.predictive import PredictiveDynamicSchedulePolicy
 from policies.registry import (
     ENTRY_POINT_GROUP,
     UnknownPolicyError,
@@ -58,6 +59,7 @@ def context_from_config(cfg: TidalConfig, **runtime: object) -> DynamicScheduleC
 __all__ = [
     "ENTRY_POINT_GROUP",
     "DefaultDynamicSchedulePolicy",
+    "PredictiveDynamicSchedulePolicy",
     "DynamicScheduleContext",
     "DynamicSchedulePolicyBase",
     "FixedRatioDynamicSchedulePolicy",

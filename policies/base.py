@@ -56,6 +56,12 @@ class DynamicScheduleContext:
     """Hybrid replicas the trainer can lend (active or not)."""
     standalone_lost: bool = False
     """Every standalone replica of a run that had some has died: only the hybrids can generate."""
+    lent_replicas: int = 0
+    """Hybrid replicas lent to rollout now (k of ``hybrid_replicas``; 0 when none)."""
+    max_required_samples: int = 0
+    """The staleness cap: samples started per param version (and the queue's capacity); 0 = unknown."""
+    in_flight_samples: int = 0
+    """Samples being generated when the context was built."""
     step_required_samples: int = field(init=False)
     """Derived: required_samples × trigger_parameter_sync_step (one cycle's samples)."""
 

@@ -87,6 +87,10 @@ class SimResult:
     """Every controller transition, in order (with ``decisions``: the parity of a run)."""
     trace: list[tuple[Any, ...]] | None
     events_handled: int
+    trained_longest: list[int] = field(default_factory=list)
+    """Per trained sample (``trained_ids``' order): its longest response, in tokens."""
+    trained_tokens: list[int] = field(default_factory=list)
+    """Per trained sample: the tokens it was trained on (every response with its prompt)."""
 
     def hooks(self) -> list[tuple[int, str, Any]]:
         """``(step, hook, answer)`` of every decision, in call order."""

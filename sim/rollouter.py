@@ -45,15 +45,16 @@ class SimRollouter:
         self._rng = rng
         self._clock = clock
         self._trace = trace
-        speed_h = spec.hybrid_throughput_factor
+        speed_h, mtp = spec.hybrid_throughput_factor, spec.speculative_speedup
+        seqs_h = spec.hybrid_max_num_seqs or spec.max_num_seqs
         self.replicas = [
             Replica(
                 i,
                 hybrid=i >= spec.standalone_replicas,
-                base_s=spec.decode_step_base_s,
-                per_seq_s=spec.decode_step_per_seq_s,
+                base_s=spec.decode_step_base_s / mtp,
+                per_seq_s=spec.decode_step_per_seq_s / mtp,
                 speed=speed_h if i >= spec.standalone_replicas else 1.0,
-                max_num_seqs=spec.max_num_seqs,
+                max_num_seqs=seqs_h if i >= spec.standalone_replicas else spec.max_num_seqs,
                 prefill_tokens_per_s=spec.prefill_tokens_per_s,
                 prompt_tokens=spec.prompt_tokens,
                 name=f"hybrid-{i - spec.standalone_replicas}" if i >= spec.standalone_replicas else "",

@@ -144,6 +144,8 @@ class Simulator:
         self.durations = SwitchDurations()
         self.transitions: list[Transition] = []
         self.trained_ids: list[int] = []
+        self.trained_longest: list[int] = []
+        self.trained_tokens: list[int] = []
         self.train_compute_total_s = 0.0
         self.trained_response_tokens = 0
         self.switches = 0
@@ -295,6 +297,8 @@ class Simulator:
         self._record_trace("train", intent.step, intent.micro + 1, [s.id for s in batch])
         yield Delay(compute_s)
         self.trained_ids.extend(s.id for s in batch)
+        self.trained_longest.extend(max(s.lengths) for s in batch)
+        self.trained_tokens.extend(s.tokens for s in batch)
         self.trained_response_tokens += sum(sum(s.lengths) for s in batch)
         self.train_compute_total_s += compute_s
         alloc = self.loop.now - t + (log.deactivate_s if intent.micro == 0 else 0.0)
@@ -460,6 +464,9 @@ class Simulator:
             standalone_replicas=s.standalone_replicas,
             hybrid_replicas=s.hybrid_replicas,
             standalone_lost=r.standalone_lost,
+            lent_replicas=sum(1 for rep in r.hybrids if rep in r.routable),
+            max_required_samples=s.max_required_samples,
+            in_flight_samples=r.in_flight,
         )
 
     # ------------------------------------------------------------------ result
@@ -484,6 +491,8 @@ class Simulator:
             steps=self.records,
             started=r.total_started,
             trained_ids=list(self.trained_ids),
+            trained_longest=list(self.trained_longest),
+            trained_tokens=list(self.trained_tokens),
             queued_ids=[sample.id for sample in r.queue],
             in_flight_ids=in_flight,
             switches=self.switches,
@@ -497,14 +506,14 @@ class Simulator:
     def _rollout_work_gpu_s(self) -> float:
         """GPU-seconds to generate the trained samples once, every replica at its best speed.
 
-        A replica is fastest per sequence-iteration at a full batch of ``max_num_seqs``; each
+        A replica is fastest per sequence-iteration at a full batch of its ``max_num_seqs``; each
         trained sample needs its prompt prefilled once and one iteration per generated token.
         """
-        spec, b = self.spec, self.spec.max_num_seqs
-        best_speed = max(rep.speed for rep in self.rollouter.replicas)
-        decode_s = self.trained_response_tokens * (spec.decode_step_base_s + spec.decode_step_per_seq_s * b) / b
-        prefill_s = len(self.trained_ids) * spec.prompt_tokens / spec.prefill_tokens_per_s
-        return (decode_s + prefill_s) / best_speed * spec.gpus_per_replica
+        spec, reps = self.spec, self.rollouter.replicas
+        token_s = min((r.base_s + r.per_seq_s * r.max_num_seqs) / (r.max_num_seqs * r.speed) for r in reps)
+        best_speed = max(rep.speed for rep in reps)
+        prefill_s = len(self.trained_ids) * spec.prompt_tokens / spec.prefill_tokens_per_s / best_speed
+        return (self.trained_response_tokens * token_s + prefill_s) * spec.gpus_per_replica
 
 
 def simulate_spec(

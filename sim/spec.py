@@ -51,6 +51,10 @@ class SimSpec:
     decode_step_base_s: float = 0.02
     decode_step_per_seq_s: float = 1e-4
     max_num_seqs: int = 256
+    hybrid_max_num_seqs: int = 0
+    """A hybrid replica's ``max_num_seqs`` (0 = ``max_num_seqs``)."""
+    speculative_speedup: float = 1.0
+    """Tokens per sequence per decode iteration (MTP); divides both iteration costs."""
     prefill_tokens_per_s: float = 50000.0
     hybrid_throughput_factor: float = 0.8
     train_tokens_per_gpu_s: float = 5000.0
@@ -145,6 +149,8 @@ def spec_from_config(cfg: TidalConfig, steps: int | None = None) -> SimSpec:
         decode_step_base_s=s.decode_step_base_s,
         decode_step_per_seq_s=s.decode_step_per_seq_s,
         max_num_seqs=s.max_num_seqs,
+        hybrid_max_num_seqs=s.hybrid_max_num_seqs,
+        speculative_speedup=s.speculative_speedup,
         prefill_tokens_per_s=s.prefill_tokens_per_s,
         hybrid_throughput_factor=s.hybrid_throughput_factor,
         train_tokens_per_gpu_s=s.train_tokens_per_gpu_s,

@@ -32,4 +32,5 @@ def step_markdown(step: int, decisions: list[dict[str, Any]], switches: list[dic
         lines.append(f"| {s['kind']} | {s['duration_s']:.3f} | {phases} | {s.get('aborted', 0)} |")
     lines += ["", "| metric | value |", "|---|---|"]
     lines += [f"| {k} | {metrics[k]:.4g} |" for k in SHOWN_METRICS if k in metrics]
+    lines += [f"| {k} | {v:.4g} |" for k, v in sorted(metrics.items()) if k.startswith("val-core/")]
     return "\n".join(lines) + "\n"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,25 @@ from tasks.faults import crash_point
 from tasks.run_ref import RunRef
 
 def checkpoint_path(run: RunRef, step: int) -> Path:
-    return Path(run.output_dir) / "checkpoints" / f"step-{step:05d}.pt"
+    """``<run>/checkpoints/global_step_<N>/actor.pt`` (verl's folder per step; an HF model's
+    export lands beside it in ``huggingface/``)."""
+    return Path(run.output_dir) / "checkpoints" / f"global_step_{step}" / "actor.pt"
+
+
+_STEP_DIR = re.compile(r"global_step_(\d+)")
+
+
+def prune_checkpoints(checkpoints: Path, keep: int | None) -> list[int]:
+    """Delete all but the ``keep`` newest ``global_step_<N>`` folders; returns the steps deleted.
+    Call only after the newest step is committed: resume needs the latest committed one."""
+    if keep is None:
+        return []
+    steps = sorted(int(m.group(1)) for p in checkpoints.glob("global_step_*")
+                   if p.is_dir() and (m := _STEP_DIR.fullmatch(p.name)))
+    doomed = steps[:-keep] if keep > 0 else steps
+    for step in doomed:
+        shutil.rmtree(checkpoints / f"global_step_{step}", ignore_errors=True)
+    return doomed
 
 
 def commit(run: RunRef, step: int, version: int, summary: dict[str, Any], now: float) -> dict[str, Any]:
@@ -49,4 +69,5 @@ def commit(run: RunRef, step: int, version: int, summary: dict[str, Any], now: f
         if db_run is None:
             raise RuntimeError(f"run {run.uid} is not in the store")
         record_step(session, db_run.id, record)
+    prune_checkpoints(Path(run.output_dir) / "checkpoints", run.max_actor_ckpt_to_keep)
     return {"step": step, "checkpoint": ckpt["path"], "decisions": decisions, "switch_events": switch_events}

@@ -35,7 +35,7 @@ def step_metrics(
 ) -> dict[str, float]:
     """The step's metrics under the reference's names (plus Tidal's own)."""
     per_micro = [
-        {f"train/{k}": v for k, v in m.metrics.items()}
+        {(k if "/" in k else f"train/{k}"): v for k, v in m.metrics.items()}  # verl's names stay
         | {f"timing_s/{k}": v for k, v in m.timing_s.items()}
         | {MQ_SIZE: float(m.mq_size), "timing_s/wait_for_samples_in_train": m.wait_s}
         for m in micro

@@ -15,7 +15,7 @@ from config import load_config
 from policies import DynamicSchedulePolicyBase
 from sim import SimResult, Simulator, spec_from_config
 
-PRESET = "sim/qwen35-35b-dynamic"
+PRESET = "sim/qwen35-35b-tp4-dynamic"  # the seed's old TP-4 shape: 4 hybrid and 4 standalone replicas
 STEPS = 5
 LENDS = {1, 3}
 REBALANCES = {1}

@@ -224,12 +224,13 @@ class ControllerHost:
     def hybrid_sync(self, plan: LendPlan, version: int) -> SwitchReport:
         """Wake the hybrids and load ``version`` in the trainer's process (only when ``plan`` lends)."""
         assert plan.lends, f"hybrid_sync for a plan that lends nothing: {plan}"
-        return self.ctl.hybrid_sync(version)
+        return self.ctl.hybrid_sync(version, plan.count)
 
     def lend(self, plan: LendPlan, micro: Sequence[MicroSummary]) -> tuple[SwitchReport, ...]:
-        """Activate the synced hybrids, then ask ``request_rebalance`` and rebalance if it says so."""
+        """Activate the ``plan.count`` synced hybrids, then ask ``request_rebalance`` and rebalance
+        if it says so."""
         assert plan.lends, f"lend for a plan that lends nothing: {plan}"
-        return self.ctl.lend(plan.step, micro)
+        return self.ctl.lend(plan.step, micro, plan.count)
 
     def end_step(self, step: int, micro: Sequence[MicroSummary]) -> StepOutcome:
         """``update_after_step``, then what the store keeps: policy and controller state, the

@@ -62,8 +62,11 @@ class RolloutService:
         max_replacements: int = 0,
         replacement_timeout_s: float = 300.0,
         replacement_state: Mapping[str, Any] | None = None,
+        scorer_factory: Callable[[], Any] | None = None,
     ):
         self.lb = LoadBalancer()
+        self._scorer = scorer_factory() if scorer_factory is not None else None
+        """Scores each finished sample where it completes (``cluster.reward.SampleScorer``)."""
         self.queue = MessageQueue(max_required_samples)
         engines = {rid: RemoteEngine(rid, h, False) for rid, h in standalone.items()}
         engines.update({rid: RemoteEngine(rid, trainer, True) for rid in hybrid_ids})
@@ -82,6 +85,7 @@ class RolloutService:
             concurrent_samples_per_replica=concurrent_samples_per_replica,
             partial_rollout=partial_rollout, seed=seed, param_version=param_version,
             replica_is_dead=actor_is_dead, on_replica_removed=self._on_replica_removed,
+            score=self._scorer,
         )
         self.rollouter: Rollouter | None = None
         self.lb.add_replicas(list(standalone))
@@ -166,12 +170,15 @@ class RolloutService:
             "fully_async/rollouter/failed_replicas": float(len(self.rollouter.failed_replicas)),
             "fully_async/rollouter/replaced_replicas": float(self._replacer.replaced if self._replacer else 0),
         })
+        if self._scorer is not None:  # the extras of dict rewards, averaged over the window
+            window.update(self._scorer.drain_metrics())
         return window
 
     def counters(self) -> RolloutCounters:
         """The generated total and the queue size, read together (one per policy question)."""
         generated = 0 if self.rollouter is None else self.rollouter.total_generated_samples
-        return RolloutCounters(generated_total=int(generated), queue_size=self.queue.size())
+        in_flight = 0 if self.rollouter is None else self.rollouter.in_flight_samples
+        return RolloutCounters(generated_total=int(generated), queue_size=self.queue.size(), in_flight=int(in_flight))
 
     def stats(self) -> dict[str, Any]:
         base = {"queue_size": self.queue.size(), "active_replicas": list(self.lb.active_ids()),

@@ -8,7 +8,7 @@ or own the param version (the trainer actor that wraps a backend does all that).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cluster.backends.base import (
     CHECKPOINT_FORMAT,
@@ -42,17 +42,67 @@ __all__ = [
     "TrainBackend",
     "UnsafeCheckpointError",
     "TrainBatch",
+    "backend_kwargs",
     "build_backend",
     "build_batch",
     "deepspeed_available",
+    "warmup_steps",
     "read_checkpoint",
     "shutdown_distributed",
     "write_checkpoint",
 ]
 
 
-def build_backend(cfg: TidalConfig, tokenizer: CharTokenizer, problems: Sequence[Problem]) -> TrainBackend:
-    """The backend ``cfg.engines.train`` names, configured from the run's config."""
+def warmup_steps(cfg: TidalConfig) -> int:
+    """``optim.lr_warmup_steps`` in optimizer updates; -1 = ``lr_warmup_steps_ratio`` of the run's
+    updates (``total_training_steps × trigger_parameter_sync_step × ppo_epochs``; 0 when the run
+    has no step budget)."""
+    optim = cfg.actor_rollout_ref.actor.optim
+    if optim.lr_warmup_steps >= 0:
+        return optim.lr_warmup_steps
+    total = cfg.trainer.total_training_steps
+    if total is None:
+        return 0
+    updates = total * cfg.async_training.trigger_parameter_sync_step * cfg.actor_rollout_ref.actor.ppo_epochs
+    return int(optim.lr_warmup_steps_ratio * updates)
+
+
+def backend_kwargs(cfg: TidalConfig) -> dict[str, Any]:
+    """The torch / DeepSpeed backend's keyword arguments from the run's config (algorithm,
+    actor, device, threads, seed): everything but the model."""
+    actor = cfg.actor_rollout_ref.actor
+    return dict(
+        lr=actor.optim.lr,
+        weight_decay=actor.optim.weight_decay,
+        betas=actor.optim.betas,
+        lr_warmup_steps=warmup_steps(cfg),
+        clip_ratio_low=actor.clip_low,
+        clip_ratio_high=actor.clip_high,
+        clip_ratio_c=actor.clip_ratio_c,
+        loss_agg_mode=actor.loss_agg_mode,
+        entropy_coeff=actor.entropy_coeff,
+        grad_clip=actor.grad_clip,
+        ppo_epochs=actor.ppo_epochs,
+        ppo_micro_batch_size_per_gpu=actor.ppo_micro_batch_size_per_gpu,
+        use_kl_loss=actor.use_kl_loss,
+        kl_loss_coef=actor.kl_loss_coef,
+        kl_loss_type=actor.kl_loss_type,
+        adv_estimator=cfg.algorithm.adv_estimator,
+        norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+        rollout_is=cfg.algorithm.rollout_correction.rollout_is,
+        rollout_is_threshold=cfg.algorithm.rollout_correction.rollout_is_threshold,
+        use_rollout_log_probs=cfg.async_training.use_rollout_log_probs,
+        device=cfg.engines.device,
+        threads=cfg.engines.torch_threads_per_actor,
+        seed=cfg.trainer.seed,
+    )
+
+
+def build_backend(
+    cfg: TidalConfig, tokenizer: CharTokenizer | Any, problems: Sequence[Problem], *, model: Any = None
+) -> TrainBackend:
+    """The backend ``cfg.engines.train`` names, configured from the run's config. ``model``: a
+    built HF causal LM to train (with ``tokenizer`` its HF tokenizer); None = the tiny LM."""
     kind = cfg.engines.train
     actor = cfg.actor_rollout_ref.actor
     use_rollout_log_probs = cfg.async_training.use_rollout_log_probs
@@ -69,25 +119,18 @@ def build_backend(cfg: TidalConfig, tokenizer: CharTokenizer, problems: Sequence
         )
     from cluster.model import TinyLMConfig
 
-    model_cfg = TinyLMConfig(
+    model_cfg = None if model is not None else TinyLMConfig(
         vocab_size=tokenizer.vocab_size,
         n_layer=cfg.model.n_layer,
         n_head=cfg.model.n_head,
         n_embd=cfg.model.n_embd,
         max_seq_len=cfg.model.max_seq_len,
     )
-    kwargs = dict(
-        lr=actor.lr,
-        weight_decay=actor.weight_decay,
-        clip_ratio=actor.clip_ratio,
-        grad_clip=actor.grad_clip,
-        ppo_epochs=actor.ppo_epochs,
-        use_kl_loss=actor.use_kl_loss,
-        kl_loss_coef=actor.kl_loss_coef,
-        use_rollout_log_probs=use_rollout_log_probs,
-        device=cfg.engines.device,
-        threads=cfg.engines.torch_threads_per_actor,
-        seed=cfg.trainer.seed,
+    hf_keys = getattr(cfg.actor_rollout_ref, "model", None)  # `actor_rollout_ref.model.*` (another section)
+    kwargs = backend_kwargs(cfg)
+    kwargs.update(
+        model=model,
+        gradient_checkpointing=bool(getattr(hf_keys, "enable_gradient_checkpointing", False)),
     )
     if kind == "deepspeed":
         return DeepSpeedBackend(

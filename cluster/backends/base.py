@@ -14,6 +14,10 @@ a dict of tensors and plain Python values only, so it loads with ``torch.load(we
 
 Optimizer state is keyed by parameter name, not by position, so a checkpoint written by the torch
 backend loads into the DeepSpeed backend and back.
+
+A backend training a Hugging Face model also writes ``huggingface/`` beside the checkpoint file
+(``save_pretrained`` of the model and of its tokenizer), so that with the commit's layout
+``<run>/checkpoints/global_step_<N>/actor.pt`` the folder is ``global_step_<N>/huggingface/``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ import torch
 from cluster.types import Sample
 
 CHECKPOINT_FORMAT = "tidal-train/1"
+
+HF_DIRNAME = "huggingface"
+"""The Hugging Face export folder, a sibling of the checkpoint file."""
 
 TIMING_KEYS = ("reward", "old_log_prob", "ref", "adv", "update_actor")
 """The reference's training-compute timing keys a backend may report (§4.1 of the reference);
@@ -156,6 +163,33 @@ def read_checkpoint(path: str | os.PathLike[str], *, expected_sha256: str | None
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path}: not a {CHECKPOINT_FORMAT} checkpoint")
     return payload
+
+
+def export_hf(model: Any, tokenizer: Any, directory: str | os.PathLike[str]) -> Path:
+    """``save_pretrained`` the model (and the tokenizer, when it has ``save_pretrained``) into a
+    temp folder beside ``directory``, then swap it in: a reader sees the old export or the whole
+    new one."""
+    import shutil
+
+    target = Path(directory)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        if hasattr(tokenizer, "save_pretrained"):
+            tokenizer.save_pretrained(tmp)
+        old = None
+        if target.exists():
+            old = target.with_name(f".{target.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(target, old)
+        os.replace(tmp, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
 
 
 def rng_state() -> dict[str, Any]:

@@ -14,6 +14,10 @@ be there), so it:
 - sets the single-process distributed env itself (``MASTER_ADDR``, a free ``MASTER_PORT``,
   ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``) and starts a gloo group, unless one is already up.
 
+Gradient accumulation over ``ppo_micro_batch_size_per_gpu`` sets the engine's accumulation
+boundary by hand (``set_gradient_accumulation_boundary``) and steps once per mini-batch; the LR
+(warmup) is written into the inner optimizer's param groups before that step.
+
 Stage 0 clips gradients with torch (DeepSpeed's own stage-0 clip does not report the norm);
 stages 1-3 use DeepSpeed's clipping and ``get_global_grad_norm``. Checkpoints use the shared
 single-file format of ``cluster.backends.base`` (full weights + per-parameter AdamW state), so
@@ -35,7 +39,7 @@ from cluster.backends.base import CheckpointError
 from cluster.backends.torch_backend import _ADAM_KEYS, TorchBackend
 from cluster.model import TinyLMConfig
 from cluster.ports import free_port
-from cluster.problems import CharTokenizer, Problem
+from cluster.problems import Problem
 
 
 def deepspeed_available() -> bool:
@@ -101,8 +105,8 @@ class DeepSpeedBackend(TorchBackend):
 
     def __init__(
         self,
-        model_cfg: TinyLMConfig,
-        tokenizer: CharTokenizer,
+        model_cfg: TinyLMConfig | None,
+        tokenizer: Any,
         problems: Sequence[Problem],
         *,
         zero_stage: int = 1,
@@ -150,8 +154,15 @@ class DeepSpeedBackend(TorchBackend):
     def _train_mode(self, on: bool) -> None:
         self.engine.train(on)
 
-    def _backward_and_step(self, loss: torch.Tensor) -> float:
+    def _backward(self, loss: torch.Tensor, *, last: bool) -> None:
+        # Micro-batches accumulate into one update: the engine's boundary is set by hand (the
+        # count varies per step, so ``gradient_accumulation_steps`` stays 1 and never rescales
+        # the loss, which ``cluster.grpo`` already normalises by the whole mini-batch).
+        # the boundary is set before each backward; ``_step`` then calls ``engine.step()`` once
+        self.engine.set_gradient_accumulation_boundary(last)
         self.engine.backward(loss)
+
+    def _step(self) -> float:
         norm: float | None = None
         if self.zero_stage == 0:
             norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or math.inf))
@@ -161,11 +172,16 @@ class DeepSpeedBackend(TorchBackend):
             norm = float(got) if got is not None else float("nan")
         return norm
 
+    def _param_groups(self) -> list[dict[str, Any]]:
+        return self._inner_optimizer().param_groups
+
     def _params(self) -> dict[str, torch.nn.Parameter]:
         return dict(self.engine.module.named_parameters())
 
     def _param_shape(self, name: str) -> torch.Size:
-        p = self._params()[name]
+        p = self._params().get(name)
+        if p is None:  # a tied weight (an HF lm_head sharing the embedding) is in the state dict only
+            return self._export_weights()[name].shape
         return p.ds_shape if hasattr(p, "ds_shape") else p.shape
 
     def _export_weights(self) -> dict[str, torch.Tensor]:

@@ -1,8 +1,11 @@
-"""The torch train backend: TinyLM + AdamW + the GRPO loss, on CPU or one CUDA device.
+"""The torch train backend: TinyLM or an HF causal LM + AdamW + the GRPO loss (``cluster.grpo``),
+on CPU or one CUDA device.
 
-One ``train_step`` = rewards → old log-probs (from the rollout, or recomputed) → reference
-log-probs (only with a KL loss) → group advantages → ``ppo_epochs`` full-batch updates with
-gradient clipping. Each phase is timed under the reference's timing key.
+One ``train_step`` = rewards (``sample.scores``, else the built-in task's rule) → old log-probs
+(from the rollout, or recomputed) → reference log-probs (only with a KL loss) → group advantages
+and rollout IS weights → ``ppo_epochs`` updates, each accumulating gradients over micro-batches of
+``ppo_micro_batch_size_per_gpu`` responses, with LR warmup and gradient clipping. Each phase is
+timed under the reference's timing key.
 
 ``DeepSpeedBackend`` subclasses this class and replaces only the optimizer and the weight /
 optimizer-state plumbing (the ``_`` hooks at the bottom), so both compute the same loss.
@@ -16,6 +19,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,16 +27,29 @@ import torch
 from cluster.backends.base import (
     CHECKPOINT_FORMAT,
     CheckpointError,
+    HF_DIRNAME,
     CheckpointInfo,
     StepResult,
+    export_hf,
     read_checkpoint,
     rng_state,
     set_rng_state,
     write_checkpoint,
 )
-from cluster.grpo import group_advantages, grpo_loss
-from cluster.model import TinyLM, TinyLMConfig, sequence_logprobs
-from cluster.problems import CharTokenizer, Problem, reward
+from cluster.grpo import (
+    ISWeights,
+    agg_loss,
+    compute_advantages,
+    count_seqs,
+    entropy_from_logits,
+    kl_penalty,
+    logprobs_from_logits,
+    masked_mean,
+    policy_loss,
+    rollout_is_weights,
+)
+from cluster.model import TinyLM, TinyLMConfig
+from cluster.problems import Problem, reward
 from cluster.types import Sample
 
 _ADAM_KEYS = ("exp_avg", "exp_avg_sq")
@@ -109,25 +126,61 @@ def build_batch(samples: Sequence[Sample], *, pad_id: int, max_seq_len: int) -> 
     )
 
 
+def _pad_id(tokenizer: Any) -> int:
+    """The padding id of a Tidal ``CharTokenizer`` (``pad_id``) or an HF tokenizer (``pad_token_id``,
+    else ``eos_token_id``, else 0). Padding is masked out, so any valid id serves."""
+    for attr in ("pad_id", "pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, attr, None)
+        if isinstance(value, int):
+            return value
+    return 0
+
+
+def warmup_factor(updates: int, warmup_steps: int) -> float:
+    """LR multiplier before optimizer update number ``updates`` (0-based): linear from 0 over
+    ``warmup_steps`` updates, then 1 (verl's and transformers' constant-with-warmup schedule)."""
+    if warmup_steps <= 0 or updates >= warmup_steps:
+        return 1.0
+    return updates / warmup_steps
+
+
 class TorchBackend:
-    """GRPO on TinyLM with torch's AdamW. Deterministic for a seed on CPU."""
+    """GRPO (verl's loss keys) on TinyLM or a Hugging Face causal LM with torch's AdamW.
+    Deterministic for a seed on CPU.
+
+    ``model_cfg`` builds the tiny LM; pass ``model`` instead (an ``AutoModelForCausalLM``) to train
+    an HF model, with ``tokenizer`` its HF tokenizer (saved beside each HF export)."""
 
     name = "torch"
 
     def __init__(
         self,
-        model_cfg: TinyLMConfig,
-        tokenizer: CharTokenizer,
+        model_cfg: TinyLMConfig | None,
+        tokenizer: Any,
         problems: Sequence[Problem],
         *,
+        model: torch.nn.Module | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.0,
+        lr_warmup_steps: int = 0,
         clip_ratio: float = 0.2,
+        clip_ratio_low: float | None = None,
+        clip_ratio_high: float | None = None,
+        clip_ratio_c: float = 3.0,
+        loss_agg_mode: str = "token-mean",
+        entropy_coeff: float = 0.0,
         grad_clip: float | None = 1.0,
         ppo_epochs: int = 1,
+        ppo_micro_batch_size_per_gpu: int | None = None,
         use_kl_loss: bool = False,
         kl_loss_coef: float = 0.001,
+        kl_loss_type: str = "low_var_kl",
+        adv_estimator: str = "grpo",
+        norm_adv_by_std_in_grpo: bool = True,
+        rollout_is: str | None = None,
+        rollout_is_threshold: float = 2.0,
         use_rollout_log_probs: bool = True,
+        gradient_checkpointing: bool = False,
         device: str | torch.device = "cpu",
         threads: int | None = 1,
         seed: int = 0,
@@ -138,35 +191,69 @@ class TorchBackend:
             raise ValueError(f"lr must be > 0, got {lr}")
         if ppo_epochs < 1:
             raise ValueError(f"ppo_epochs must be >= 1, got {ppo_epochs}")
-        if clip_ratio <= 0:
-            raise ValueError(f"clip_ratio must be > 0, got {clip_ratio}")
+        if ppo_micro_batch_size_per_gpu is not None and ppo_micro_batch_size_per_gpu < 1:
+            raise ValueError(f"ppo_micro_batch_size_per_gpu must be >= 1, got {ppo_micro_batch_size_per_gpu}")
         if kl_loss_coef < 0:
             raise ValueError(f"kl_loss_coef must be >= 0, got {kl_loss_coef}")
+        if (model_cfg is None) == (model is None):
+            raise ValueError("give exactly one of model_cfg (the tiny LM) and model (an HF causal LM)")
         if threads is not None:
             torch.set_num_threads(threads)
         self.model_cfg = model_cfg
         self.tokenizer = tokenizer
+        self.pad_id = _pad_id(tokenizer)
         self._problems: dict[int, Problem] = {p.index: p for p in problems}
         self.lr, self.weight_decay, self.betas, self.eps = lr, weight_decay, tuple(betas), eps
-        self.clip_ratio = clip_ratio
+        self.lr_warmup_steps = max(0, lr_warmup_steps)
+        self.clip_ratio_low = clip_ratio if clip_ratio_low is None else clip_ratio_low
+        self.clip_ratio_high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+        self.clip_ratio_c = clip_ratio_c
+        # fail at construction on a bad loss setting, not at the first step
+        policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1),
+                    clip_ratio_low=self.clip_ratio_low, clip_ratio_high=self.clip_ratio_high,
+                    clip_ratio_c=clip_ratio_c, loss_agg_mode=loss_agg_mode)
+        kl_penalty(torch.zeros(1), torch.zeros(1), kl_loss_type)
+        compute_advantages(adv_estimator, [])
+        if rollout_is is not None:
+            rollout_is_weights(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1),
+                               level=rollout_is, threshold=rollout_is_threshold)
+        self.loss_agg_mode = loss_agg_mode
+        self.entropy_coeff = entropy_coeff
         self.grad_clip = grad_clip if grad_clip is not None and grad_clip > 0 else None
         self.ppo_epochs = ppo_epochs
+        self.micro_batch = ppo_micro_batch_size_per_gpu
         self.use_kl_loss = use_kl_loss
         self.kl_loss_coef = kl_loss_coef
+        self.kl_loss_type = kl_loss_type
+        self.adv_estimator = adv_estimator
+        self.norm_adv_by_std_in_grpo = norm_adv_by_std_in_grpo
+        self.rollout_is = rollout_is
+        self.rollout_is_threshold = rollout_is_threshold
         self.use_rollout_log_probs = use_rollout_log_probs
         self.device = resolve_device(device)
         self.seed = seed
         self._updates = 0
 
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = TinyLM(model_cfg)
+        if model is None:
+            assert model_cfg is not None
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                model = TinyLM(model_cfg)
+            self.is_hf = False
+            self.max_seq_len = model_cfg.max_seq_len
+        else:
+            self.is_hf = True
+            self.max_seq_len = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+            if gradient_checkpointing:  # transformers 5 renamed it; 4.x has only the old name
+                enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+                enable()
+                model.config.use_cache = False
         self.model = model.to(self.device)
-        self.ref_model: TinyLM | None = None
+        self.ref_model: torch.nn.Module | None = None
         if use_kl_loss:
             self.ref_model = copy.deepcopy(self.model).eval()
             self.ref_model.requires_grad_(False)
-        self._param_names = [n for n, _ in self.model.named_parameters()]
+        self._param_names = list(self.model.state_dict().keys())
         self._setup_optimizer()
 
     # -- public API ----------------------------------------------------------------------------
@@ -177,60 +264,48 @@ class TorchBackend:
 
     def train_step(self, samples: Sequence[Sample]) -> StepResult:
         timing: dict[str, float] = {}
-        batch = build_batch(samples, pad_id=self.tokenizer.pad_id, max_seq_len=self.model_cfg.max_seq_len)
-        tokens = batch.tokens.to(self.device)
-        prompt_lens, total_lens = batch.prompt_lens.to(self.device), batch.total_lens.to(self.device)
-        mask = batch.mask.to(self.device)
+        batch = build_batch(samples, pad_id=self.pad_id, max_seq_len=self.max_seq_len)
+        tokens, mask = batch.tokens.to(self.device), batch.mask.to(self.device)
+        chunks = self._chunks(batch)
 
         t0 = time.perf_counter()
         rewards = self._rewards(samples)
         timing["reward"] = time.perf_counter() - t0
 
+        rollout_logp = batch.rollout_logp.to(self.device) if batch.rollout_logp is not None else None
         if self.use_rollout_log_probs:
-            if batch.rollout_logp is None:
+            if rollout_logp is None:
                 raise ValueError(
                     "use_rollout_log_probs=True but a response has no log-prob per token; "
                     "the engine must return them (or set use_rollout_log_probs=False)"
                 )
-            old_logp = batch.rollout_logp.to(self.device)
+            old_logp = rollout_logp
         else:
             t0 = time.perf_counter()
-            with torch.no_grad():
-                old_logp = sequence_logprobs(self._forward_module(), tokens, prompt_lens, total_lens)
+            old_logp = self._logprobs_no_grad(self._forward_module(), tokens, chunks)
             timing["old_log_prob"] = time.perf_counter() - t0
 
         ref_logp = None
         if self.use_kl_loss:
             assert self.ref_model is not None
             t0 = time.perf_counter()
-            with torch.no_grad():
-                ref_logp = sequence_logprobs(self.ref_model, tokens, prompt_lens, total_lens)
+            ref_logp = self._logprobs_no_grad(self.ref_model, tokens, chunks)
             timing["ref"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        seq_adv = self._advantages(rewards, batch.group_sizes).to(self.device)
+        seq_adv = compute_advantages(
+            self.adv_estimator, rewards, norm_adv_by_std_in_grpo=self.norm_adv_by_std_in_grpo
+        ).to(self.device)
+        is_w: ISWeights | None = None
+        if self.rollout_is is not None and rollout_logp is not None:
+            is_w = rollout_is_weights(old_logp, rollout_logp, mask, level=self.rollout_is,
+                                      threshold=self.rollout_is_threshold)
         timing["adv"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
         sums: dict[str, float] = {}
         for _ in range(self.ppo_epochs):
-            self._train_mode(True)
-            new_logp = sequence_logprobs(self._forward_module(), tokens, prompt_lens, total_lens)
-            loss, stats = grpo_loss(
-                new_logp,
-                old_logp,
-                seq_adv,
-                mask,
-                self.clip_ratio,
-                kl_coef=self.kl_loss_coef if self.use_kl_loss else 0.0,
-                ref_logp=ref_logp,
-            )
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"non-finite GRPO loss {float(loss)} at update {self._updates}")
-            grad_norm = self._backward_and_step(loss)
-            self._updates += 1
-            stats = {**stats, "loss": float(loss.detach()), "grad_norm": grad_norm}
-            for k, v in stats.items():
+            for k, v in self._update(tokens, mask, chunks, old_logp, ref_logp, seq_adv, is_w).items():
                 sums[k] = sums.get(k, 0.0) + v
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -239,8 +314,9 @@ class TorchBackend:
         flat = torch.tensor([r for group in rewards for r in group], dtype=torch.float64)
         n_resp = len(flat)
         metrics = {k: v / self.ppo_epochs for k, v in sums.items()}
+        reward_mean = float(flat.mean())
         metrics.update(
-            reward_mean=float(flat.mean()),
+            reward_mean=reward_mean,
             reward_std=float(flat.std(unbiased=False)) if n_resp > 1 else 0.0,
             response_length_mean=batch.response_tokens / n_resp,
             tokens=float(batch.tokens_total),
@@ -249,20 +325,27 @@ class TorchBackend:
             responses=float(n_resp),
             updates=float(self._updates),
         )
+        metrics["response_length/mean"] = metrics["response_length_mean"]
+        metrics["critic/score/mean"] = reward_mean
+        if is_w is not None:
+            metrics.update({f"rollout_corr/{k}": v for k, v in is_w.stats.items()})
         return StepResult(metrics=metrics, timing_s=timing)
 
     def state_dict_for_rollout(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().to("cpu", copy=True) for k, v in self._export_weights().items()}
 
     def save_checkpoint(self, path: str | os.PathLike[str]) -> CheckpointInfo:
+        """Write the checkpoint file; for an HF model also its Hugging Face folder
+        ``huggingface/`` beside the file (``save_pretrained`` of the model and the tokenizer)."""
         extra: dict[str, Any] = {}
         if self.ref_model is not None:
             extra["ref_model"] = {k: v.detach().to("cpu", copy=True) for k, v in self.ref_model.state_dict().items()}
+        weights = self.state_dict_for_rollout()
         payload = {
             "format": CHECKPOINT_FORMAT,
             "backend": self.name,
             "updates": self._updates,
-            "model": self.state_dict_for_rollout(),
+            "model": weights,
             "optim": {
                 "hparams": {
                     "lr": self.lr,
@@ -275,6 +358,8 @@ class TorchBackend:
             "rng": rng_state(),
             "extra": extra,
         }
+        if self.is_hf:
+            export_hf(self.model, self.tokenizer, Path(path).parent / HF_DIRNAME)
         return write_checkpoint(payload, path)
 
     def load_checkpoint(self, path: str | os.PathLike[str], *, expected_sha256: str | None = None) -> None:
@@ -304,19 +389,108 @@ class TorchBackend:
     # -- GRPO pieces ---------------------------------------------------------------------------
 
     def _rewards(self, samples: Sequence[Sample]) -> list[list[float]]:
+        """One score per response: ``sample.scores`` when the rollout scored it, else the
+        built-in task's rule."""
         out = []
         for s in samples:
+            scores = getattr(s, "scores", None)
+            if scores is not None:
+                if len(scores) != len(s.responses):
+                    raise ValueError(f"sample {s.uid}: {len(scores)} scores for {len(s.responses)} responses")
+                out.append([float(x) for x in scores])
+                continue
             problem = self._problems.get(s.prompt_index)
             if problem is None:
                 raise ValueError(f"sample {s.uid}: no problem with index {s.prompt_index}")
             out.append([reward(problem, r.tokens, self.tokenizer) for r in s.responses])
         return out
 
-    @staticmethod
-    def _advantages(rewards: list[list[float]], group_sizes: list[int]) -> torch.Tensor:
-        if len(set(group_sizes)) == 1:
-            return group_advantages(torch.tensor(rewards, dtype=torch.float32)).reshape(-1)
-        return torch.cat([group_advantages(torch.tensor([g], dtype=torch.float32))[0] for g in rewards])
+    def _chunks(self, batch: TrainBatch) -> list[tuple[int, int, int]]:
+        """(first row, end row, width) of each micro-batch; width trims the padding."""
+        rows = batch.tokens.shape[0]
+        size = self.micro_batch or rows
+        out = []
+        for lo in range(0, rows, size):
+            hi = min(rows, lo + size)
+            out.append((lo, hi, max(2, int(batch.total_lens[lo:hi].max()))))
+        return out
+
+    def _logits(self, module: Any, tokens: torch.Tensor) -> torch.Tensor:
+        """(b, w) tokens → (b, w-1, V) logits predicting tokens[:, 1:]."""
+        inputs = tokens[:, :-1]  # right padding: causal attention never sees it from a real token
+        if self.is_hf:
+            return module(input_ids=inputs, use_cache=False).logits
+        return module(inputs)
+
+    @torch.no_grad()
+    def _logprobs_no_grad(self, module: Any, tokens: torch.Tensor, chunks: list[tuple[int, int, int]]) -> torch.Tensor:
+        out = torch.zeros(tokens.shape[0], tokens.shape[1] - 1, device=tokens.device)
+        for lo, hi, w in chunks:
+            part = tokens[lo:hi, :w]
+            out[lo:hi, : w - 1] = logprobs_from_logits(self._logits(module, part), part[:, 1:])
+        return out
+
+    def _update(
+        self,
+        tokens: torch.Tensor,
+        mask: torch.Tensor,
+        chunks: list[tuple[int, int, int]],
+        old_logp: torch.Tensor,
+        ref_logp: torch.Tensor | None,
+        seq_adv: torch.Tensor,
+        is_w: ISWeights | None,
+    ) -> dict[str, float]:
+        """One optimizer update over the mini-batch, accumulating gradients micro-batch by
+        micro-batch; every loss is normalised by the whole mini-batch's counts."""
+        self._train_mode(True)
+        n_tok = float(mask.sum())
+        n_seq = float(count_seqs(mask, self.loss_agg_mode))
+        agg = dict(global_tokens=n_tok, global_seqs=n_seq)
+        stats = dict.fromkeys(("loss", "pg_loss", "kl", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy"), 0.0)
+        for i, (lo, hi, w) in enumerate(chunks):
+            part, m = tokens[lo:hi, :w], mask[lo:hi, : w - 1]
+            share = float(m.sum()) / max(n_tok, 1.0)  # token weight of this micro-batch's means
+            logits = self._logits(self._forward_module(), part)
+            logp = logprobs_from_logits(logits, part[:, 1:])
+            pl = policy_loss(
+                logp, old_logp[lo:hi, : w - 1], seq_adv[lo:hi], m,
+                clip_ratio_low=self.clip_ratio_low, clip_ratio_high=self.clip_ratio_high,
+                clip_ratio_c=self.clip_ratio_c, loss_agg_mode=self.loss_agg_mode,
+                is_weights=None if is_w is None else is_w.weights[lo:hi, : w - 1], **agg,
+            )
+            loss = pl.pg_loss
+            if self.entropy_coeff > 0:
+                entropy = entropy_from_logits(logits)
+                loss = loss - self.entropy_coeff * agg_loss(entropy, m, self.loss_agg_mode, **agg)
+            else:
+                with torch.no_grad():
+                    entropy = entropy_from_logits(logits)
+            kl = torch.zeros(())
+            if ref_logp is not None:
+                kl = agg_loss(kl_penalty(logp, ref_logp[lo:hi, : w - 1], self.kl_loss_type), m,
+                              self.loss_agg_mode, **agg)
+                loss = loss + self.kl_loss_coef * kl
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"non-finite GRPO loss {float(loss)} at update {self._updates}")
+            self._backward(loss, last=i == len(chunks) - 1)
+            stats["loss"] += float(loss.detach())
+            stats["pg_loss"] += float(pl.pg_loss.detach())
+            stats["kl"] += float(kl.detach())
+            stats["pg_clipfrac"] += share * float(pl.pg_clipfrac)
+            stats["pg_clipfrac_lower"] += share * float(pl.pg_clipfrac_lower)
+            stats["ppo_kl"] += share * float(pl.ppo_kl)
+            stats["entropy"] += share * float(masked_mean(entropy.detach(), m))
+        lr = self.lr * warmup_factor(self._updates, self.lr_warmup_steps)
+        for group in self._param_groups():
+            group["lr"] = lr
+        grad_norm = self._step()
+        self._updates += 1
+        out = {f"actor/{k}": v for k, v in stats.items() if k not in ("loss", "kl")}
+        out.update({"actor/kl_loss": stats["kl"], "actor/grad_norm": grad_norm, "actor/lr": lr})
+        # today's names (train/* in the store; the reports and benchmarks read these)
+        out.update(loss=stats["loss"], pg_loss=stats["pg_loss"], kl=stats["kl"], grad_norm=grad_norm,
+                   clip_frac=stats["pg_clipfrac"], approx_kl=stats["ppo_kl"])
+        return out
 
     # -- hooks the DeepSpeed backend replaces --------------------------------------------------
 
@@ -331,15 +505,22 @@ class TorchBackend:
     def _train_mode(self, on: bool) -> None:
         self.model.train(on)
 
-    def _backward_and_step(self, loss: torch.Tensor) -> float:
+    def _backward(self, loss: torch.Tensor, *, last: bool) -> None:
+        """Accumulate one micro-batch's gradients (``last``: the mini-batch's final one)."""
         loss.backward()
+
+    def _step(self) -> float:
+        """Clip, apply the accumulated gradients, clear them; returns the pre-clip grad norm."""
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or math.inf)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
+    def _param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
     def _param_shape(self, name: str) -> torch.Size:
-        return dict(self.model.named_parameters())[name].shape
+        return self.model.state_dict()[name].shape
 
     def _export_weights(self) -> dict[str, torch.Tensor]:
         return dict(self.model.state_dict())

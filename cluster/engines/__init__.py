@@ -1,9 +1,10 @@
 """Rollout engines: one replica's generator behind the ``RolloutEngine`` contract (``base``).
 
-``TorchEngine`` (the tiny LM on a KV cache) and ``SimulatedEngine`` (a cost model, no compute)
-share one continuous-batching core (``batching``); ``VLLMEngine`` lets vLLM schedule. Imports only
-``cluster.types`` and ``cluster.model``: never Ray, the other actors, or anything above
-``cluster``; importing this package does not load torch. Details: ``docs/engines.md``.
+``TorchEngine`` (a model runner on a KV cache: the tiny LM, or a Hugging Face model through
+``hf_runner.HFRunner``) and ``SimulatedEngine`` (a cost model, no compute) share one
+continuous-batching core (``batching``); ``VLLMEngine`` lets vLLM schedule. Imports only
+``cluster.types`` and ``cluster.model`` of ours: never Ray, the other actors, or anything above
+``cluster``; importing this package loads neither torch nor transformers. Details: ``docs/engines.md``.
 """
 
 from __future__ import annotations

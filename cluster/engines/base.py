@@ -75,11 +75,12 @@ def check_request(request: GenerationRequest, *, max_seq_len: int | None = None,
     return min(spec.max_new_tokens, max_seq_len - len(prompt))
 
 
-def check_state_dict(state: Mapping[str, Any], shapes: Mapping[str, Sequence[int]]) -> None:
-    """Raise ``ValueError`` unless ``state`` has exactly the names of ``shapes``, with those shapes."""
+def check_state_dict(state: Mapping[str, Any], shapes: Mapping[str, Sequence[int]], *, model: str = "TinyLM") -> None:
+    """Raise ``ValueError`` unless ``state`` has exactly the names of ``shapes``, with those shapes
+    (``model`` names the model in the message)."""
     missing, unexpected = shapes.keys() - state.keys(), state.keys() - shapes.keys()
     if missing or unexpected:
-        raise ValueError(f"state dict does not match TinyLM: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+        raise ValueError(f"state dict does not match {model}: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
     for name, shape in shapes.items():
         if tuple(state[name].shape) != tuple(shape):
             raise ValueError(f"state dict {name!r} has shape {tuple(state[name].shape)}, expected {tuple(shape)}")

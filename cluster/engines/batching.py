@@ -51,15 +51,18 @@ class Batcher:
 
     Each iteration drops finished sequences (freeing their slots), admits waiting ones into free
     slots (at most ``max_batch`` run), awaits ``step`` and appends each sequence's token: EOS
-    finishes it with ``stop`` (unless ``ignore_eos``), its budget with ``length``. ``version()``
+    finishes it with ``stop`` (unless ``ignore_eos``), so does ``stops(seq)`` returning True (the
+    engine's other stop conditions: more EOS ids, stop strings), its budget with ``length``. ``version()``
     is the engine's current weights version, stamped on results that got no token.
     """
 
-    def __init__(self, *, max_batch: int, eos_id: int, step: StepFn, version: Callable[[], int], name: str):
+    def __init__(self, *, max_batch: int, eos_id: int, step: StepFn, version: Callable[[], int], name: str,
+                 stops: Callable[[SequenceState], bool] | None = None):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.max_batch = max_batch
         self.eos_id = eos_id
+        self._stops = stops
         self._step = step
         self._version = version
         self._name = name
@@ -172,7 +175,7 @@ class Batcher:
     def _append(self, seqs: list[SequenceState], tokens: list[int], logprobs: list[float], version: int) -> None:
         """Give each sequence its token; finish those at EOS (``stop``) or at their budget (``length``).
         (The hot loop of every engine iteration: kept flat on purpose.)"""
-        eos, appended = self.eos_id, 0
+        eos, stops, appended = self.eos_id, self._stops, 0
         for seq, token, logprob in zip(seqs, tokens, logprobs):
             if seq.future.done():  # aborted while the step ran: its token is dropped
                 continue
@@ -182,6 +185,8 @@ class Batcher:
             if seq.version is None:
                 seq.version = version
             if token == eos and not seq.request.sampling.ignore_eos:
+                self._finish(seq, "stop")
+            elif stops is not None and not seq.request.sampling.ignore_eos and stops(seq):
                 self._finish(seq, "stop")
             elif len(seq.tokens) >= seq.budget:
                 self._finish(seq, "length")

@@ -89,6 +89,20 @@ def test_a_deepspeed_step_matches_the_torch_step_on_the_same_batch(stage):
     assert set(r_ds.timing_s) == {"reward", "ref", "adv", "update_actor"}
 
 
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_deepspeed_accumulating_micro_batches_matches_the_torch_one_batch_step(stage):
+    samples = make_samples()  # 24 responses → micro-batches of 5: 5 passes, one optimizer step
+    args = {**KWARGS, "lr": 1.0, "eps": 1.0, "loss_agg_mode": "seq-mean-token-mean"}  # update ≈ lr × grad
+    ref = TorchBackend(CFG, TOK, PROBLEMS, **args)
+    ds = DeepSpeedBackend(CFG, TOK, PROBLEMS, zero_stage=stage, ppo_micro_batch_size_per_gpu=5, **args)
+    r_ref, r_ds = ref.train_step(samples), ds.train_step(samples)
+    assert r_ds.metrics["loss"] == pytest.approx(r_ref.metrics["loss"], abs=1e-5)
+    assert r_ds.metrics["grad_norm"] == pytest.approx(r_ref.metrics["grad_norm"], rel=1e-4)
+    assert r_ds.metrics["updates"] == 1
+    assert close_weights(ref.state_dict_for_rollout(), ds.state_dict_for_rollout(), atol=1e-5)
+    ds.close()
+
+
 @pytest.mark.parametrize("stage", [0, 1, 3])
 def test_a_deepspeed_checkpoint_round_trips_to_the_exact_next_step(stage, tmp_path):
     samples = make_samples()

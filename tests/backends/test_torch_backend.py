@@ -181,6 +181,62 @@ def test_rollout_log_probs_of_the_current_weights_give_the_same_step_as_recomput
         assert torch.allclose(v, weights(b)[k], atol=1e-5), k
 
 
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_gradient_accumulation_over_micro_batches_gives_the_one_big_batch_update(mode):
+    # eps=1 makes Adam's first update ≈ lr × gradient (with the default eps it is ≈ ±lr for any
+    # gradient, so float noise in a near-zero gradient would flip a weight by 2 lr)
+    whole = make_backend(loss_agg_mode=mode, lr=1.0, eps=1.0)
+    micro = make_backend(loss_agg_mode=mode, lr=1.0, eps=1.0, ppo_micro_batch_size_per_gpu=5)  # 7 passes
+    samples = make_samples(whole.model)
+    rw, rm = whole.train_step(samples).metrics, micro.train_step(samples).metrics
+    assert rm["loss"] == pytest.approx(rw["loss"], abs=1e-6)
+    assert rm["actor/grad_norm"] == pytest.approx(rw["actor/grad_norm"], rel=1e-5)
+    assert rm["actor/pg_clipfrac"] == pytest.approx(rw["actor/pg_clipfrac"], abs=1e-6)
+    assert rm["actor/entropy"] == pytest.approx(rw["actor/entropy"], rel=1e-5)
+    for k, v in weights(whole).items():
+        assert torch.allclose(v, weights(micro)[k], atol=1e-6), k
+
+
+def test_lr_warms_up_linearly_from_zero_and_the_first_update_changes_nothing():
+    backend = make_backend(lr=1e-2, lr_warmup_steps=2)
+    samples = make_samples(backend.model)
+    before = weights(backend)
+    lrs = [backend.train_step(samples).metrics["actor/lr"]]
+    assert_same_weights(weights(backend), before)
+    lrs += [backend.train_step(samples).metrics["actor/lr"] for _ in range(3)]
+    assert lrs == [0.0, 5e-3, 1e-2, 1e-2]
+
+
+def test_a_reference_model_is_kept_only_when_the_kl_loss_is_on():
+    assert make_backend().ref_model is None
+    assert make_backend(use_kl_loss=True).ref_model is not None
+
+
+def test_sample_scores_when_set_replace_the_built_in_reward():
+    samples = make_samples()
+    for s in samples:
+        s.scores = [1.0 if j == 0 else 0.0 for j in range(len(s.responses))]
+    m = make_backend().train_step(samples).metrics
+    assert m["critic/score/mean"] == 1.0 / 8
+    assert m["reward_mean"] == 1.0 / 8
+
+
+def test_the_rollout_is_correction_logs_its_weights_statistics():
+    backend = make_backend(use_rollout_log_probs=False, rollout_is="token", rollout_is_threshold=2.0)
+    samples = make_samples()  # the "engine" reported log-prob 0 for every token
+    batch = build_batch(samples, pad_id=TOK.pad_id, max_seq_len=CFG.max_seq_len)
+    with torch.no_grad():
+        old = sequence_logprobs(backend.model, batch.tokens, batch.prompt_lens, batch.total_lens)
+    from cluster.grpo import rollout_is_weights
+
+    expected = rollout_is_weights(old, batch.rollout_logp, batch.mask, level="token", threshold=2.0).stats
+    m = backend.train_step(samples).metrics
+    assert {k.removeprefix("rollout_corr/"): v for k, v in m.items() if k.startswith("rollout_corr/")} == {
+        k: pytest.approx(v, abs=1e-6) for k, v in expected.items()
+    }
+    assert expected["rollout_is_max"] < 1.0  # every old log-prob is below the reported 0
+
+
 # -- metrics and timing --------------------------------------------------------------------------
 
 
@@ -213,7 +269,10 @@ def test_metrics_describe_the_batch_that_was_trained_on():
     assert m["tokens"] == sum(lengths) + sum(len(s.prompt_tokens) * len(s.responses) for s in samples)
     assert m["response_length_mean"] == pytest.approx(sum(lengths) / 32)
     assert m["updates"] == 3
-    for key in ("loss", "pg_loss", "kl", "approx_kl", "grad_norm", "clip_frac", "ratio_mean"):
+    assert m["critic/score/mean"] == m["reward_mean"]
+    assert m["response_length/mean"] == m["response_length_mean"]
+    for key in ("loss", "pg_loss", "kl", "approx_kl", "grad_norm", "clip_frac", "actor/pg_loss", "actor/pg_clipfrac",
+                "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "actor/kl_loss", "actor/lr"):
         assert key in m
 
 

@@ -206,7 +206,7 @@ def make_rig(
         lb,
         pool,
         standalone_ids=standalone_ids,
-        sizes=SIZES,
+        sizes=kwargs.pop("sizes", SIZES),
         counters=read_counters,
         clock=clock,
         sleep=clock.sleep,
@@ -388,6 +388,104 @@ def test_only_hybrid_run_cycles_deactivate_sync_activate_twice():
     ] * 2
     assert rig.controller.switch_count == 4
     assert rig.controller.state is ControllerState.HYBRID_ACTIVE
+
+
+# ------------------------------------------------------------------------- graded lending
+
+THREE = ("h0", "h1", "h2")
+
+
+def test_lending_two_of_three_hybrids_wakes_adds_rebalances_and_takes_back_only_those_two():
+    rig = make_rig(hybrid_ids=THREE)
+
+    rig.controller.hybrid_sync(4, count=2)
+    rig.controller.lend(7, [], count=2)
+    assert rig.controller.lent_ids == ("h0", "h1")
+    assert rig.controller.active_replica_ids() == STANDALONES + ("h0", "h1")
+    rig.controller.deactivate()
+
+    lent = ("h0", "h1")
+    assert [e for e in rig.events if not e[0].startswith(("policy.", "rollout."))] == [
+        ("pool.wake_up", lent),
+        ("pool.load_weights", lent, 4),
+        ("lb.add_replicas", lent),
+        ("pool.resume", lent),
+        ("lb.clear_sticky",),
+        ("lb.hold",),
+        ("pool.abort", STANDALONES + lent),
+        ("lb.in_flight", STANDALONES + lent),
+        ("pool.resume", STANDALONES + lent),
+        ("lb.unhold",),
+        ("lb.remove_replicas", lent),
+        ("pool.abort", lent),
+        ("pool.sleep", lent),
+    ]
+    assert [(t.kind, t.replicas) for t in rig.controller.switch_log] == [
+        ("hybrid_sync", lent), ("activate", lent), ("rebalance", STANDALONES + lent), ("deactivate", lent)]
+    assert rig.controller.state is ControllerState.STANDALONE_ONLY
+    assert rig.controller.lent_ids == ()
+
+
+def test_a_second_lend_while_some_hybrids_are_lent_is_illegal_and_calls_nothing():
+    rig = make_rig(hybrid_ids=THREE)
+    rig.controller.hybrid_sync(1, count=1)
+    rig.controller.activate()
+    del rig.events[:]
+
+    with pytest.raises(IllegalTransition) as raised:
+        rig.controller.hybrid_sync(1, count=1)
+
+    assert str(raised.value) == "cannot hybrid_sync while hybrid replicas are active; deactivate first"
+    assert rig.events == []
+    assert rig.controller.lent_ids == ("h0",)
+
+
+@pytest.mark.parametrize("count", [0, 4])
+def test_a_hybrid_sync_of_no_or_too_many_hybrids_is_illegal(count):
+    rig = make_rig(hybrid_ids=THREE)
+
+    with pytest.raises(IllegalTransition) as raised:
+        rig.controller.hybrid_sync(1, count=count)
+
+    assert str(raised.value) == f"cannot hybrid_sync {count} of 3 hybrid replicas"
+    assert rig.events == []
+
+
+def test_lend_refuses_a_count_other_than_what_was_synced():
+    rig = make_rig(hybrid_ids=THREE)
+    rig.controller.hybrid_sync(1, count=2)
+    del rig.events[:]
+
+    with pytest.raises(IllegalTransition) as raised:
+        rig.controller.lend(1, [], count=3)
+
+    assert str(raised.value) == "cannot lend 3 hybrids: 2 were synced"
+    assert rig.events == []
+
+
+def test_a_policy_answering_a_count_gets_a_plan_of_that_many_and_the_context_counts_the_lent():
+    rig = make_rig(hybrid_ids=THREE, answers={"should_activate_after_step": 2})
+
+    plan = rig.controller.after_sync(3, [])
+    rig.controller.hybrid_sync(3, count=plan.count)
+    rig.controller.activate()
+
+    assert plan == LendPlan(step=3, count=2, of=3)
+    assert rig.controller.context().lent_replicas == 2
+    assert rig.controller.state_dict()["lent"] == 2
+
+
+def test_a_resumed_run_that_had_one_of_three_lent_relends_one():
+    original = make_rig(hybrid_ids=THREE)
+    original.controller.hybrid_sync(2, count=1)
+    original.controller.activate()
+    state = dict(json.loads(json.dumps(original.controller.state_dict())), state="STANDALONE_ONLY")
+    restored = make_rig(hybrid_ids=THREE)
+
+    restored.controller.load_state_dict(state)
+    plan = restored.controller.relend_after_resume(2)
+
+    assert plan == LendPlan(step=0, count=1, of=3)
 
 
 # ------------------------------------------------------------------------ illegal transitions
@@ -723,6 +821,19 @@ def test_the_context_is_built_from_sizes_counters_micro_steps_and_membership():
     assert (ctx.now, ctx.last_switch_at) == (START + 2.0, None)
 
 
+def test_the_context_carries_the_lent_count_the_staleness_cap_and_the_samples_in_flight():
+    sizes = RunSizes(required_samples=16, trigger_parameter_sync_step=4, standalone_replicas=2, hybrid_replicas=3,
+                     max_required_samples=96)
+    rig = make_rig(hybrid_ids=THREE, sizes=sizes,
+                   counters=RolloutCounters(generated_total=40, queue_size=6, in_flight=11))
+    rig.controller.hybrid_sync(1, count=2)
+    rig.controller.activate()
+
+    ctx = rig.controller.context()
+
+    assert (ctx.lent_replicas, ctx.hybrid_replicas, ctx.max_required_samples, ctx.in_flight_samples) == (2, 3, 96, 11)
+
+
 # ------------------------------------------------------------------------------- persistence
 
 
@@ -790,6 +901,7 @@ def test_a_state_dict_from_before_the_per_cycle_durations_loads_with_a_fresh_cyc
     assert rig.controller.state_dict() == {
         "state": "STANDALONE_ONLY", "synced_version": 2,
         "switch_durations": {"activate_s": 0.0, "deactivate_s": 0.0}, "last_switch_at": 90.0, "switch_count": 3,
+        "lent": 0, "synced": 2,
     }
 
 

@@ -23,6 +23,11 @@ from cluster.types import GenerationRequest, GenerationResult, SamplingSpec
 
 pytestmark = pytest.mark.timeout(20)  # a scheduler bug hangs rather than fails
 
+try:  # imported at collection, so the first HF case does not spend its timeout importing it
+    import transformers  # noqa: F401
+except ImportError:
+    pass
+
 TOK = CharTokenizer()
 PROMPTS = [TOK.encode(text) for text in ("a3=", "copy:abc=", "12+7=", "e6=", "copy:fdeca=")]
 BUDGET = 40  # fits in every engine's context next to the longest prompt
@@ -58,6 +63,28 @@ def _torch_case() -> EngineCase:
     return EngineCase(engine, weights(0), weights(1), TOK.eos_id)
 
 
+def _hf_case(arch: str) -> EngineCase:
+    # A tiny random Hugging Face model built from its config (no folder, no tokenizer needed: the
+    # prompts are CharTokenizer ids, all inside its vocabulary); wide init = peaked logits.
+    import torch
+
+    pytest.importorskip("transformers", reason="the HF cases need transformers (not installed here)")
+    from transformers import AutoModelForCausalLM
+
+    from cluster.engines.hf_runner import HFRunner
+    from cluster.engines.torch_engine import TorchEngine
+    from cluster.hf import tiny_config
+
+    cfg = tiny_config(arch, 384, eos_id=TOK.eos_id, pad_id=0, n_layer=2, n_embd=32, initializer_range=0.2)
+
+    def model(seed: int):
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(cfg)
+
+    engine = TorchEngine(HFRunner(model(0)), max_batch=4, eos_id=TOK.eos_id, seed=0)
+    return EngineCase(engine, model(0).state_dict(), model(1).state_dict(), TOK.eos_id)
+
+
 def _simulated_case() -> EngineCase:
     engine = SimulatedEngine(
         decode_step_s=(0.0005, 0.0001),
@@ -81,6 +108,8 @@ def _vllm_case() -> EngineCase:
 
 ENGINES: dict[str, Callable[[], EngineCase]] = {
     "torch": _torch_case,
+    "torch-hf-qwen2": lambda: _hf_case("qwen2"),
+    "torch-hf-llama": lambda: _hf_case("llama"),
     "simulated": _simulated_case,
     "vllm": _vllm_case,
 }

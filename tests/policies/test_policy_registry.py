@@ -22,6 +22,7 @@ from policies import (
     DynamicSchedulePolicyBase,
     FixedRatioDynamicSchedulePolicy,
     GuardedPolicy,
+    PredictiveDynamicSchedulePolicy,
     StaticFullyAsyncPolicy,
     UnknownPolicyError,
     build_policy,
@@ -38,6 +39,7 @@ BUILT_INS = {
     "default": DefaultDynamicSchedulePolicy,
     "fixed_ratio": FixedRatioDynamicSchedulePolicy,
     "static_fully_async": StaticFullyAsyncPolicy,
+    "predictive": PredictiveDynamicSchedulePolicy,
 }
 
 # --------------------------------------------------------------------------- built-ins

@@ -20,8 +20,8 @@ SETUPS = ("static-8-24", "static-16-16", "dynamic")
 
 
 @pytest.mark.parametrize("setup", SETUPS)
-def test_an_emulated_preset_is_its_seed_preset_with_tokens_and_fixed_costs_divided_by_20(setup):
-    seed, emulated = load_config(f"sim/qwen35-35b-{setup}"), load_config(f"sim/qwen35-35b-emulated-{setup}")
+def test_an_emulated_preset_is_the_old_seed_shape_with_tokens_and_fixed_costs_divided_by_20(setup):
+    seed, emulated = load_config(f"sim/qwen35-35b-tp4-{setup}"), load_config(f"sim/qwen35-35b-emulated-{setup}")
     a, b = seed.sim, emulated.sim
     assert (emulated.trainer_gpus, emulated.standalone_gpus, emulated.hybrid_replicas) == (
         seed.trainer_gpus, seed.standalone_gpus, seed.hybrid_replicas)

@@ -42,10 +42,11 @@ def test_compare_runs_every_static_split_and_the_dynamic_setups(tmp_path, capsys
     run(tmp_path, steps=3, compare=True, json_path=str(out), plot_dir=str(plots))
     data = json.loads(out.read_text())
     labels = [s["setup"] for s in data["compare"]]
-    assert labels == [f"static {t}+{32 - t}" for t in range(4, 32, 4)] + [
-        "dynamic 16+16 default", "dynamic 16+16 fixed_ratio"
+    assert labels == [f"static {t}+{32 - t}" for t in range(8, 32, 8)] + [  # TP 8: splits in 8s
+        "dynamic 16+16 default", "dynamic 16+16 fixed_ratio", "dynamic 16+16 predictive"
     ]
     statics = [s for s in data["compare"] if s["setup"].startswith("static")]
+    assert all(s["wall_clock_s"] >= s["lower_bound_s"] >= s["fluid_bound_s"] for s in data["compare"])
     assert data["best_static"] == min(statics, key=lambda s: s["wall_clock_s"])["setup"]
     assert f"best static split: {data['best_static']}" in capsys.readouterr().out
     assert sorted(p.name for p in plots.iterdir()) == ["mq_size.png", "step_time.png", "utilization.png"]

@@ -12,7 +12,7 @@ from config import load_config
 from policies import build_policy, policy_from_config
 from sim import SimResult, SimSpec, simulate, simulate_spec, spec_from_config
 
-PRESETS = ["sim/qwen35-35b-static-8-24", "sim/qwen35-35b-static-16-16", "sim/qwen35-35b-dynamic", "tiny-cpu"]
+PRESETS = ["sim/qwen35-35b-tp4-static-8-24", "sim/qwen35-35b-tp4-static-16-16", "sim/qwen35-35b-tp4-dynamic", "tiny-cpu"]
 
 
 def assert_conserved(r: SimResult) -> None:
@@ -23,7 +23,7 @@ def assert_conserved(r: SimResult) -> None:
 
 
 def test_the_same_seed_gives_the_same_run_event_for_event():
-    cfg = load_config("sim/qwen35-35b-dynamic")
+    cfg = load_config("sim/qwen35-35b-tp4-dynamic")
     a = simulate(cfg, seed=3, steps=12, trace=True)
     b = simulate(cfg, seed=3, steps=12, trace=True)
     assert a.trace == b.trace
@@ -31,7 +31,7 @@ def test_the_same_seed_gives_the_same_run_event_for_event():
 
 
 def test_another_seed_gives_another_run():
-    cfg = load_config("sim/qwen35-35b-dynamic")
+    cfg = load_config("sim/qwen35-35b-tp4-dynamic")
     assert simulate(cfg, seed=1, steps=12).wall_clock_s != simulate(cfg, seed=2, steps=12).wall_clock_s
 
 
@@ -61,13 +61,13 @@ def test_the_wall_clock_is_never_below_the_fluid_bound(preset, seed):
     ids=["no-partial-rollout", "no-rebalance", "fixed-ratio", "start-active", "only-hybrid"],
 )
 def test_variants_of_the_dynamic_preset_conserve_samples_and_respect_the_bound(overrides):
-    r = simulate(load_config("sim/qwen35-35b-dynamic", overrides), seed=1, steps=12)
+    r = simulate(load_config("sim/qwen35-35b-tp4-dynamic", overrides), seed=1, steps=12)
     assert_conserved(r)
     assert r.wall_clock_s >= r.fluid_bound_s
 
 
 def test_static_fully_async_never_lends_the_trainer_gpus():
-    cfg = load_config("sim/qwen35-35b-dynamic", ["async_training.dynamic_schedule_policy=static_fully_async"])
+    cfg = load_config("sim/qwen35-35b-tp4-dynamic", ["async_training.dynamic_schedule_policy=static_fully_async"])
     r = simulate(cfg, seed=0, steps=20, trace=True)
     assert cfg.hybrid_replicas == 4
     assert r.switches == 0
@@ -76,7 +76,7 @@ def test_static_fully_async_never_lends_the_trainer_gpus():
 
 
 def test_the_default_policy_does_lend_the_trainer_gpus_on_the_dynamic_preset():
-    r = simulate(load_config("sim/qwen35-35b-dynamic"), seed=0, steps=20, trace=True)
+    r = simulate(load_config("sim/qwen35-35b-tp4-dynamic"), seed=0, steps=20, trace=True)
     assert any(s.activated for s in r.steps) and r.switches > 0
     assert any(e[1] == "route" and e[3].startswith("hybrid") for e in r.trace)
 
@@ -123,7 +123,7 @@ def test_random_small_setups_finish_conserve_samples_and_respect_the_bound(
 
 
 def test_a_spec_from_the_dynamic_preset_uses_the_configured_policy_objects():
-    cfg = load_config("sim/qwen35-35b-dynamic")
+    cfg = load_config("sim/qwen35-35b-tp4-dynamic")
     spec = spec_from_config(cfg, steps=3)
     assert (spec.standalone_replicas, spec.hybrid_replicas, spec.max_required_samples) == (4, 4, 96)
     assert type(policy_from_config(cfg)).__name__ == "DefaultDynamicSchedulePolicy"

@@ -9,7 +9,7 @@ from sim import static_splits, with_policy
 
 
 def test_static_splits_cover_the_same_gpus_in_replica_size_steps():
-    splits = static_splits(load_config("sim/qwen35-35b-dynamic"))
+    splits = static_splits(load_config("sim/qwen35-35b-tp4-dynamic"))
     assert [label for label, _ in splits] == [f"static {t}+{32 - t}" for t in range(4, 32, 4)]
     for label, cfg in splits:
         assert cfg.trainer_gpus + cfg.standalone_gpus == 32
@@ -19,7 +19,7 @@ def test_static_splits_cover_the_same_gpus_in_replica_size_steps():
 
 
 def test_with_policy_switches_dynamic_scheduling_on_and_validates():
-    cfg = with_policy(load_config("sim/qwen35-35b-static-16-16"), "fixed_ratio", dynamic=True)
+    cfg = with_policy(load_config("sim/qwen35-35b-tp4-static-16-16"), "fixed_ratio", dynamic=True)
     assert (cfg.hybrid_replicas, cfg.async_training.dynamic_schedule_policy) == (4, "fixed_ratio")
     one_trainer_gpu_tp2 = load_config(
         "tiny-cpu",

@@ -48,7 +48,7 @@ class RecordingPolicy(DynamicSchedulePolicyBase):
 
 
 def run_recorded(policy_name: str, steps: int = 3, **spec_changes):
-    cfg = load_config("sim/qwen35-35b-dynamic")
+    cfg = load_config("sim/qwen35-35b-tp4-dynamic")
     spec = dataclasses.replace(spec_from_config(cfg, steps=steps), **spec_changes)
     policy = RecordingPolicy(build_policy(policy_name, deactivate_ratio=0.6))
     result = Simulator(spec, policy).run()
@@ -160,7 +160,7 @@ def test_the_default_policy_state_evolves_exactly_as_when_fed_the_recorded_conte
 
 def test_simulate_accepts_a_policy_object_in_place_of_the_configured_one():
     recording = RecordingPolicy(build_policy("static_fully_async"))
-    result = simulate(load_config("sim/qwen35-35b-dynamic"), steps=2, policy=recording)
+    result = simulate(load_config("sim/qwen35-35b-tp4-dynamic"), steps=2, policy=recording)
     assert result.policy == "RecordingPolicy"
     assert [hook for hook, _, _ in recording.calls] == [
         "should_activate_after_step", "update_after_step",
@@ -178,7 +178,7 @@ def test_only_a_policy_with_warm_up_lend_is_asked_before_step_1_and_its_lend_is_
     """No question at step 0 by default (step 1 starts at 0 on the standalones); a warm_up_lend
     policy is asked should_activate_after_step(0) and a yes lends before step 1: three tasks, hybrid
     sync 3 s, activate 0.5 s, then the rebalance it asks for, 0.5 s."""
-    cfg = load_config("sim/qwen35-35b-dynamic")
+    cfg = load_config("sim/qwen35-35b-tp4-dynamic")
     spec = dataclasses.replace(spec_from_config(cfg, steps=1), task_overhead_s=0.25)
     plain = RecordingPolicy(build_policy("fixed_ratio", deactivate_ratio=0.6))
     result = Simulator(spec, plain).run()
@@ -220,7 +220,7 @@ def test_when_every_standalone_died_the_guard_lends_after_each_sync_and_waits_a_
 
 
 def test_one_dead_standalone_is_not_a_lost_standalone_and_gets_no_more_work():
-    cfg = load_config("sim/qwen35-35b-dynamic")
+    cfg = load_config("sim/qwen35-35b-tp4-dynamic")
     spec = dataclasses.replace(spec_from_config(cfg, steps=2), standalone_deaths=((10.0, 1),))
     result = Simulator(spec, build_policy("static_fully_async"), trace=True).run()
     deaths = [event for event in result.trace if event[1] == "death"]

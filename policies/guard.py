@@ -12,7 +12,46 @@ from typing import Any
 from policies.base import DynamicScheduleContext, DynamicSchedulePolicyBase
 
 
-class GuardedPolicy(DynamicSchedulePolicyBase):
+class PolicyWrapper(DynamicSchedulePolicyBase):
+    """A policy that answers every hook with ``inner``'s answer; guards override the hooks they
+    change. Attributes not defined here read through; ``state_dict`` is the wrapped policy's."""
+
+    def __init__(self, inner: DynamicSchedulePolicyBase):
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not yet set (e.g. during unpickling)
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
+        return self.inner.should_deactivate(global_steps, is_hybrid_active, ctx)
+
+    def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
+        return self.inner.deactivate_wait_samples(ctx)
+
+    def should_activate_after_step(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> Any:
+        return self.inner.should_activate_after_step(global_steps, is_hybrid_active, ctx)
+
+    def request_rebalance(self, global_steps: int, ctx: DynamicScheduleContext) -> bool | None:
+        return self.inner.request_rebalance(global_steps, ctx)
+
+    def update_after_step(self, global_steps: int, ctx: DynamicScheduleContext) -> None:
+        self.inner.update_after_step(global_steps, ctx)
+
+    def explain(self, hook: str, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> str:
+        return self.inner.explain(hook, global_steps, is_hybrid_active, ctx)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state)
+
+
+class GuardedPolicy(PolicyWrapper):
     """Wrap ``inner`` with the guard rails; attributes not defined here read through.
 
     Order, for every wrapped policy:
@@ -28,13 +67,8 @@ class GuardedPolicy(DynamicSchedulePolicyBase):
     def __init__(self, inner: DynamicSchedulePolicyBase, *, min_dwell_s: float = 0.0):
         if min_dwell_s < 0:
             raise ValueError(f"min_dwell_s must be >= 0, got {min_dwell_s}")
-        self.inner = inner
+        super().__init__(inner)
         self.min_dwell_s = float(min_dwell_s)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "inner":  # not yet set (e.g. during unpickling)
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
     def dwell_remaining_s(self, ctx: DynamicScheduleContext) -> float:
         """Seconds until activation is allowed again (0 when it is)."""
@@ -42,24 +76,15 @@ class GuardedPolicy(DynamicSchedulePolicyBase):
             return 0.0
         return max(0.0, self.min_dwell_s - (ctx.now - ctx.last_switch_at))
 
-    def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
-        return self.inner.should_deactivate(global_steps, is_hybrid_active, ctx)
-
     def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
         wanted = self.inner.deactivate_wait_samples(ctx)
         return max(0, min(int(wanted), ctx.step_required_samples))
 
     def should_activate_after_step(
         self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
-    ) -> bool:
+    ) -> Any:
         wanted = self.inner.should_activate_after_step(global_steps, is_hybrid_active, ctx)
-        return bool(wanted) and self.dwell_remaining_s(ctx) == 0.0
-
-    def request_rebalance(self, global_steps: int, ctx: DynamicScheduleContext) -> bool | None:
-        return self.inner.request_rebalance(global_steps, ctx)
-
-    def update_after_step(self, global_steps: int, ctx: DynamicScheduleContext) -> None:
-        self.inner.update_after_step(global_steps, ctx)
+        return wanted if self.dwell_remaining_s(ctx) == 0.0 else False  # a count stays a count
 
     def explain(self, hook: str, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> str:
         reason = self.inner.explain(hook, global_steps, is_hybrid_active, ctx)
@@ -68,14 +93,8 @@ class GuardedPolicy(DynamicSchedulePolicyBase):
             reason = f"{reason}; held off by min dwell ({left:.1f}s left)".lstrip("; ")
         return reason
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.inner.state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.inner.load_state_dict(state)
-
-
-class LostStandaloneGuard(DynamicSchedulePolicyBase):
+class LostStandaloneGuard(PolicyWrapper):
     """Wrap ``inner`` so that a run whose standalone replicas all died behaves as only-hybrid.
 
     When ``ctx.standalone_lost``: the hybrids are lent after every sync, and a deactivation waits
@@ -83,17 +102,6 @@ class LostStandaloneGuard(DynamicSchedulePolicyBase):
     every answer is ``inner``'s. Stateless: ``state_dict`` is the wrapped policy's own. The
     ``Decider`` applies it to every policy, so the forced answers are recorded decisions.
     """
-
-    def __init__(self, inner: DynamicSchedulePolicyBase):
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
-        return self.inner.should_deactivate(global_steps, is_hybrid_active, ctx)
 
     def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
         if ctx.standalone_lost:
@@ -106,20 +114,8 @@ class LostStandaloneGuard(DynamicSchedulePolicyBase):
         wanted = self.inner.should_activate_after_step(global_steps, is_hybrid_active, ctx)
         return True if ctx.standalone_lost else wanted
 
-    def request_rebalance(self, global_steps: int, ctx: DynamicScheduleContext) -> bool | None:
-        return self.inner.request_rebalance(global_steps, ctx)
-
-    def update_after_step(self, global_steps: int, ctx: DynamicScheduleContext) -> None:
-        self.inner.update_after_step(global_steps, ctx)
-
     def explain(self, hook: str, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> str:
         reason = self.inner.explain(hook, global_steps, is_hybrid_active, ctx)
         if ctx.standalone_lost and hook in ("deactivate_wait_samples", "should_activate_after_step"):
             reason = f"guard: no standalone replica alive; {reason}".rstrip("; ")
         return reason
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.inner.load_state_dict(state)

@@ -63,7 +63,7 @@ class StoredStep:
 
     Times are seconds on the controller's clock; ``wall_s`` defaults to
     ``finished_at - started_at``. ``switch_events`` items carry the fields of the controller's
-    ``SwitchTiming`` (kind, started_at, duration_s, phases, aborted); ``decisions`` items those
+    ``loop.SwitchReport`` (kind, started_at, duration_s, phases, aborted); ``decisions`` items those
     of its ``DecisionRecord`` (hook, answer, reason, inputs, duration_s; a ``step`` key is
     ignored). ``consumed_prompts`` lists the (epoch, prompt_index) pairs trained in this step.
     """

@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# Main job: train the tiny LM on CPU with the hybrid lent and reclaimed every step (a Prefect
+# Main job: train the tiny LM on CPU, lending the trainer's core to rollout when the policy says it pays (a Prefect
 # flow run per step over Ray actors); the run lands in runs/ (store, checkpoints, report, plots).
 run: $(STAMP)
 	$(VENV)/bin/tidal run tiny-cpu

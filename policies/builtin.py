@@ -23,7 +23,8 @@ INITIAL_PER_SAMPLE_TIME_S = 1000.0
 """Deliberately pessimistic prior: biases towards activation until a real wait is measured."""
 
 
-def _check_ratio(ratio: float) -> float:
+def check_ratio(ratio: float) -> float:
+    """``ratio`` as a float, or ValueError unless it is in [0, 1] (every built-in's deactivate ratio)."""
     ratio = float(ratio)
     if not 0.0 <= ratio <= 1.0:
         raise ValueError(f"deactivate_ratio must be in [0, 1], got {ratio}")
@@ -39,7 +40,7 @@ class _GapPolicy(DynamicSchedulePolicyBase):
     cycle's samples, and activate only while the backlog is below that ratio (the "gap")."""
 
     def __init__(self, deactivate_ratio: float = 0.3, only_hybrid: bool = False):
-        self.deactivate_ratio = 1.0 if only_hybrid else _check_ratio(deactivate_ratio)
+        self.deactivate_ratio = 1.0 if only_hybrid else check_ratio(deactivate_ratio)
         self.only_hybrid = bool(only_hybrid)
 
     def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
@@ -163,7 +164,7 @@ class StaticFullyAsyncPolicy(DynamicSchedulePolicyBase):
     """
 
     def __init__(self, deactivate_ratio: float = 0.0, only_hybrid: bool = False):
-        self.deactivate_ratio = 1.0 if only_hybrid else _check_ratio(deactivate_ratio)
+        self.deactivate_ratio = 1.0 if only_hybrid else check_ratio(deactivate_ratio)
         self.only_hybrid = bool(only_hybrid)
 
     def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:

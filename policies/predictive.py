@@ -12,7 +12,9 @@ that k wins. Must not: read the clock, do I/O, or change state anywhere but ``up
 from __future__ import annotations
 
 import math
+
 from policies.base import DynamicScheduleContext, DynamicSchedulePolicyBase
+from policies.builtin import check_ratio
 from policies.registry import register_policy
 
 EMA_ALPHA = 0.3
@@ -35,13 +37,6 @@ TREND_BETA = 0.2
 """Share of a no-lend cycle's surprise that goes into the per-step slope."""
 PRIOR_SWITCH_S = 6.0
 """Switch seconds per lend cycle (sync + activate + rebalance + deactivate) before one is measured."""
-
-
-def _check_ratio(ratio: float) -> float:
-    ratio = float(ratio)
-    if not 0.0 <= ratio <= 1.0:
-        raise ValueError(f"deactivate_ratio must be in [0, 1], got {ratio}")
-    return ratio
 
 
 def _stat() -> dict[str, float]:
@@ -97,7 +92,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     """
 
     def __init__(self, deactivate_ratio: float = 0.0, only_hybrid: bool = False):
-        self.deactivate_ratio = 1.0 if only_hybrid else _check_ratio(deactivate_ratio)
+        self.deactivate_ratio = 1.0 if only_hybrid else check_ratio(deactivate_ratio)
         self.only_hybrid = bool(only_hybrid)
         self.last_end_at: float | None = None
         """``ctx.now`` at the previous ``update_after_step`` (a cycle runs from one to the next)."""

@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first and pinned: 2.13.0 is a CPU build on disk here; anything else pulls CUDA.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev,postgres]'
+	$(PY) -m pip install --quiet -e '.[dev,postgres,math,trackers,gguf]'
 	touch $(STAMP)
 
 setup: $(STAMP)

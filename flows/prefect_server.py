@@ -1,6 +1,7 @@
 """A private Prefect server for tests and benchmarks: own ``PREFECT_HOME``, loopback, free port.
 
-``LocalPrefectServer`` runs ``prefect server start`` as a child in its own session (so that
+``LocalPrefectServer`` runs a Prefect API server (``flows.prefect_app``'s, unless told
+``factory=None``: then ``prefect server start``) as a child in its own session (so that
 ``stop()`` can end exactly it and what it started, by its process group), with its own
 ``PREFECT_HOME`` (and so its own SQLite database), no UI and no analytics, and waits until
 ``/api/health`` answers (~15–25 s here). ``env()`` is the environment a client, worker or
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.ports import free_port
+from flows.prefect_app import FACTORY, server_command
 
 
 @dataclass
@@ -29,7 +31,8 @@ class LocalPrefectServer:
 
     home: str | None = None
     port: int = field(default_factory=free_port)
-    extra_args: tuple[str, ...] = ("--no-ui", "--analytics-off", "--no-scheduler")
+    extra_args: tuple[str, ...] = ("--no-ui", "--analytics-off", "--no-scheduler")  # prefect server start's
+    factory: str | None = FACTORY  # uvicorn app factory; None: ``prefect server start``
     _proc: subprocess.Popen | None = None
     _owns_home: bool = False
 
@@ -57,8 +60,12 @@ class LocalPrefectServer:
         env = self.env()
         env.pop("PREFECT_API_URL")  # the server itself is not a client of anything
         env["PREFECT_API_DATABASE_CONNECTION_URL"] = f"sqlite+aiosqlite:///{Path(self.home) / 'prefect.db'}"
-        cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-               "--port", str(self.port), *self.extra_args]
+        if self.factory is None:
+            cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                   "--port", str(self.port), *self.extra_args]
+        else:  # what --no-ui / --no-scheduler set, for the app served directly
+            env.update(PREFECT_UI_ENABLED="false", PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED="false")
+            cmd = server_command(self.port, factory=self.factory)
         log = open(Path(self.home) / "server.log", "w")  # noqa: SIM115 - closed with the process
         self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         deadline = time.monotonic() + timeout_s

@@ -10,20 +10,19 @@ import logging
 from pathlib import Path
 
 import ray
-from prefect import task
 
 from cluster.actors import ROLLOUT_SERVICE
 from cluster.data_builders import dataset_for, response_length, sample_scorer, tokenizer_for
 from cluster.validation import run_validation, val_sampling
 from config import load_config
 from config.loader import RESOLVED_FILENAME
-from tasks.phases import _actor
+from tasks.phases import _actor, phase
 from tasks.run_ref import RunRef
 
 log = logging.getLogger(__name__)
 
 
-@task(name="validate")
+@phase("validate")
 def validate(run: RunRef, step: int, before_train: bool = False) -> dict[str, float]:
     """``val-core/<data_source>/reward/mean@<n>`` of the current weights (suffixed
     ``/before_train`` for the pass before step 1); {} when no standalone replica is routable."""

@@ -169,7 +169,7 @@ async def _read_runs(api_url: str) -> dict[str, list[StepTimes]]:
                         if tr.start_time and tr.end_time:
                             tasks[phase] = tasks.get(phase, 0.0) + (tr.end_time - tr.start_time).total_seconds()
                         counts[phase] = counts.get(phase, 0) + 1
-                    steps.append(StepTimes(int(fr.name.removeprefix("step-")), fr.start_time.timestamp(), tasks, counts))
+                    steps.append(StepTimes(int(fr.name.rsplit("step-", 1)[1]), fr.start_time.timestamp(), tasks, counts))
                 out[str(parent.id)] = steps
             return out
 

@@ -41,7 +41,7 @@ from tasks.summary import step_metrics
 from tasks.validation import validate
 
 
-@flow(name="training-step", flow_run_name="step-{step:05d}", log_prints=True, validate_parameters=False)
+@flow(name="training-step", flow_run_name="{run.uid}-step-{step:05d}", log_prints=True, validate_parameters=False)
 def training_step(run: RunRef, step: int, final: bool = False) -> dict[str, Any]:
     """One step. ``final``: the run's last step, after which nothing trains, so the policy is not
     asked to lend the trainer's GPUs (a lend would only cost a hybrid sync, an activation and two

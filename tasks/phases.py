@@ -142,16 +142,10 @@ def end_step(run: RunRef, step: int, micro: list[MicroSummary]) -> StepOutcome:
 
 @phase("commit_step")
 def commit_step(run: RunRef, step: int, version: int, summary: dict[str, Any]) -> dict[str, Any]:
-    """Checkpoint the trainer, then write the step's rows in one transaction."""
-    from prefect.artifacts import create_markdown_artifact
-
-    from tasks.artifact import artifact_key, step_markdown
+    """Checkpoint the trainer, write the step's rows in one transaction, then show the step in the UI."""
+    from tasks.artifact import publish_step
     from tasks.commit import commit
 
     result = commit(run, step, version, summary, time.time())
-    create_markdown_artifact(
-        key=artifact_key(run.uid, step),
-        markdown=step_markdown(step, result["decisions"], result["switch_events"], summary["metrics"]),
-        description=f"Tidal run {run.uid}: step {step} decisions, switches and metrics",
-    )
+    publish_step(run, step, result, summary["metrics"])
     return result

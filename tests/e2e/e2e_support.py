@@ -218,3 +218,35 @@ def expected_phases(trigger: int, deactivated: bool, activated: bool, final: boo
     return (("begin_step",) + (("wait_and_deactivate",) if deactivated else ())
             + ("train",) * trigger + ("broadcast_sync",) + (() if final else ("after_sync",))
             + (("hybrid_sync", "lend") if activated else ()) + ("end_step", "commit_step"))
+
+
+def step_run_names(db: Path, steps: int) -> list[str]:
+    """The `training-step` flow-run names the UI should show for the store's one run: ``<run id>-step-<NNNNN>``."""
+    import sqlalchemy as sa
+
+    from storage import make_engine
+    from storage.models import Run
+
+    engine = make_engine(f"sqlite:///{db}")
+    with engine.connect() as conn:
+        (uid,) = conn.execute(sa.select(Run.uid)).scalars().all()
+    engine.dispose()
+    return [f"{uid}-step-{i:05d}" for i in range(1, steps + 1)]
+
+
+def step_of(name: str) -> int:
+    """The step number of a `training-step` flow-run name."""
+    return int(name.rsplit("-step-", 1)[1])
+
+
+async def _read_artifacts(key: str) -> list[Any]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    async with get_client() as client:
+        return await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+
+
+def read_artifacts(api_url: str, key: str) -> list[Any]:
+    """Every version of the artifact ``key``."""
+    return on_server(api_url, _read_artifacts, key)

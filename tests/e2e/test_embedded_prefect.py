@@ -7,8 +7,19 @@ same step flow runs and phase order as the Ray task runner path.
 
 from __future__ import annotations
 
+import json
+
 import pytest
-from e2e_support import EMBEDDED_STEPS, expected_phases, read_logs, read_runs_of_flow, read_step_runs, store_decisions
+from e2e_support import (
+    EMBEDDED_STEPS,
+    expected_phases,
+    read_artifacts,
+    read_logs,
+    read_runs_of_flow,
+    read_step_runs,
+    step_run_names,
+    store_decisions,
+)
 
 from config import load_config
 
@@ -41,7 +52,7 @@ def test_the_run_says_its_phases_ran_in_process(embedded):
 def test_a_server_started_later_shows_every_step_with_its_phases_in_the_documented_order(embedded):
     steps = embedded["steps"]
     active_after, should_activate, deactivated = store_decisions(embedded["store"])
-    assert [(s.name, s.state) for s in steps] == [(f"step-{i:05d}", "Completed") for i in range(1, STEPS + 1)]
+    assert [(s.name, s.state) for s in steps] == [(name, "Completed") for name in step_run_names(embedded["store"], STEPS)]
     assert [s.phases for s in steps] == [
         expected_phases(TRIGGER, deactivated.get(i, False), active_after[i], final=i == STEPS)
         for i in range(1, STEPS + 1)
@@ -49,3 +60,14 @@ def test_a_server_started_later_shows_every_step_with_its_phases_in_the_document
     # the last step asks no lend: no decision, no hybrid sync
     assert {i: "hybrid_sync" in s.phases for i, s in enumerate(steps, 1)} == {**should_activate, STEPS: False}
     assert STEPS not in should_activate and not active_after[STEPS]
+
+
+def test_the_ui_has_one_step_artifact_key_with_a_version_per_step_and_a_step_table(embedded, prefect_server):
+    uid = embedded["steps"][0].name.rsplit("-step-", 1)[0]
+    versions = read_artifacts(prefect_server.api_url, f"{uid}-step")
+    assert sorted(a.description for a in versions) == sorted(f"Tidal run {uid}: step {i} decisions, switches and metrics"
+                                                             for i in range(1, STEPS + 1))
+    tables = read_artifacts(prefect_server.api_url, f"{uid}-steps")
+    newest = max(tables, key=lambda a: a.created)
+    rows = json.loads(newest.data) if isinstance(newest.data, str) else newest.data
+    assert (len(tables), [row["step"] for row in rows]) == (STEPS, list(range(1, STEPS + 1)))

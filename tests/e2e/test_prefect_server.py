@@ -28,6 +28,8 @@ from e2e_support import (
     run_cmd,
     run_overrides,
     stop_group,
+    step_of,
+    step_run_names,
     store_decisions,
 )
 
@@ -89,7 +91,7 @@ def test_the_run_says_its_phases_ran_on_the_ray_task_runner(deployed_run):
 def test_the_api_lists_one_step_flow_run_per_step_with_its_phases_in_the_documented_order(deployed_run):
     steps = read_step_runs(deployed_run.api_url, deployed_run.flow_run_id, STEPS)
     active_after, _, deactivated = store_decisions(deployed_run.store)
-    assert [(s.name, s.state) for s in steps] == [(f"step-{i:05d}", "Completed") for i in range(1, STEPS + 1)]
+    assert [(s.name, s.state) for s in steps] == [(name, "Completed") for name in step_run_names(deployed_run.store, STEPS)]
     assert [s.phases for s in steps] == [
         expected_phases(TRIGGER, deactivated.get(i, False), active_after[i], final=i == STEPS)
         for i in range(1, STEPS + 1)
@@ -99,7 +101,7 @@ def test_the_api_lists_one_step_flow_run_per_step_with_its_phases_in_the_documen
 def test_hybrid_sync_is_absent_exactly_on_the_steps_where_the_policy_did_not_activate(deployed_run):
     steps = read_step_runs(deployed_run.api_url, deployed_run.flow_run_id, STEPS)
     active_after, should_activate, _ = store_decisions(deployed_run.store)
-    synced = {int(s.name.removeprefix("step-")): "hybrid_sync" in s.phases for s in steps}
+    synced = {step_of(s.name): "hybrid_sync" in s.phases for s in steps}
     assert len(synced) == STEPS
     assert synced.pop(STEPS) is False and STEPS not in should_activate  # the last step asks no lend
     assert synced == should_activate == {s: a for s, a in active_after.items() if s != STEPS}

@@ -108,7 +108,7 @@ def fake(monkeypatch):
         monkeypatch.setattr(phases, "_actor", cluster.actor)
         monkeypatch.setattr(phases, "ray", fake_ray)
         monkeypatch.setattr(tasks.commit, "ray", fake_ray)
-        monkeypatch.setattr("prefect.artifacts.create_markdown_artifact", lambda **kw: None)
+        monkeypatch.setattr("tasks.artifact.publish_step", lambda *args, **kwargs: None)
         return cluster
 
     return install

@@ -104,7 +104,7 @@ def production(monkeypatch, tmp_path):
                                      get_actor=lambda name, namespace=None: actors[name])
     for module in (controller_actor, phases, tasks.commit):
         monkeypatch.setattr(module, "ray", fake_ray)
-    monkeypatch.setattr("prefect.artifacts.create_markdown_artifact", lambda **kw: None)
+    monkeypatch.setattr("tasks.artifact.publish_step", lambda *args, **kwargs: None)
     actors: dict[str, Any] = {ROLLOUT_SERVICE: plane.handle(ROLLOUT_SERVICE), TRAINER: plane.handle(TRAINER)}
     actors.update({f"replica:{rid}": plane.handle(f"replica:{rid}") for rid in standalone_ids(cfg)})
     host = ControllerHost(ScriptedPolicy, namespace="parity", standalone_ids=standalone_ids(cfg),

@@ -528,7 +528,8 @@ def run_check(args: argparse.Namespace) -> int:
 
 SWITCH_FIGURES = {
     "deactivate_s": ("sleep_in_flight_s", "engine sleep with {c} requests in flight (abort + free KV cache and weights)"),
-    "hybrid_sync_s": ("wake_and_load_s", "engine wake_up + first load_weights from the trainer's copy (CUDA copy, same process)"),
+    "hybrid_sync_s": ("wake_and_load_s", "engine wake_up + first load_weights from the trainer's model in the same "
+                                         "process (a device-to-device copy)"),
 }
 """Twin switch cost → the engine figure it is set from, and what that figure is."""
 
@@ -559,7 +560,8 @@ def calibration_from_check(data: dict[str, Any], *, name: str, weight_shape: str
         raise ValueError("the gpu_check.json has no shape that completed")
     if weight_shape is not None and weight_shape not in measured:
         raise ValueError(f"--shape {weight_shape!r} did not complete; completed: {', '.join(measured)}")
-    ref = measured[weight_shape or max(measured, key=lambda k: measured[k]["weight_bytes"])]
+    ref_name = weight_shape or max(measured, key=lambda k: measured[k]["weight_bytes"])
+    ref = measured[ref_name]
     env = data["env"]
     day = str(data.get("started_at", ""))[:10]
     where = f"{env.get('device')}, {day}" + (" (dry run on CPU: not a GPU measurement)" if data.get("dry_run") else "")
@@ -568,24 +570,31 @@ def calibration_from_check(data: dict[str, Any], *, name: str, weight_shape: str
     for key, (figure, what) in SWITCH_FIGURES.items():
         points = [(s["weight_bytes"] / GB, s["engine"][figure]) for s in measured.values()]
         fixed, per_gb = fit_line(points)
-        sizes = ", ".join(f"{k} {s['weight_bytes'] / GB:.2f} GB: {s['engine'][figure]:.4g} s" for k, s in measured.items())
+        sizes = ", ".join(f"{k} {s['weight_bytes'] / GB:.4g} GB: {s['engine'][figure]:.4g} s" for k, s in measured.items())
         costs[key] = {"fixed_s": round(fixed, 6), "per_gb_s": round(per_gb, 6),
                       "source": f"measured by benchmarks/gpu_check.py on {where}: {what.format(c=concurrency)}; "
                                 f"torch engine, {env.get('dtype')}; fitted over {sizes}"}
     return {"format": "tidal-calibration/1", "name": name, "device": env.get("device"), "measured": day,
             "weight_gb": round(ref["weight_bytes"] / GB, 6),
             "note": f"written by gpu_check.py --write-calibration from a run of torch {env.get('torch')}, "
-                    f"transformers {env.get('transformers')}; weight_gb = {max(measured, key=lambda k: measured[k]['weight_bytes']) if weight_shape is None else weight_shape}'s weights",
+                    f"transformers {env.get('transformers')}; weight_gb: the weights of {ref_name}",
             "costs": costs}
 
 
 def write_calibration(args: argparse.Namespace) -> int:
-    from config.calibration import dump_calibration, parse_calibration
+    """``--write-calibration FILE``: the measured costs, plus ``--base``'s for the costs a GPU
+    check does not measure (activate, rebalance, broadcast), each keeping its own source."""
+    from config.calibration import dump_calibration, load_calibration, parse_calibration
 
     source = args.from_ or args.out / JSON_NAME
     try:
         data = json.loads(Path(source).read_text(encoding="utf-8"))
         doc = calibration_from_check(data, name=args.write_calibration.stem, weight_shape=args.shape)
+        if args.base is not None:
+            base = load_calibration(args.base)
+            for key, cost in base.costs.items():
+                doc["costs"].setdefault(key, {"fixed_s": cost.fixed_s, "per_gb_s": cost.per_gb_s,
+                                              "source": f"from calibration {base.name}: {cost.source}"})
         text = dump_calibration(parse_calibration(doc, where=str(source)))
     except (OSError, ValueError) as exc:
         print(f"gpu_check: {source}: {exc}", file=sys.stderr)
@@ -615,6 +624,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="turn a gpu_check.json into a calibration file and exit")
     p.add_argument("--from", dest="from_", type=Path, default=None, help="the gpu_check.json (default OUT/gpu_check.json)")
     p.add_argument("--shape", default=None, help="with --write-calibration: the shape whose weights weight_gb is")
+    p.add_argument("--base", default=None, metavar="CALIBRATION",
+                   help="with --write-calibration: take the costs not measured here from this calibration")
     args = p.parse_args(argv)
     args.out = args.out or Path(os.environ.get("OUT") or ".")
     if not math.isfinite(args.budget_s) or args.budget_s <= 0:

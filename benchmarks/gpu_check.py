@@ -236,6 +236,13 @@ def build_model(shape: Shape, dev: Device, dtype: Any, seed: int) -> Any:
     return model
 
 
+def unique_bytes(model: Any) -> int:
+    """Bytes of a module's state, each storage once (tied embeddings once: ``state_dict`` gives
+    them as two tensors, so ``torch_engine.state_bytes`` counts them twice)."""
+    seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in model.state_dict().values() if t.numel()}
+    return sum(seen.values())
+
+
 def random_ids(dev: Device, count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     gen = dev.torch.Generator().manual_seed(seed)
     return dev.torch.randint(1, vocab - 1, (count, length), generator=gen).tolist()
@@ -264,17 +271,19 @@ async def throughput(engine: Any, dev: Device, reqs: list[Any], timeout_s: float
             "timed_out": bool(pending)}
 
 
-async def engine_section(engine: Any, trainer_state: Any, shape: Shape, work: Workload, dev: Device,
+async def engine_section(engine: Any, model: Any, trainer_state: Any, shape: Shape, work: Workload, dev: Device,
                          out: dict[str, Any], save: Callable[[], None]) -> None:
     """Throughput, sleep under load, wake + load (hybrid sync), awake load, idle sleep."""
     out["first_load_s"] = await atimed(dev, engine.load_weights(trainer_state, 1))
     await engine.generate(requests("warmup", random_ids(dev, 1, work.prompt_tokens, shape.vocab, 0), 2)[0])
     out["tokens_per_s"], out["throughput"] = {}, {}
+    dev.reset_peak()
     for c in work.concurrency:
         prompts = random_ids(dev, c, work.prompt_tokens, shape.vocab, c)
         run = await throughput(engine, dev, requests(f"c{c}", prompts, work.new_tokens), work.section_timeout_s)
         out["throughput"][str(c)], out["tokens_per_s"][str(c)] = run, run["tokens_per_s"]
         save()
+    out["peak_bytes"] = dev.peak()  # the trainer's model, the engine's and the largest batch's KV cache
 
     # Sleep with the largest batch in flight: what a deactivation pays (abort + free KV + weights).
     c = max(work.concurrency)
@@ -284,14 +293,15 @@ async def engine_section(engine: Any, trainer_state: Any, shape: Shape, work: Wo
     deadline = time.perf_counter() + work.section_timeout_s
     while engine.stats()["decode_steps"] < start + work.in_flight_steps and time.perf_counter() < deadline:
         await asyncio.sleep(0.005)
-    held = engine.weight_bytes + engine.kv_cache_bytes
     kv = engine.kv_cache_bytes
+    held = unique_bytes(model) + kv
+    out["engine_reported_weight_bytes"] = engine.weight_bytes
     before = dev.memory()
     out["sleep_in_flight_s"] = await atimed(dev, engine.sleep())
     after = dev.memory()
     aborted = await asyncio.gather(*tasks)
     out["sleep_in_flight_requests"] = sum(r.finish_reason == "abort" for r in aborted)
-    out["memory"] = memory_returned(held, engine.weight_bytes + engine.kv_cache_bytes, kv, before, after)
+    out["memory"] = memory_returned(held, unique_bytes(model) + engine.kv_cache_bytes, kv, before, after)
     save()
 
     out["wake_s"] = await atimed(dev, engine.wake_up())
@@ -364,19 +374,19 @@ async def shape_section(name: str, shape: Shape, work: Workload, dev: Device, dt
     import copy
 
     from cluster.engines.hf_runner import HFRunner
-    from cluster.engines.torch_engine import TorchEngine, state_bytes
+    from cluster.engines.torch_engine import TorchEngine
 
     t0 = time.perf_counter()
     trainer_model = build_model(shape, dev, dtype, seed=0)
     out["params"] = sum(p.numel() for p in trainer_model.parameters())
-    out["weight_bytes"] = state_bytes(trainer_model)
+    out["weight_bytes"] = unique_bytes(trainer_model)
     out["build_s"] = time.perf_counter() - t0
     engine_model = copy.deepcopy(trainer_model).eval()
     engine = TorchEngine(HFRunner(engine_model, device=dev.device), max_batch=max(work.concurrency), device=dev.device,
                          threads=None, eos_id=shape.vocab - 1)
     try:
         out["engine"] = {}
-        await engine_section(engine, trainer_model.state_dict(), shape, work, dev, out["engine"], save)
+        await engine_section(engine, engine_model, trainer_model.state_dict(), shape, work, dev, out["engine"], save)
         out["trainer"] = {}
         for key, checkpointing in (("plain", False), ("checkpointing", True)):
             out["trainer"][key] = train_section(trainer_model, shape, work, dev, checkpointing, deadline)
@@ -511,8 +521,11 @@ def run_check(args: argparse.Namespace) -> int:
     for key, fn in (("vllm", lambda out: vllm_section(dev, work, out)),
                     ("deepspeed", lambda out: deepspeed_section(dev, work, dtype, out))):
         out = data[key] = {}
-        if args.dry_run:
-            out.update(status="skipped", reason="not run with --dry-run")
+        left = deadline - time.perf_counter()
+        if args.dry_run or left < 60:
+            out.update(status="skipped", reason="not run with --dry-run" if args.dry_run else
+                       f"{left:.0f} s of the {args.budget_s:.0f} s budget left, this section needs about 60 s")
+            save()
             continue
         guarded(key, out, lambda: fn(out))
     data["finished"] = True

@@ -227,7 +227,7 @@ def build_model(shape: Shape, dev: Device, dtype: Any, seed: int) -> Any:
 
     cfg = Qwen2Config(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
                       num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-                      num_key_value_heads=shape.kv_heads, max_position_embeddings=32768, rope_theta=1e6,
+                      num_key_value_heads=shape.kv_heads, max_position_embeddings=32768,
                       rms_norm_eps=1e-6, tie_word_embeddings=shape.tie_embeddings, bos_token_id=None,
                       eos_token_id=shape.vocab - 1, pad_token_id=0)
     dev.torch.manual_seed(seed)
@@ -449,8 +449,9 @@ def deepspeed_section(dev: Device, work: Workload, dtype: Any, out: dict[str, An
     shape = SHAPES[name]
     model = build_model(shape, dev, dtype, seed=0)
     samples = train_samples(shape, work, dev)
-    backend = DeepSpeedBackend(None, SimpleNamespace(pad_token_id=0), [], zero_stage=2, model=model, lr=1e-6,
-                               device=dev.device, threads=None, seed=0)
+    bf16 = {"bf16": {"enabled": True}} if dtype == dev.torch.bfloat16 else {}
+    backend = DeepSpeedBackend(None, SimpleNamespace(pad_token_id=0), [], zero_stage=2, ds_config=bf16, model=model,
+                               lr=1e-6, device=dev.device, threads=None, seed=0)
     try:
         times = [timed(dev, lambda: backend.train_step(samples)) for _ in range(1 + work.train_steps)]
         out.update(status="ok", shape=name, zero_stage=2, micro_step_s=statistics.median(times[1:]), first_step_s=times[0])

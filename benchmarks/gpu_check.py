@@ -20,7 +20,7 @@ skipped, and the JSON is rewritten after each section, so a run cut short still 
 ``--dry-run`` runs the same code on CPU with two tiny shapes in seconds (a test runs it).
 
 Usage:
-    python benchmarks/gpu_check.py [--dry-run] [--out DIR] [--shapes qwen2.5-0.5b,...] [--budget-s 420]
+    python benchmarks/gpu_check.py [--dry-run] [--out DIR] [--shapes qwen2.5-0.5b,...] [--budget-s 330]
     python benchmarks/gpu_check.py --write-calibration FILE [--from DIR/gpu_check.json] [--shape NAME]
 
 Writes ``DIR/gpu_check.json`` and ``DIR/gpu_check.txt`` (DIR: ``--out``, else ``$OUT``, else the
@@ -74,10 +74,10 @@ class Shape:
     """Responses in the trainer's micro-step batch."""
 
 
-SHAPES = {
+SHAPES = {  # run in this order: the smallest first (a quick sanity check), then the widest span of sizes
     "qwen2.5-0.5b": Shape(896, 24, 14, 2, 4864, 151936, True, estimate_s=50, train_responses=8),
-    "qwen2.5-1.5b": Shape(1536, 28, 12, 2, 8960, 151936, True, estimate_s=70, train_responses=8),
     "qwen2.5-7b": Shape(3584, 28, 28, 4, 18944, 152064, False, estimate_s=170, train_responses=4),
+    "qwen2.5-1.5b": Shape(1536, 28, 12, 2, 8960, 151936, True, estimate_s=70, train_responses=8),
 }
 DRY_SHAPES = {
     "tiny-64": Shape(64, 2, 4, 2, 128, 512, True, estimate_s=3, train_responses=4),
@@ -476,10 +476,13 @@ def environment(dev: Device, dtype: Any) -> dict[str, Any]:
     return env
 
 
+STARTED = time.perf_counter()
+
+
 def run_check(args: argparse.Namespace) -> int:
     import torch
 
-    started = time.perf_counter()
+    started = STARTED
     deadline = started + args.budget_s
     shapes, work = (DRY_SHAPES, DRY_WORK) if args.dry_run else (SHAPES, GPU_WORK)
     if args.shapes:
@@ -511,7 +514,7 @@ def run_check(args: argparse.Namespace) -> int:
     save()
     for name, shape in shapes.items():
         out = data["shapes"][name] = {"shape": asdict(shape)}
-        left = deadline - time.perf_counter()
+        left = max(0.0, deadline - time.perf_counter())
         if left < shape.estimate_s:
             out.update(status="skipped", reason=f"{left:.0f} s of the {args.budget_s:.0f} s budget left, "
                                                 f"this shape needs about {shape.estimate_s:.0f} s")
@@ -522,7 +525,7 @@ def run_check(args: argparse.Namespace) -> int:
     for key, fn in (("vllm", lambda out: vllm_section(dev, work, out)),
                     ("deepspeed", lambda out: deepspeed_section(dev, work, dtype, out))):
         out = data[key] = {}
-        left = deadline - time.perf_counter()
+        left = max(0.0, deadline - time.perf_counter())
         if args.dry_run or left < 60:
             out.update(status="skipped", reason="not run with --dry-run" if args.dry_run else
                        f"{left:.0f} s of the {args.budget_s:.0f} s budget left, this section needs about 60 s")
@@ -633,7 +636,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, seconds: the same code paths")
     p.add_argument("--out", type=Path, default=None, help="folder for gpu_check.json/.txt (default $OUT, else .)")
     p.add_argument("--shapes", default=None, help="comma-separated subset of the shapes to run")
-    p.add_argument("--budget-s", type=float, default=420.0, help="seconds for all sections (larger shapes skipped when short)")
+    p.add_argument("--budget-s", type=float, default=330.0,
+                   help="seconds for all sections, from the start (a shape that no longer fits is skipped)")
     p.add_argument("--write-calibration", type=Path, default=None, metavar="FILE",
                    help="turn a gpu_check.json into a calibration file and exit")
     p.add_argument("--from", dest="from_", type=Path, default=None, help="the gpu_check.json (default OUT/gpu_check.json)")

@@ -423,7 +423,7 @@ def vllm_section(dev: Device, work: Workload, out: dict[str, Any]) -> None:
                   gpu_memory_utilization=0.3, max_model_len=2048, worker_extension_cls=WORKER_EXTENSION, seed=0)
         out.update(shape=name, start_s=time.perf_counter() - t0)
         prompts = [{"prompt_token_ids": p} for p in random_ids(dev, 32, work.prompt_tokens, SHAPES[name].vocab, 1)]
-        params = SamplingParams(max_tokens=work.new_tokens, ignore_eos=True, temperature=1.0)
+        params = SamplingParams(max_tokens=work.new_tokens, ignore_eos=True, temperature=1.0, detokenize=False)
         t0 = time.perf_counter()
         results = llm.generate(prompts, params)
         out["tokens_per_s_32"] = sum(len(r.outputs[0].token_ids) for r in results) / (time.perf_counter() - t0)

@@ -142,3 +142,42 @@ def test_the_real_shapes_are_qwen25s_public_dimensions():
     assert dims == {"qwen2.5-0.5b": (896, 24, 14, 2, 4864, 151936, True),
                     "qwen2.5-1.5b": (1536, 28, 12, 2, 8960, 151936, True),
                     "qwen2.5-7b": (3584, 28, 28, 4, 18944, 152064, False)}
+
+
+def check_json(**sizes_and_seconds):
+    """A gpu_check.json of completed shapes: name → (GB, sleep_in_flight_s, wake_and_load_s)."""
+    shapes = {name: {"status": "ok", "weight_bytes": int(gb * 1e9),
+                     "engine": {"sleep_in_flight_s": sleep, "wake_and_load_s": sync}}
+              for name, (gb, sleep, sync) in sizes_and_seconds.items()}
+    return {"format": "tidal-gpu-check/1", "dry_run": False, "started_at": "2026-12-01T12:00:00+00:00",
+            "env": {"device": "NVIDIA H200", "dtype": "bfloat16", "torch": "2.11.0", "transformers": "5.17.0"},
+            "workload": {"concurrency": [1, 32, 128]}, "shapes": shapes}
+
+
+def test_the_calibration_fits_each_switch_cost_per_gb_over_the_shapes():
+    data = check_json(small=(1.0, 0.3, 0.15), big=(15.0, 1.7, 1.55), failed=(3.0, 9.0, 9.0))
+    data["shapes"]["failed"]["status"] = "error"
+    doc = gpu_check.calibration_from_check(data, name="h200")
+    assert (doc["name"], doc["device"], doc["measured"], doc["weight_gb"]) == ("h200", "NVIDIA H200", "2026-12-01", 15.0)
+    assert {k: (c["fixed_s"], c["per_gb_s"]) for k, c in doc["costs"].items()} == \
+        {"deactivate_s": (0.2, 0.1), "hybrid_sync_s": (0.05, 0.1)}
+    assert doc["costs"]["deactivate_s"]["source"] == (
+        "measured by benchmarks/gpu_check.py on NVIDIA H200, 2026-12-01: engine sleep with 128 requests in flight "
+        "(abort + free KV cache and weights); torch engine, bfloat16; fitted over small 1 GB: 0.3 s, big 15 GB: 1.7 s")
+    assert gpu_check.calibration_from_check(data, name="h200", weight_shape="small")["weight_gb"] == 1.0
+
+
+def test_a_calibration_needs_a_completed_shape():
+    data = check_json(small=(1.0, 0.3, 0.15))
+    data["shapes"]["small"]["status"] = "skipped"
+    with pytest.raises(ValueError, match="no shape that completed"):
+        gpu_check.calibration_from_check(data, name="x")
+
+
+def test_what_sleep_returned_on_cuda_is_the_device_free_memory_it_gained():
+    before = {"allocated_bytes": 40, "reserved_bytes": 50, "device_free_bytes": 100, "device_total_bytes": 200}
+    after = {"allocated_bytes": 10, "reserved_bytes": 12, "device_free_bytes": 138, "device_total_bytes": 200}
+    assert gpu_check.memory_returned(30, 0, 6, before, after) == {
+        "engine_bytes_before": 30, "engine_bytes_after": 0, "kv_cache_bytes_before": 6, "engine_freed_bytes": 30,
+        "allocated_before": 40, "allocated_after": 10, "allocated_freed_bytes": 30, "device_freed_bytes": 38,
+        "device_total_bytes": 200, "freed_bytes": 38}

@@ -373,8 +373,9 @@ class SimSection(_Section):
 
     calibration: str | None = None
     """A calibration file (path, or a name in `config/calibration/`) whose switch costs, each with
-    its source, replace this section's `deactivate_s`, `hybrid_sync_s`, … (those the file gives);
-    null = the section's own numbers. `benchmarks/gpu_check.py --write-calibration` writes one."""
+    its source, fill this section's `deactivate_s`, `hybrid_sync_s`, … that the config does not set
+    itself (a preset's or `--set` value wins); null = none. `benchmarks/gpu_check.py
+    --write-calibration` writes one."""
 
     calibration_weight_gb: float | None = Field(None, gt=0.0, le=1e5)
     """Weights (GB) per GPU of a replica the calibration's costs are computed at

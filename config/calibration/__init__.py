@@ -2,7 +2,7 @@
 
 Owns the file format (``tidal-calibration/1``, YAML files in this folder or anywhere), its
 loader and writer, and ``apply_calibration``, which ``sim.calibration`` uses to fill the switch
-costs of the ``sim`` section. A cost is ``fixed_s + per_gb_s × weight GB`` (the weights one GPU of
+costs the ``sim`` section leaves unset. A cost is ``fixed_s + per_gb_s × weight GB`` (the weights one GPU of
 a replica holds), so a file measured on one model size serves another::
 
     format: tidal-calibration/1
@@ -152,9 +152,10 @@ def dump_calibration(cal: Calibration) -> str:
 def apply_calibration(data: Any) -> Any:
     """A ``sim`` section's raw mapping with the switch costs of its ``calibration`` filled in.
 
-    The calibration's costs replace the section's own values of those keys (the section's other
-    keys stay); they are computed at ``calibration_weight_gb`` when given, else at the file's own
-    ``weight_gb``. Anything that is not a mapping naming a calibration is returned unchanged.
+    The calibration fills the switch costs the section does not set itself (a key written in a
+    preset or given with ``--set`` wins, like over any default); they are computed at
+    ``calibration_weight_gb`` when given, else at the file's own ``weight_gb``. Anything that is
+    not a mapping naming a calibration is returned unchanged.
     """
     if not isinstance(data, Mapping) or data.get("calibration") is None:
         return data
@@ -164,4 +165,4 @@ def apply_calibration(data: Any) -> Any:
     size = data.get("calibration_weight_gb")
     if size is not None:
         size = _number(size, "calibration_weight_gb", positive=True)
-    return {**data, **load_calibration(name).switch_costs(size)}
+    return {**load_calibration(name).switch_costs(size), **data}

@@ -29,13 +29,19 @@ def test_the_seed_presets_take_their_switch_costs_from_the_judgement_calibration
     assert got == ("qwen35-35b-judgement", 1.5, 1.5, 0.25, 0.25, 5.0)
 
 
-def test_a_calibration_replaces_the_costs_it_gives_at_the_weight_size_asked(tmp_path):
+def test_a_calibration_fills_the_costs_it_gives_at_the_weight_size_asked(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text(dump_calibration(parse_calibration(doc(deactivate_s={"fixed_s": 1.0, "per_gb_s": 0.5, "source": "s"}))))
-    at_file_size = load_config("tiny-cpu", [f"sim.calibration={path}", "sim.deactivate_s=9", "sim.hybrid_sync_s=7"]).sim
-    assert (at_file_size.deactivate_s, at_file_size.hybrid_sync_s) == (2.0, 7.0)
+    path.write_text(dump_calibration(parse_calibration(doc(deactivate_s={"fixed_s": 1.0, "per_gb_s": 0.5, "source": "s"},
+                                                           activate_s={"fixed_s": 0.1, "source": "s"}))))
+    at_file_size = load_config("tiny-cpu", [f"sim.calibration={path}", "sim.hybrid_sync_s=7"]).sim
+    assert (at_file_size.deactivate_s, at_file_size.activate_s, at_file_size.hybrid_sync_s) == (2.0, 0.1, 7.0)
     scaled = load_config("tiny-cpu", [f"sim.calibration={path}", "sim.calibration_weight_gb=4"]).sim
     assert scaled.deactivate_s == 3.0
+
+
+def test_a_cost_the_config_sets_itself_wins_over_the_calibration():
+    sim = load_config("sim/qwen35-35b-dynamic", ["sim.deactivate_s=9"]).sim
+    assert (sim.deactivate_s, sim.hybrid_sync_s) == (9.0, 1.5)
 
 
 def test_dump_and_load_give_back_the_same_calibration(tmp_path):

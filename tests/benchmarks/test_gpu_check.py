@@ -40,12 +40,14 @@ def run_script(*args: str, as_on_the_gpu_machine: bool = True, timeout: float = 
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
+    """One --dry-run for the module (tens of seconds on these cores: its tests are marked slow)."""
     out = tmp_path_factory.mktemp("gpu_check")
     proc = run_script("--dry-run", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     return out, json.loads((out / "gpu_check.json").read_text())
 
 
+@pytest.mark.slow
 def test_the_dry_run_writes_its_json_and_its_table(dry_run):
     out, data = dry_run
     assert sorted(p.name for p in out.iterdir()) == ["gpu_check.json", "gpu_check.txt"]
@@ -56,6 +58,7 @@ def test_the_dry_run_writes_its_json_and_its_table(dry_run):
         ["shape", "tiny-64", "tiny-128"]
 
 
+@pytest.mark.slow
 def test_every_shape_has_positive_engine_and_trainer_figures(dry_run):
     _, data = dry_run
     for name, shape in data["shapes"].items():
@@ -72,6 +75,7 @@ def test_every_shape_has_positive_engine_and_trainer_figures(dry_run):
             assert run["micro_step_s"] > 0 and run["peak_bytes"] > 0 and run["tokens"] == 4 * 16
 
 
+@pytest.mark.slow
 def test_sleep_with_requests_in_flight_aborts_them_and_returns_all_the_engine_held(dry_run):
     _, data = dry_run
     for shape in data["shapes"].values():
@@ -82,11 +86,13 @@ def test_sleep_with_requests_in_flight_aborts_them_and_returns_all_the_engine_he
         assert (mem["engine_bytes_after"], mem["freed_bytes"]) == (0, mem["engine_bytes_before"])
 
 
+@pytest.mark.slow
 def test_vllm_and_deepspeed_are_skipped_with_their_reason_in_a_dry_run(dry_run):
     _, data = dry_run
     assert data["vllm"] == data["deepspeed"] == {"status": "skipped", "reason": "not run with --dry-run"}
 
 
+@pytest.mark.slow
 def test_a_budget_too_short_for_any_shape_skips_them_all_and_still_exits_0(tmp_path):
     proc = run_script("--dry-run", "--budget-s", "0.5", "--out", str(tmp_path))
     data = json.loads((tmp_path / "gpu_check.json").read_text())
@@ -95,6 +101,7 @@ def test_a_budget_too_short_for_any_shape_skips_them_all_and_still_exits_0(tmp_p
     assert "budget left" in data["shapes"]["tiny-64"]["reason"]
 
 
+@pytest.mark.slow
 def test_the_dry_run_json_becomes_a_calibration_the_twin_loads(dry_run, tmp_path):
     out, data = dry_run
     target = tmp_path / "cpu-dry.yaml"

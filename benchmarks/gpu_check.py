@@ -21,12 +21,14 @@ skipped, and the JSON is rewritten after each section, so a run cut short still 
 
 Usage:
     python benchmarks/gpu_check.py [--dry-run] [--out DIR] [--shapes qwen2.5-0.5b,...] [--budget-s 330]
-    python benchmarks/gpu_check.py --write-calibration FILE [--from DIR/gpu_check.json] [--shape NAME]
+    python benchmarks/gpu_check.py --write-calibration FILE [--from DIR/gpu_check.json] [--shape NAME] [--base NAME]
+    python benchmarks/gpu_check.py --write-results [--from DIR/gpu_check.json]
 
 Writes ``DIR/gpu_check.json`` and ``DIR/gpu_check.txt`` (DIR: ``--out``, else ``$OUT``, else the
 current folder). Exit 0 when every section that ran passed (skips included), 1 when one failed,
 2 on bad input. ``--write-calibration`` turns a gpu_check.json into a calibration file for the
-twin (``config/calibration/``). How to run it: ``docs/gpu.md``.
+twin (``config/calibration/``), ``--write-results`` into ``benchmarks/results/gpu.json`` and the
+``gpu`` section of ``benchmarks/RESULTS.md``. How to run it: ``docs/gpu.md``.
 """
 
 from __future__ import annotations
@@ -623,6 +625,61 @@ def write_calibration(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------------------------
+# gpu_check.json → benchmarks/results/gpu.json and RESULTS.md's `gpu` section
+
+
+def results_figures(data: dict[str, Any]) -> dict[str, Any]:
+    """The headline figures of a gpu_check.json, per completed shape (``results.json``'s ``gpu.*``)."""
+    shapes = {}
+    for name, s in data.get("shapes", {}).items():
+        if s.get("status") != "ok":
+            continue
+        eng, tr = s["engine"], s["trainer"]
+        shapes[name] = {
+            "weight_gb": s["weight_bytes"] / GB,
+            **{f"tokens_per_s_{c}": v for c, v in eng["tokens_per_s"].items()},
+            **{k: eng[k] for k in ("sleep_in_flight_s", "sleep_idle_s", "wake_s", "load_woken_s", "wake_and_load_s",
+                                   "load_awake_s")},
+            "sleep_freed_gb": eng["memory"]["freed_bytes"] / GB,
+            "engine_peak_gb": eng["peak_bytes"] / GB,
+            "micro_step_s": tr["plain"]["micro_step_s"],
+            "micro_step_checkpointing_s": tr["checkpointing"]["micro_step_s"],
+            "train_peak_gb": tr["plain"]["peak_bytes"] / GB,
+            "train_peak_checkpointing_gb": tr["checkpointing"]["peak_bytes"] / GB,
+        }
+    extra = {k: {kk: v for kk, v in data[k].items() if kk != "traceback"} for k in ("vllm", "deepspeed") if k in data}
+    return {"device": data["env"].get("device"), "measured": str(data.get("started_at", ""))[:10],
+            "dry_run": data.get("dry_run"), "torch": data["env"].get("torch"), "shapes": shapes, **extra}
+
+
+def results_section(data: dict[str, Any]) -> str:
+    """The markdown of RESULTS.md's ``gpu`` section: the command, the machine and the table."""
+    env = data["env"]
+    return (f"## GPU check\n\n`python3 benchmarks/gpu_check.py --out \"$OUT\"` on {env.get('device')} "
+            f"({str(data.get('started_at', ''))[:10]}; torch {env.get('torch')}, CUDA {env.get('cuda')}, "
+            f"transformers {env.get('transformers')}, {env.get('dtype')}; random weights, EOS ignored). "
+            f"What each column is: `docs/gpu.md`.\n\n```\n{text_table(data)}```\n")
+
+
+def write_results(args: argparse.Namespace) -> int:
+    """``--write-results``: ``benchmarks/results/gpu.json`` and RESULTS.md's ``gpu`` section."""
+    from results_io import write_json, write_section
+
+    source = args.from_ or args.out / JSON_NAME
+    try:
+        data = json.loads(Path(source).read_text(encoding="utf-8"))
+        if data.get("format") != FORMAT:
+            raise ValueError(f"not a gpu_check.json (format {data.get('format')!r})")
+        figures, section = results_figures(data), results_section(data)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"gpu_check: {source}: {exc}", file=sys.stderr)
+        return 2
+    print(f"gpu_check: wrote {write_json('gpu', figures)}", file=sys.stderr)
+    write_section("gpu", section)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------
 # entry point
 
 
@@ -640,6 +697,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="seconds for all sections, from the start (a shape that no longer fits is skipped)")
     p.add_argument("--write-calibration", type=Path, default=None, metavar="FILE",
                    help="turn a gpu_check.json into a calibration file and exit")
+    p.add_argument("--write-results", action="store_true",
+                   help="turn a gpu_check.json into benchmarks/results/gpu.json and RESULTS.md's gpu section, and exit")
     p.add_argument("--from", dest="from_", type=Path, default=None, help="the gpu_check.json (default OUT/gpu_check.json)")
     p.add_argument("--shape", default=None, help="with --write-calibration: the shape whose weights weight_gb is")
     p.add_argument("--base", default=None, metavar="CALIBRATION",
@@ -661,6 +720,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.write_calibration is not None:
         return write_calibration(args)
+    if args.write_results:
+        return write_results(args)
     if not args.dry_run:
         import torch
 

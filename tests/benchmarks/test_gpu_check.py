@@ -188,3 +188,24 @@ def test_what_sleep_returned_on_cuda_is_the_device_free_memory_it_gained():
         "engine_bytes_before": 30, "engine_bytes_after": 0, "kv_cache_bytes_before": 6, "engine_freed_bytes": 30,
         "allocated_before": 40, "allocated_after": 10, "allocated_freed_bytes": 30, "device_freed_bytes": 38,
         "device_total_bytes": 200, "freed_bytes": 38}
+
+
+@pytest.mark.slow
+def test_the_results_figures_are_the_headline_numbers_of_each_completed_shape(dry_run):
+    _, data = dry_run
+    figures = gpu_check.results_figures(data)
+    small = data["shapes"]["tiny-64"]
+    assert (figures["device"], figures["dry_run"], sorted(figures["shapes"])) == ("cpu", True, ["tiny-128", "tiny-64"])
+    assert figures["shapes"]["tiny-64"] == {
+        "weight_gb": small["weight_bytes"] / 1e9,
+        "tokens_per_s_1": small["engine"]["tokens_per_s"]["1"], "tokens_per_s_32": small["engine"]["tokens_per_s"]["32"],
+        "tokens_per_s_128": small["engine"]["tokens_per_s"]["128"],
+        **{k: small["engine"][k] for k in ("sleep_in_flight_s", "sleep_idle_s", "wake_s", "load_woken_s",
+                                           "wake_and_load_s", "load_awake_s")},
+        "sleep_freed_gb": small["engine"]["memory"]["freed_bytes"] / 1e9, "engine_peak_gb": small["engine"]["peak_bytes"] / 1e9,
+        "micro_step_s": small["trainer"]["plain"]["micro_step_s"],
+        "micro_step_checkpointing_s": small["trainer"]["checkpointing"]["micro_step_s"],
+        "train_peak_gb": small["trainer"]["plain"]["peak_bytes"] / 1e9,
+        "train_peak_checkpointing_gb": small["trainer"]["checkpointing"]["peak_bytes"] / 1e9,
+    }
+    assert gpu_check.results_section(data).startswith("## GPU check\n\n`python3 benchmarks/gpu_check.py --out \"$OUT\"` on cpu")

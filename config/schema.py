@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from config.algo_keys import SCHEDULING_ALIASES, ActorSection, AlgorithmSection, apply_aliases
+from config.calibration import apply_calibration
 from config.data_keys import CustomRewardFunction, DataSection, ValKwargs
 from config.model_keys import HFModelSection, RolloutDtype
 
@@ -369,6 +370,21 @@ class SimSection(_Section):
     initial_hybrid_active: bool = False
     """Start with the hybrid replicas lent to rollout (at version 0, no activation cost); only-hybrid
     runs always start so. Tidal's controller starts STANDALONE_ONLY."""
+
+    calibration: str | None = None
+    """A calibration file (path, or a name in `config/calibration/`) whose switch costs, each with
+    its source, fill this section's `deactivate_s`, `hybrid_sync_s`, … that the config does not set
+    itself (a preset's or `--set` value wins); null = none. `benchmarks/gpu_check.py
+    --write-calibration` writes one."""
+
+    calibration_weight_gb: float | None = Field(None, gt=0.0, le=1e5)
+    """Weights (GB) per GPU of a replica the calibration's costs are computed at
+    (`fixed_s + per_gb_s × GB`); null = the size the file was measured at."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _calibrated(cls, data: object) -> object:
+        return apply_calibration(data)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,735 @@
+"""One prepared device check: Tidal's torch engine and torch train backend on realistic shapes.
+
+Runs on the lent GPU machine (Python, torch, transformers: no Ray, Prefect, pydantic, vLLM or
+DeepSpeed there), so it drives the objects directly: ``TorchEngine`` over an ``HFRunner`` and
+``TorchBackend``, on randomly initialised Qwen2.5 models of the public 0.5B / 1.5B / 7B shapes
+built from ``Qwen2Config`` (bf16 on the GPU). Per shape it measures:
+
+- the engine's tokens/s with 1, 32 and 128 requests at once (prefill included);
+- sleep (abort + free the KV cache and the weights) with 128 requests in flight, and idle;
+- wake, then the first weight load into the woken engine (the hybrid sync: a CUDA copy from the
+  trainer's model in the same process), and a load into an awake engine;
+- what sleep returns (the engine's bytes, and on CUDA the allocator's and the device's);
+- the trainer's micro-step (one GRPO update) with and without gradient checkpointing, with the
+  engine asleep, and its peak memory.
+
+Where ``vllm`` / ``deepspeed`` import (one's own GPU box) it also times vLLM's ``sleep(level=1|2)``
+/ ``wake_up`` / weight reload and a DeepSpeed micro-step; elsewhere those sections are skipped
+with the reason. Every section is time-boxed, shapes that no longer fit ``--budget-s`` are
+skipped, and the JSON is rewritten after each section, so a run cut short still leaves figures.
+``--dry-run`` runs the same code on CPU with two tiny shapes in seconds (a test runs it).
+
+Usage:
+    python benchmarks/gpu_check.py [--dry-run] [--out DIR] [--shapes qwen2.5-0.5b,...] [--budget-s 330]
+    python benchmarks/gpu_check.py --write-calibration FILE [--from DIR/gpu_check.json] [--shape NAME] [--base NAME]
+    python benchmarks/gpu_check.py --write-results [--from DIR/gpu_check.json]
+
+Writes ``DIR/gpu_check.json`` and ``DIR/gpu_check.txt`` (DIR: ``--out``, else ``$OUT``, else the
+current folder). Exit 0 when every section that ran passed (skips included), 1 when one failed,
+2 on bad input. ``--write-calibration`` turns a gpu_check.json into a calibration file for the
+twin (``config/calibration/``), ``--write-results`` into ``benchmarks/results/gpu.json`` and the
+``gpu`` section of ``benchmarks/RESULTS.md``. How to run it: ``docs/gpu.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+FORMAT = "tidal-gpu-check/1"
+JSON_NAME, TEXT_NAME = "gpu_check.json", "gpu_check.txt"
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A Qwen2 decoder's dimensions (Qwen2.5's public configs) and what this check runs on it."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tie_embeddings: bool
+    estimate_s: float
+    """Seconds this shape's sections take on an H200 (a shape is skipped when less is left)."""
+    train_responses: int
+    """Responses in the trainer's micro-step batch."""
+
+
+SHAPES = {  # run in this order: the smallest first (a quick sanity check), then the widest span of sizes
+    "qwen2.5-0.5b": Shape(896, 24, 14, 2, 4864, 151936, True, estimate_s=50, train_responses=8),
+    "qwen2.5-7b": Shape(3584, 28, 28, 4, 18944, 152064, False, estimate_s=170, train_responses=4),
+    "qwen2.5-1.5b": Shape(1536, 28, 12, 2, 8960, 151936, True, estimate_s=70, train_responses=8),
+}
+DRY_SHAPES = {
+    "tiny-64": Shape(64, 2, 4, 2, 128, 512, True, estimate_s=3, train_responses=4),
+    "tiny-128": Shape(128, 2, 4, 2, 256, 512, True, estimate_s=3, train_responses=4),
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Request and batch sizes of every section (the same code runs both)."""
+
+    concurrency: tuple[int, ...] = (1, 32, 128)
+    prompt_tokens: int = 128
+    new_tokens: int = 128
+    section_timeout_s: float = 25.0
+    """Each throughput run is aborted after this long (tokens so far still count)."""
+    train_prompt_tokens: int = 256
+    train_response_tokens: int = 256
+    train_steps: int = 2
+    """Timed micro-steps after one warm-up step."""
+    in_flight_steps: int = 8
+    """Decode iterations the 128 in-flight requests run before the engine is put to sleep."""
+
+
+GPU_WORK = Workload()
+DRY_WORK = Workload(prompt_tokens=8, new_tokens=6, section_timeout_s=20.0, train_prompt_tokens=8,
+                    train_response_tokens=8, train_steps=1, in_flight_steps=2)
+
+
+# ------------------------------------------------------------------------------------------------
+# the report: written after every section
+
+
+class Report:
+    """The JSON document and its text table, rewritten atomically after every section."""
+
+    def __init__(self, out_dir: Path, data: dict[str, Any]):
+        self.out_dir, self.data = out_dir, data
+
+    def save(self) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.out_dir / JSON_NAME, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
+        _atomic_write(self.out_dir / TEXT_NAME, text_table(self.data))
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _fmt(value: Any, scale: float = 1.0, digits: int = 3) -> str:
+    return "-" if not isinstance(value, (int, float)) else f"{value / scale:.{digits}g}"
+
+
+def text_table(data: dict[str, Any]) -> str:
+    """One row per shape: weights, tokens/s, switch seconds, memory, micro-steps."""
+    cols = ("shape", "GB", "tok/s@1", "@32", "@128", "sleep_s", "wake_s", "load_woken_s", "load_awake_s",
+            "freed_GB", "step_s", "step_gc_s", "peak_GB", "status")
+    rows = [cols]
+    for name, s in data.get("shapes", {}).items():
+        eng, tr = s.get("engine", {}), s.get("trainer", {})
+        tps = eng.get("tokens_per_s", {})
+        mem = eng.get("memory", {})
+        rows.append((name, _fmt(s.get("weight_bytes"), GB), *(_fmt(tps.get(str(c))) for c in (1, 32, 128)),
+                     _fmt(eng.get("sleep_in_flight_s")), _fmt(eng.get("wake_s")), _fmt(eng.get("load_woken_s")),
+                     _fmt(eng.get("load_awake_s")), _fmt(mem.get("freed_bytes"), GB),
+                     _fmt(tr.get("plain", {}).get("micro_step_s")), _fmt(tr.get("checkpointing", {}).get("micro_step_s")),
+                     _fmt(tr.get("plain", {}).get("peak_bytes"), GB), s.get("status", "?")))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in rows]
+    env = data.get("env", {})
+    head = f"gpu_check on {env.get('device', '?')} ({'dry run' if data.get('dry_run') else 'full'}), " \
+           f"{data.get('elapsed_s', 0):.0f} s, finished={data.get('finished')}"
+    extra = [f"{k}: {data[k].get('status')} {data[k].get('reason', '')}".rstrip() for k in ("vllm", "deepspeed") if k in data]
+    return "\n".join([head, *lines, *extra]) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------
+# measuring
+
+
+class Device:
+    """The device under test: where models go, how to wait for it, what its memory says."""
+
+    def __init__(self, name: str):
+        import torch
+
+        self.torch = torch
+        self.device = torch.device(name)
+        self.cuda = self.device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize(self.device)
+
+    def memory(self) -> dict[str, int]:
+        """The allocator's and the device's numbers (CUDA); the process's peak RSS (CPU)."""
+        if not self.cuda:
+            import resource
+
+            return {"process_max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+        cuda = self.torch.cuda
+        free, total = cuda.mem_get_info(self.device)
+        return {"allocated_bytes": cuda.memory_allocated(self.device), "reserved_bytes": cuda.memory_reserved(self.device),
+                "device_free_bytes": free, "device_total_bytes": total}
+
+    def reset_peak(self) -> None:
+        if self.cuda:
+            self.torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak(self) -> int:
+        if self.cuda:
+            return int(self.torch.cuda.max_memory_allocated(self.device))
+        return self.memory()["process_max_rss_bytes"]
+
+    def release(self) -> None:
+        gc.collect()
+        if self.cuda:
+            self.torch.cuda.empty_cache()
+
+
+def timed(dev: Device, fn: Callable[[], Any]) -> float:
+    dev.sync()
+    t0 = time.perf_counter()
+    fn()
+    dev.sync()
+    return time.perf_counter() - t0
+
+
+async def atimed(dev: Device, coro: Any) -> float:
+    dev.sync()
+    t0 = time.perf_counter()
+    await coro
+    dev.sync()
+    return time.perf_counter() - t0
+
+
+def build_model(shape: Shape, dev: Device, dtype: Any, seed: int) -> Any:
+    """A randomly initialised Qwen2 causal LM of ``shape``, built directly on the device."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    cfg = Qwen2Config(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                      num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                      num_key_value_heads=shape.kv_heads, max_position_embeddings=32768,
+                      rms_norm_eps=1e-6, tie_word_embeddings=shape.tie_embeddings, bos_token_id=None,
+                      eos_token_id=shape.vocab - 1, pad_token_id=0)
+    dev.torch.manual_seed(seed)
+    with dev.torch.device(dev.device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    return model
+
+
+def unique_bytes(model: Any) -> int:
+    """Bytes of a module's state, each storage once (tied embeddings once: ``state_dict`` gives
+    them as two tensors, so ``torch_engine.state_bytes`` counts them twice)."""
+    seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in model.state_dict().values() if t.numel()}
+    return sum(seen.values())
+
+
+def random_ids(dev: Device, count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    gen = dev.torch.Generator().manual_seed(seed)
+    return dev.torch.randint(1, vocab - 1, (count, length), generator=gen).tolist()
+
+
+def requests(prefix: str, prompts: list[list[int]], new_tokens: int) -> list[Any]:
+    from cluster.types import GenerationRequest, SamplingSpec
+
+    return [GenerationRequest(f"{prefix}-{i}", p, SamplingSpec(new_tokens, temperature=1.0, seed=i, ignore_eos=True))
+            for i, p in enumerate(prompts)]
+
+
+async def throughput(engine: Any, dev: Device, reqs: list[Any], timeout_s: float) -> dict[str, Any]:
+    """All ``reqs`` at once; tokens/s over the wall time (aborted after ``timeout_s``)."""
+    dev.sync()
+    t0 = time.perf_counter()
+    tasks = [asyncio.ensure_future(engine.generate(r)) for r in reqs]
+    _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    if pending:
+        await engine.abort_all()
+    results = await asyncio.gather(*tasks)
+    dev.sync()
+    seconds = time.perf_counter() - t0
+    tokens = sum(len(r.tokens) for r in results)
+    return {"tokens_per_s": tokens / seconds, "tokens": tokens, "seconds": seconds, "requests": len(reqs),
+            "timed_out": bool(pending)}
+
+
+async def engine_section(engine: Any, model: Any, trainer_state: Any, shape: Shape, work: Workload, dev: Device,
+                         out: dict[str, Any], save: Callable[[], None]) -> None:
+    """Throughput, sleep under load, wake + load (hybrid sync), awake load, idle sleep."""
+    out["first_load_s"] = await atimed(dev, engine.load_weights(trainer_state, 1))
+    await engine.generate(requests("warmup", random_ids(dev, 1, work.prompt_tokens, shape.vocab, 0), 2)[0])
+    out["tokens_per_s"], out["throughput"] = {}, {}
+    dev.reset_peak()
+    for c in work.concurrency:
+        prompts = random_ids(dev, c, work.prompt_tokens, shape.vocab, c)
+        run = await throughput(engine, dev, requests(f"c{c}", prompts, work.new_tokens), work.section_timeout_s)
+        out["throughput"][str(c)], out["tokens_per_s"][str(c)] = run, run["tokens_per_s"]
+        save()
+    out["peak_bytes"] = dev.peak()  # the trainer's model, the engine's and the largest batch's KV cache
+
+    # Sleep with the largest batch in flight: what a deactivation pays (abort + free KV + weights).
+    c = max(work.concurrency)
+    prompts = random_ids(dev, c, work.prompt_tokens, shape.vocab, 10_000 + c)
+    tasks = [asyncio.ensure_future(engine.generate(r)) for r in requests("load", prompts, 1 << 20)]
+    start = engine.stats()["decode_steps"]
+    deadline = time.perf_counter() + work.section_timeout_s
+    while engine.stats()["decode_steps"] < start + work.in_flight_steps and time.perf_counter() < deadline:
+        await asyncio.sleep(0.005)
+    kv = engine.kv_cache_bytes
+    held = unique_bytes(model) + kv
+    out["engine_reported_weight_bytes"] = engine.weight_bytes
+    before = dev.memory()
+    out["sleep_in_flight_s"] = await atimed(dev, engine.sleep())
+    after = dev.memory()
+    aborted = await asyncio.gather(*tasks)
+    out["sleep_in_flight_requests"] = sum(r.finish_reason == "abort" for r in aborted)
+    out["memory"] = memory_returned(held, unique_bytes(model) + engine.kv_cache_bytes, kv, before, after)
+    save()
+
+    out["wake_s"] = await atimed(dev, engine.wake_up())
+    out["load_woken_s"] = await atimed(dev, engine.load_weights(trainer_state, 2))
+    out["wake_and_load_s"] = out["wake_s"] + out["load_woken_s"]
+    out["load_awake_s"] = await atimed(dev, engine.load_weights(trainer_state, 3))
+    out["sleep_idle_s"] = await atimed(dev, engine.sleep())
+    save()
+
+
+def memory_returned(held: int, held_after: int, kv: int, before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """What one sleep gave back: the engine's own bytes; on CUDA also the allocator's and the
+    device's free memory (``freed_bytes``: the device's where known, else the engine's)."""
+    out = {"engine_bytes_before": held, "engine_bytes_after": held_after, "kv_cache_bytes_before": kv,
+           "engine_freed_bytes": held - held_after}
+    if "allocated_bytes" in before:
+        out.update(allocated_before=before["allocated_bytes"], allocated_after=after["allocated_bytes"],
+                   allocated_freed_bytes=before["allocated_bytes"] - after["allocated_bytes"],
+                   device_freed_bytes=after["device_free_bytes"] - before["device_free_bytes"],
+                   device_total_bytes=before["device_total_bytes"])
+        out["freed_bytes"] = out["device_freed_bytes"]
+    else:
+        out["freed_bytes"] = out["engine_freed_bytes"]
+    return out
+
+
+def train_samples(shape: Shape, work: Workload, dev: Device) -> list[Any]:
+    """One GRPO group of ``train_responses`` responses, scored half 1, half 0."""
+    from cluster.types import Response, Sample
+
+    ids = random_ids(dev, 1 + shape.train_responses, max(work.train_prompt_tokens, work.train_response_tokens),
+                     shape.vocab, 7)
+    responses = [Response(tokens=row[:work.train_response_tokens], logprobs=[-1.0] * work.train_response_tokens,
+                          finish_reason="length", min_version=0, max_version=0) for row in ids[1:]]
+    scores = [float(i % 2) for i in range(shape.train_responses)]
+    return [Sample(uid="e0-p0", epoch=0, prompt_index=0, prompt_tokens=ids[0][:work.train_prompt_tokens],
+                   responses=responses, started_version=0, scores=scores)]
+
+
+def train_section(model: Any, shape: Shape, work: Workload, dev: Device, checkpointing: bool,
+                  deadline: float) -> dict[str, Any]:
+    """Micro-steps of the torch backend on ``model``: one warm-up, then ``train_steps`` timed."""
+    from cluster.backends.torch_backend import TorchBackend
+
+    samples = train_samples(shape, work, dev)
+    dev.release()
+    dev.reset_peak()
+    backend = TorchBackend(None, SimpleNamespace(pad_token_id=0), [], model=model, lr=1e-6, device=dev.device,
+                           threads=None, gradient_checkpointing=checkpointing, seed=0)
+    times = []
+    try:
+        for _ in range(1 + work.train_steps):
+            times.append(timed(dev, lambda: backend.train_step(samples)))
+            if time.perf_counter() > deadline:
+                break
+        peak = dev.peak()
+    finally:
+        backend.optimizer.state.clear()
+        del backend
+        model.zero_grad(set_to_none=True)
+        dev.release()
+    timed_steps = times[1:] or times
+    return {"micro_step_s": statistics.median(timed_steps), "first_step_s": times[0], "steps_timed": len(timed_steps),
+            "tokens": shape.train_responses * (work.train_prompt_tokens + work.train_response_tokens),
+            "peak_bytes": peak}
+
+
+async def shape_section(name: str, shape: Shape, work: Workload, dev: Device, dtype: Any, out: dict[str, Any],
+                        save: Callable[[], None], deadline: float) -> None:
+    import copy
+
+    from cluster.engines.hf_runner import HFRunner
+    from cluster.engines.torch_engine import TorchEngine
+
+    t0 = time.perf_counter()
+    trainer_model = build_model(shape, dev, dtype, seed=0)
+    out["params"] = sum(p.numel() for p in trainer_model.parameters())
+    out["weight_bytes"] = unique_bytes(trainer_model)
+    out["build_s"] = time.perf_counter() - t0
+    engine_model = copy.deepcopy(trainer_model).eval()
+    engine = TorchEngine(HFRunner(engine_model, device=dev.device), max_batch=max(work.concurrency), device=dev.device,
+                         threads=None, eos_id=shape.vocab - 1)
+    try:
+        out["engine"] = {}
+        await engine_section(engine, engine_model, trainer_model.state_dict(), shape, work, dev, out["engine"], save)
+        out["trainer"] = {}
+        for key, checkpointing in (("plain", False), ("checkpointing", True)):
+            out["trainer"][key] = train_section(trainer_model, shape, work, dev, checkpointing, deadline)
+            save()
+    finally:
+        await engine.shutdown()
+        del engine, engine_model, trainer_model
+        dev.release()
+    out["seconds"] = time.perf_counter() - t0
+
+
+def vllm_section(dev: Device, work: Workload, out: dict[str, Any]) -> None:
+    """vLLM's sleep(level=1|2) / wake_up and its weight reload on the smallest real shape (own GPU box only)."""
+    from cluster.engines.vllm_engine import WORKER_EXTENSION, vllm_unavailable_reason
+
+    reason = vllm_unavailable_reason()
+    if reason or not dev.cuda:
+        out.update(status="skipped", reason=reason or "vLLM sleep mode needs a CUDA device")
+        return
+    import torch
+    from safetensors.torch import save_file
+    from vllm import LLM, SamplingParams
+
+    name = "qwen2.5-0.5b"
+    with tempfile.TemporaryDirectory() as folder:
+        model = build_model(SHAPES[name], Device("cpu"), torch.bfloat16, seed=0)
+        model.config.save_pretrained(folder)
+        weights = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight" or not SHAPES[name].tie_embeddings}
+        path = os.path.join(folder, "weights.safetensors")
+        save_file(weights, path)
+        del model
+        t0 = time.perf_counter()
+        llm = LLM(model=folder, skip_tokenizer_init=True, load_format="dummy", dtype="bfloat16", enable_sleep_mode=True,
+                  gpu_memory_utilization=0.3, max_model_len=2048, worker_extension_cls=WORKER_EXTENSION, seed=0)
+        out.update(shape=name, start_s=time.perf_counter() - t0)
+        prompts = [{"prompt_token_ids": p} for p in random_ids(dev, 32, work.prompt_tokens, SHAPES[name].vocab, 1)]
+        params = SamplingParams(max_tokens=work.new_tokens, ignore_eos=True, temperature=1.0, detokenize=False)
+        t0 = time.perf_counter()
+        results = llm.generate(prompts, params)
+        out["tokens_per_s_32"] = sum(len(r.outputs[0].token_ids) for r in results) / (time.perf_counter() - t0)
+        for level in (1, 2):
+            free0 = torch.cuda.mem_get_info()[0]
+            out[f"sleep_level{level}_s"] = timed(dev, lambda: llm.sleep(level=level))
+            out[f"sleep_level{level}_freed_bytes"] = torch.cuda.mem_get_info()[0] - free0
+            out[f"wake_level{level}_s"] = timed(dev, llm.wake_up)
+            out[f"reload_after_level{level}_s"] = timed(dev, lambda: llm.collective_rpc("tidal_load_safetensors", args=(path,)))
+        out["status"] = "ok"
+        del llm
+
+
+def deepspeed_section(dev: Device, work: Workload, dtype: Any, out: dict[str, Any]) -> None:
+    """One DeepSpeed ZeRO micro-step on the smallest real shape (own GPU box only)."""
+    from cluster.backends.deepspeed_backend import DeepSpeedBackend, deepspeed_available, shutdown_distributed
+
+    if not deepspeed_available() or not dev.cuda:
+        out.update(status="skipped", reason="deepspeed is not importable" if not deepspeed_available()
+                   else "the DeepSpeed section needs a CUDA device")
+        return
+    name = "qwen2.5-0.5b"
+    shape = SHAPES[name]
+    model = build_model(shape, dev, dtype, seed=0)
+    samples = train_samples(shape, work, dev)
+    bf16 = {"bf16": {"enabled": True}} if dtype == dev.torch.bfloat16 else {}
+    backend = DeepSpeedBackend(None, SimpleNamespace(pad_token_id=0), [], zero_stage=2, ds_config=bf16, model=model,
+                               lr=1e-6, device=dev.device, threads=None, seed=0)
+    try:
+        times = [timed(dev, lambda: backend.train_step(samples)) for _ in range(1 + work.train_steps)]
+        out.update(status="ok", shape=name, zero_stage=2, micro_step_s=statistics.median(times[1:]), first_step_s=times[0])
+    finally:
+        backend.close()
+        shutdown_distributed()
+        del backend, model
+        dev.release()
+
+
+def environment(dev: Device, dtype: Any) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+           "dtype": str(dtype).removeprefix("torch."), "host": platform.node(), "cpus": os.cpu_count()}
+    if dev.cuda:
+        props = torch.cuda.get_device_properties(dev.device)
+        env.update(device=props.name, cuda=torch.version.cuda, device_memory_bytes=props.total_memory)
+    else:
+        env.update(device="cpu", cuda=None)
+    return env
+
+
+STARTED = time.perf_counter()
+
+
+def run_check(args: argparse.Namespace) -> int:
+    import torch
+
+    started = STARTED
+    deadline = started + args.budget_s
+    shapes, work = (DRY_SHAPES, DRY_WORK) if args.dry_run else (SHAPES, GPU_WORK)
+    if args.shapes:
+        shapes = {name: shapes[name] for name in args.shapes}
+    dev = Device("cpu" if args.dry_run else "cuda")
+    dtype = torch.float32 if args.dry_run else torch.bfloat16
+    report = Report(args.out, {
+        "format": FORMAT, "dry_run": args.dry_run, "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "budget_s": args.budget_s, "finished": False, "elapsed_s": 0.0, "env": environment(dev, dtype),
+        "workload": asdict(work), "shapes": {}, "failures": [],
+    })
+    data = report.data
+
+    def save() -> None:
+        data["elapsed_s"] = time.perf_counter() - started
+        report.save()
+
+    def guarded(key: str, target: dict[str, Any], fn: Callable[[], Any]) -> None:
+        try:
+            fn()
+            target.setdefault("status", "ok")
+        except Exception as exc:  # noqa: BLE001 - a failed section is recorded, the others still run
+            target.update(status="error", error=f"{type(exc).__name__}: {exc}")
+            data["failures"].append({"section": key, "error": target["error"], "traceback": traceback.format_exc(limit=8)})
+            print(f"gpu_check: {key} failed: {target['error']}", file=sys.stderr)
+        dev.release()
+        save()
+
+    save()
+    for name, shape in shapes.items():
+        out = data["shapes"][name] = {"shape": asdict(shape)}
+        left = max(0.0, deadline - time.perf_counter())
+        if left < shape.estimate_s:
+            out.update(status="skipped", reason=f"{left:.0f} s of the {args.budget_s:.0f} s budget left, "
+                                                f"this shape needs about {shape.estimate_s:.0f} s")
+            save()
+            continue
+        print(f"gpu_check: {name} ...", file=sys.stderr, flush=True)
+        guarded(name, out, lambda: asyncio.run(shape_section(name, shape, work, dev, dtype, out, save, deadline)))
+    for key, fn in (("vllm", lambda out: vllm_section(dev, work, out)),
+                    ("deepspeed", lambda out: deepspeed_section(dev, work, dtype, out))):
+        out = data[key] = {}
+        left = max(0.0, deadline - time.perf_counter())
+        if args.dry_run or left < 60:
+            out.update(status="skipped", reason="not run with --dry-run" if args.dry_run else
+                       f"{left:.0f} s of the {args.budget_s:.0f} s budget left, this section needs about 60 s")
+            save()
+            continue
+        guarded(key, out, lambda: fn(out))
+    data["finished"] = True
+    save()
+    print(text_table(data), end="")
+    print(f"gpu_check: wrote {args.out / JSON_NAME}", file=sys.stderr)
+    return 1 if data["failures"] else 0
+
+
+# ------------------------------------------------------------------------------------------------
+# gpu_check.json → calibration file
+
+
+SWITCH_FIGURES = {
+    "deactivate_s": ("sleep_in_flight_s", "engine sleep with {c} requests in flight (abort + free KV cache and weights)"),
+    "hybrid_sync_s": ("wake_and_load_s", "engine wake_up + first load_weights from the trainer's model in the same "
+                                         "process (a device-to-device copy)"),
+}
+"""Twin switch cost → the engine figure it is set from, and what that figure is."""
+
+
+def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(fixed_s, per_gb_s) of ``seconds = fixed_s + per_gb_s × GB`` by least squares, both ≥ 0:
+    one point (or equal sizes) → proportional; a negative slope → the mean; a negative intercept → through 0."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    if len(points) < 2 or max(xs) - min(xs) < 1e-12:
+        return 0.0, sum(ys) / max(sum(xs), 1e-12)
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
+    if slope <= 0:
+        return my, 0.0
+    fixed = my - slope * mx
+    if fixed < 0:
+        return 0.0, sum(x * y for x, y in points) / sum(x * x for x in xs)
+    return fixed, slope
+
+
+def calibration_from_check(data: dict[str, Any], *, name: str, weight_shape: str | None = None) -> dict[str, Any]:
+    """A calibration document (``config.calibration``'s format) from a gpu_check.json: each switch
+    cost fitted as fixed + per-GB over the shapes that measured it, with its source beside it."""
+    if data.get("format") != FORMAT:
+        raise ValueError(f"not a gpu_check.json (format {data.get('format')!r}, expected {FORMAT!r})")
+    measured = {k: s for k, s in data.get("shapes", {}).items() if s.get("status") == "ok"}
+    if not measured:
+        raise ValueError("the gpu_check.json has no shape that completed")
+    if weight_shape is not None and weight_shape not in measured:
+        raise ValueError(f"--shape {weight_shape!r} did not complete; completed: {', '.join(measured)}")
+    ref_name = weight_shape or max(measured, key=lambda k: measured[k]["weight_bytes"])
+    ref = measured[ref_name]
+    env = data["env"]
+    day = str(data.get("started_at", ""))[:10]
+    where = f"{env.get('device')}, {day}" + (" (dry run on CPU: not a GPU measurement)" if data.get("dry_run") else "")
+    concurrency = max(data.get("workload", {}).get("concurrency", [128]))
+    costs = {}
+    for key, (figure, what) in SWITCH_FIGURES.items():
+        points = [(s["weight_bytes"] / GB, s["engine"][figure]) for s in measured.values()]
+        fixed, per_gb = fit_line(points)
+        sizes = ", ".join(f"{k} {s['weight_bytes'] / GB:.4g} GB: {s['engine'][figure]:.4g} s" for k, s in measured.items())
+        costs[key] = {"fixed_s": round(fixed, 6), "per_gb_s": round(per_gb, 6),
+                      "source": f"measured by benchmarks/gpu_check.py on {where}: {what.format(c=concurrency)}; "
+                                f"torch engine, {env.get('dtype')}; fitted over {sizes}"}
+    return {"format": "tidal-calibration/1", "name": name, "device": env.get("device"), "measured": day,
+            "weight_gb": round(ref["weight_bytes"] / GB, 6),
+            "note": f"written by gpu_check.py --write-calibration from a run of torch {env.get('torch')}, "
+                    f"transformers {env.get('transformers')}; weight_gb: the weights of {ref_name}",
+            "costs": costs}
+
+
+def write_calibration(args: argparse.Namespace) -> int:
+    """``--write-calibration FILE``: the measured costs, plus ``--base``'s for the costs a GPU
+    check does not measure (activate, rebalance, broadcast), each keeping its own source."""
+    from config.calibration import dump_calibration, load_calibration, parse_calibration
+
+    source = args.from_ or args.out / JSON_NAME
+    try:
+        data = json.loads(Path(source).read_text(encoding="utf-8"))
+        doc = calibration_from_check(data, name=args.write_calibration.stem, weight_shape=args.shape)
+        if args.base is not None:
+            base = load_calibration(args.base)
+            for key, cost in base.costs.items():
+                doc["costs"].setdefault(key, {"fixed_s": cost.fixed_s, "per_gb_s": cost.per_gb_s,
+                                              "source": f"from calibration {base.name}: {cost.source}"})
+        text = dump_calibration(parse_calibration(doc, where=str(source)))
+    except (OSError, ValueError) as exc:
+        print(f"gpu_check: {source}: {exc}", file=sys.stderr)
+        return 2
+    args.write_calibration.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(args.write_calibration, text)
+    print(f"gpu_check: wrote {args.write_calibration}", file=sys.stderr)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------
+# gpu_check.json → benchmarks/results/gpu.json and RESULTS.md's `gpu` section
+
+
+def results_figures(data: dict[str, Any]) -> dict[str, Any]:
+    """The headline figures of a gpu_check.json, per completed shape (``results.json``'s ``gpu.*``)."""
+    shapes = {}
+    for name, s in data.get("shapes", {}).items():
+        if s.get("status") != "ok":
+            continue
+        eng, tr = s["engine"], s["trainer"]
+        shapes[name] = {
+            "weight_gb": s["weight_bytes"] / GB,
+            **{f"tokens_per_s_{c}": v for c, v in eng["tokens_per_s"].items()},
+            **{k: eng[k] for k in ("sleep_in_flight_s", "sleep_idle_s", "wake_s", "load_woken_s", "wake_and_load_s",
+                                   "load_awake_s")},
+            "sleep_freed_gb": eng["memory"]["freed_bytes"] / GB,
+            "engine_peak_gb": eng["peak_bytes"] / GB,
+            "micro_step_s": tr["plain"]["micro_step_s"],
+            "micro_step_checkpointing_s": tr["checkpointing"]["micro_step_s"],
+            "train_peak_gb": tr["plain"]["peak_bytes"] / GB,
+            "train_peak_checkpointing_gb": tr["checkpointing"]["peak_bytes"] / GB,
+        }
+    extra = {k: {kk: v for kk, v in data[k].items() if kk != "traceback"} for k in ("vllm", "deepspeed") if k in data}
+    return {"device": data["env"].get("device"), "measured": str(data.get("started_at", ""))[:10],
+            "dry_run": data.get("dry_run"), "torch": data["env"].get("torch"), "shapes": shapes, **extra}
+
+
+def results_section(data: dict[str, Any]) -> str:
+    """The markdown of RESULTS.md's ``gpu`` section: the command, the machine and the table."""
+    env = data["env"]
+    return (f"## GPU check\n\n`python3 benchmarks/gpu_check.py --out \"$OUT\"` on {env.get('device')} "
+            f"({str(data.get('started_at', ''))[:10]}; torch {env.get('torch')}, CUDA {env.get('cuda')}, "
+            f"transformers {env.get('transformers')}, {env.get('dtype')}; random weights, EOS ignored). "
+            f"What each column is: `docs/gpu.md`.\n\n```\n{text_table(data)}```\n")
+
+
+def write_results(args: argparse.Namespace) -> int:
+    """``--write-results``: ``benchmarks/results/gpu.json`` and RESULTS.md's ``gpu`` section."""
+    from results_io import write_json, write_section
+
+    source = args.from_ or args.out / JSON_NAME
+    try:
+        data = json.loads(Path(source).read_text(encoding="utf-8"))
+        if data.get("format") != FORMAT:
+            raise ValueError(f"not a gpu_check.json (format {data.get('format')!r})")
+        figures, section = results_figures(data), results_section(data)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"gpu_check: {source}: {exc}", file=sys.stderr)
+        return 2
+    print(f"gpu_check: wrote {write_json('gpu', figures)}", file=sys.stderr)
+    write_section("gpu", section)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------
+# entry point
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        self.exit(2, f"gpu_check: {message}\n")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = _Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, seconds: the same code paths")
+    p.add_argument("--out", type=Path, default=None, help="folder for gpu_check.json/.txt (default $OUT, else .)")
+    p.add_argument("--shapes", default=None, help="comma-separated subset of the shapes to run")
+    p.add_argument("--budget-s", type=float, default=330.0,
+                   help="seconds for all sections, from the start (a shape that no longer fits is skipped)")
+    p.add_argument("--write-calibration", type=Path, default=None, metavar="FILE",
+                   help="turn a gpu_check.json into a calibration file and exit")
+    p.add_argument("--write-results", action="store_true",
+                   help="turn a gpu_check.json into benchmarks/results/gpu.json and RESULTS.md's gpu section, and exit")
+    p.add_argument("--from", dest="from_", type=Path, default=None, help="the gpu_check.json (default OUT/gpu_check.json)")
+    p.add_argument("--shape", default=None, help="with --write-calibration: the shape whose weights weight_gb is")
+    p.add_argument("--base", default=None, metavar="CALIBRATION",
+                   help="with --write-calibration: take the costs not measured here from this calibration")
+    args = p.parse_args(argv)
+    args.out = args.out or Path(os.environ.get("OUT") or ".")
+    if not math.isfinite(args.budget_s) or args.budget_s <= 0:
+        p.error(f"--budget-s must be > 0, got {args.budget_s}")
+    if args.shapes is not None:
+        known = DRY_SHAPES if args.dry_run else SHAPES
+        args.shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+        unknown = [s for s in args.shapes if s not in known]
+        if unknown or not args.shapes:
+            p.error(f"--shapes: unknown {unknown or args.shapes}; known: {', '.join(known)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.write_calibration is not None:
+        return write_calibration(args)
+    if args.write_results:
+        return write_results(args)
+    if not args.dry_run:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("gpu_check: no CUDA device here; use --dry-run on CPU", file=sys.stderr)
+            return 2
+    return run_check(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

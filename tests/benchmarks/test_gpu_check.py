@@ -1,0 +1,211 @@
+"""benchmarks/gpu_check.py: its --dry-run on CPU (without the packages the GPU machine lacks), its
+JSON, and the JSON → calibration round trip."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_check  # noqa: E402
+
+from config import load_config  # noqa: E402
+from config.calibration import load_calibration  # noqa: E402
+
+
+ABSENT_ON_THE_GPU_MACHINE = ("ray", "prefect", "pydantic", "pydantic_core", "sqlalchemy", "alembic", "vllm",
+                             "deepspeed", "wandb", "mlflow", "math_verify")
+"""Packages the lent GPU machine lacks: the script runs with each of them made unimportable."""
+
+RUN_WITHOUT = (f"import runpy, sys\nfor name in {ABSENT_ON_THE_GPU_MACHINE!r}: sys.modules[name] = None\n"
+               f"sys.argv = sys.argv[1:]\nrunpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+def run_script(*args: str, as_on_the_gpu_machine: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The script in a subprocess; ``--write-calibration`` needs the project's own venv (pydantic)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("OUT", None)
+    head = ["-c", RUN_WITHOUT] if as_on_the_gpu_machine else []
+    return subprocess.run([sys.executable, *head, str(SCRIPT), *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    """One --dry-run for the module (tens of seconds on these cores: its tests are marked slow)."""
+    out = tmp_path_factory.mktemp("gpu_check")
+    proc = run_script("--dry-run", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    return out, json.loads((out / "gpu_check.json").read_text())
+
+
+@pytest.mark.slow
+def test_the_dry_run_writes_its_json_and_its_table(dry_run):
+    out, data = dry_run
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.json", "gpu_check.txt"]
+    assert (data["format"], data["dry_run"], data["finished"], data["failures"]) == ("tidal-gpu-check/1", True, True, [])
+    assert (data["env"]["device"], data["env"]["dtype"]) == ("cpu", "float32")
+    assert list(data["shapes"]) == ["tiny-128", "tiny-64"]  # sorted keys in the file
+    assert [line.split()[0] for line in (out / "gpu_check.txt").read_text().splitlines()[1:4]] == \
+        ["shape", "tiny-64", "tiny-128"]
+
+
+@pytest.mark.slow
+def test_every_shape_has_positive_engine_and_trainer_figures(dry_run):
+    _, data = dry_run
+    for name, shape in data["shapes"].items():
+        eng, trainer = shape["engine"], shape["trainer"]
+        assert shape["status"] == "ok", name
+        assert sorted(eng["tokens_per_s"]) == ["1", "128", "32"]
+        assert all(v > 0 for v in eng["tokens_per_s"].values()), name
+        assert [eng["throughput"][c]["tokens"] for c in ("1", "32", "128")] == [6, 32 * 6, 128 * 6]
+        times = ("first_load_s", "sleep_in_flight_s", "wake_s", "load_woken_s", "load_awake_s", "sleep_idle_s")
+        assert all(eng[k] > 0 for k in times), name
+        assert eng["wake_and_load_s"] == eng["wake_s"] + eng["load_woken_s"]
+        assert sorted(trainer) == ["checkpointing", "plain"]
+        for run in trainer.values():
+            assert run["micro_step_s"] > 0 and run["peak_bytes"] > 0 and run["tokens"] == 4 * 16
+
+
+@pytest.mark.slow
+def test_sleep_with_requests_in_flight_aborts_them_and_returns_all_the_engine_held(dry_run):
+    _, data = dry_run
+    for shape in data["shapes"].values():
+        eng, mem = shape["engine"], shape["engine"]["memory"]
+        assert eng["sleep_in_flight_requests"] == 128
+        assert mem["kv_cache_bytes_before"] > 0
+        assert mem["engine_bytes_before"] == shape["weight_bytes"] + mem["kv_cache_bytes_before"]
+        assert (mem["engine_bytes_after"], mem["freed_bytes"]) == (0, mem["engine_bytes_before"])
+
+
+@pytest.mark.slow
+def test_vllm_and_deepspeed_are_skipped_with_their_reason_in_a_dry_run(dry_run):
+    _, data = dry_run
+    assert data["vllm"] == data["deepspeed"] == {"status": "skipped", "reason": "not run with --dry-run"}
+
+
+@pytest.mark.slow
+def test_a_budget_too_short_for_any_shape_skips_them_all_and_still_exits_0(tmp_path):
+    proc = run_script("--dry-run", "--budget-s", "0.5", "--out", str(tmp_path))
+    data = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert (proc.returncode, data["finished"]) == (0, True)
+    assert [s["status"] for s in data["shapes"].values()] == ["skipped", "skipped"]
+    assert "budget left" in data["shapes"]["tiny-64"]["reason"]
+
+
+@pytest.mark.slow
+def test_the_dry_run_json_becomes_a_calibration_the_twin_loads(dry_run, tmp_path):
+    out, data = dry_run
+    target = tmp_path / "cpu-dry.yaml"
+    proc = run_script("--write-calibration", str(target), "--from", str(out / "gpu_check.json"),
+                      "--base", "qwen35-35b-judgement", as_on_the_gpu_machine=False)
+    assert proc.returncode == 0, proc.stderr
+    cal = load_calibration(target)
+    assert (cal.name, cal.device, cal.weight_gb) == ("cpu-dry", "cpu", round(data["shapes"]["tiny-128"]["weight_bytes"] / 1e9, 6))
+    assert sorted(cal.costs) == ["activate_s", "broadcast_sync_s", "deactivate_s", "hybrid_sync_s", "rebalance_s"]
+    assert "measured by benchmarks/gpu_check.py on cpu" in cal.costs["deactivate_s"].source
+    assert cal.costs["activate_s"].source.startswith("from calibration qwen35-35b-judgement: ")
+    sim = load_config("sim/qwen35-35b-dynamic", [f"sim.calibration={target}", "sim.calibration_weight_gb=2.0"]).sim
+    expected = {k: c.fixed_s + c.per_gb_s * 2.0 for k, c in cal.costs.items()}
+    assert {k: getattr(sim, k) for k in expected} == expected
+
+
+def test_write_calibration_from_a_file_that_is_no_gpu_check_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "other.json").write_text('{"format": "something-else"}')
+    target = tmp_path / "cal.yaml"
+    assert gpu_check.main(["--write-calibration", str(target), "--from", str(tmp_path / "other.json")]) == 2
+    assert not target.exists()
+
+
+def test_an_unknown_shape_is_refused_with_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as stop:
+        gpu_check.main(["--dry-run", "--shapes", "qwen2.5-7b"])
+    err = capsys.readouterr().err
+    assert (stop.value.code, err.count("\n")) == (2, 1)
+    assert err == "gpu_check: --shapes: unknown ['qwen2.5-7b']; known: tiny-64, tiny-128\n"
+
+
+@pytest.mark.parametrize(("points", "line"), [
+    ([(1.0, 2.0), (3.0, 4.0)], (1.0, 1.0)),          # exact line
+    ([(2.0, 4.0)], (0.0, 2.0)),                       # one size: proportional
+    ([(1.0, 3.0), (2.0, 1.0)], (2.0, 0.0)),           # slower when smaller: the mean, no slope
+    ([(1.0, 1.0), (2.0, 3.0)], (0.0, 1.4)),           # intercept would be -1: through 0, 7/5
+])
+def test_fit_line_keeps_both_terms_non_negative(points, line):
+    assert gpu_check.fit_line(points) == pytest.approx(line)
+
+
+def test_the_real_shapes_are_qwen25s_public_dimensions():
+    dims = {k: (s.hidden, s.layers, s.heads, s.kv_heads, s.intermediate, s.vocab, s.tie_embeddings)
+            for k, s in gpu_check.SHAPES.items()}
+    assert dims == {"qwen2.5-0.5b": (896, 24, 14, 2, 4864, 151936, True),
+                    "qwen2.5-1.5b": (1536, 28, 12, 2, 8960, 151936, True),
+                    "qwen2.5-7b": (3584, 28, 28, 4, 18944, 152064, False)}
+
+
+def check_json(**sizes_and_seconds):
+    """A gpu_check.json of completed shapes: name → (GB, sleep_in_flight_s, wake_and_load_s)."""
+    shapes = {name: {"status": "ok", "weight_bytes": int(gb * 1e9),
+                     "engine": {"sleep_in_flight_s": sleep, "wake_and_load_s": sync}}
+              for name, (gb, sleep, sync) in sizes_and_seconds.items()}
+    return {"format": "tidal-gpu-check/1", "dry_run": False, "started_at": "2026-12-01T12:00:00+00:00",
+            "env": {"device": "NVIDIA H200", "dtype": "bfloat16", "torch": "2.11.0", "transformers": "5.17.0"},
+            "workload": {"concurrency": [1, 32, 128]}, "shapes": shapes}
+
+
+def test_the_calibration_fits_each_switch_cost_per_gb_over_the_shapes():
+    data = check_json(small=(1.0, 0.3, 0.15), big=(15.0, 1.7, 1.55), failed=(3.0, 9.0, 9.0))
+    data["shapes"]["failed"]["status"] = "error"
+    doc = gpu_check.calibration_from_check(data, name="h200")
+    assert (doc["name"], doc["device"], doc["measured"], doc["weight_gb"]) == ("h200", "NVIDIA H200", "2026-12-01", 15.0)
+    assert {k: (c["fixed_s"], c["per_gb_s"]) for k, c in doc["costs"].items()} == \
+        {"deactivate_s": (0.2, 0.1), "hybrid_sync_s": (0.05, 0.1)}
+    assert doc["costs"]["deactivate_s"]["source"] == (
+        "measured by benchmarks/gpu_check.py on NVIDIA H200, 2026-12-01: engine sleep with 128 requests in flight "
+        "(abort + free KV cache and weights); torch engine, bfloat16; fitted over small 1 GB: 0.3 s, big 15 GB: 1.7 s")
+    assert gpu_check.calibration_from_check(data, name="h200", weight_shape="small")["weight_gb"] == 1.0
+
+
+def test_a_calibration_needs_a_completed_shape():
+    data = check_json(small=(1.0, 0.3, 0.15))
+    data["shapes"]["small"]["status"] = "skipped"
+    with pytest.raises(ValueError, match="no shape that completed"):
+        gpu_check.calibration_from_check(data, name="x")
+
+
+def test_what_sleep_returned_on_cuda_is_the_device_free_memory_it_gained():
+    before = {"allocated_bytes": 40, "reserved_bytes": 50, "device_free_bytes": 100, "device_total_bytes": 200}
+    after = {"allocated_bytes": 10, "reserved_bytes": 12, "device_free_bytes": 138, "device_total_bytes": 200}
+    assert gpu_check.memory_returned(30, 0, 6, before, after) == {
+        "engine_bytes_before": 30, "engine_bytes_after": 0, "kv_cache_bytes_before": 6, "engine_freed_bytes": 30,
+        "allocated_before": 40, "allocated_after": 10, "allocated_freed_bytes": 30, "device_freed_bytes": 38,
+        "device_total_bytes": 200, "freed_bytes": 38}
+
+
+@pytest.mark.slow
+def test_the_results_figures_are_the_headline_numbers_of_each_completed_shape(dry_run):
+    _, data = dry_run
+    figures = gpu_check.results_figures(data)
+    small = data["shapes"]["tiny-64"]
+    assert (figures["device"], figures["dry_run"], sorted(figures["shapes"])) == ("cpu", True, ["tiny-128", "tiny-64"])
+    assert figures["shapes"]["tiny-64"] == {
+        "weight_gb": small["weight_bytes"] / 1e9,
+        "tokens_per_s_1": small["engine"]["tokens_per_s"]["1"], "tokens_per_s_32": small["engine"]["tokens_per_s"]["32"],
+        "tokens_per_s_128": small["engine"]["tokens_per_s"]["128"],
+        **{k: small["engine"][k] for k in ("sleep_in_flight_s", "sleep_idle_s", "wake_s", "load_woken_s",
+                                           "wake_and_load_s", "load_awake_s")},
+        "sleep_freed_gb": small["engine"]["memory"]["freed_bytes"] / 1e9, "engine_peak_gb": small["engine"]["peak_bytes"] / 1e9,
+        "micro_step_s": small["trainer"]["plain"]["micro_step_s"],
+        "micro_step_checkpointing_s": small["trainer"]["checkpointing"]["micro_step_s"],
+        "train_peak_gb": small["trainer"]["plain"]["peak_bytes"] / 1e9,
+        "train_peak_checkpointing_gb": small["trainer"]["checkpointing"]["peak_bytes"] / 1e9,
+    }
+    assert gpu_check.results_section(data).startswith("## GPU check\n\n`python3 benchmarks/gpu_check.py --out \"$OUT\"` on cpu")

@@ -131,6 +131,8 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         """Measured take-back seconds, the same way: the second half of ``C_k``."""
         self.ratio: float | None = None
         """Share of a cycle to queue before the take-back; None until the first lend cycle ends."""
+        self.load = _stat()
+        """Samples in flight per standalone replica after no-lend cycles: what a filled replica holds."""
         self.lends_since_refresh = 0
         self.pause_left = 0
         """Steps still to skip lending while re-measuring ``T0`` and ``W``."""
@@ -216,7 +218,13 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         return True if k > 0 and k >= max(1, ctx.hybrid_replicas) else k
 
     def request_rebalance(self, global_steps: int, ctx: DynamicScheduleContext) -> bool:
-        return True
+        """Only when the lent hybrids hold less than a standalone does: a rebalance aborts and
+        re-prefills every in-flight request, which pays only where the headroom could not fill
+        the hybrids (or the load per replica is not known yet)."""
+        if self.load["n"] == 0 or ctx.in_flight_samples <= 0:
+            return True
+        replicas = max(1, ctx.standalone_replicas) + max(1, ctx.lent_replicas)
+        return ctx.in_flight_samples < replicas * self.load["mean"] - 0.5
 
     def update_after_step(self, global_steps: int, ctx: DynamicScheduleContext) -> None:
         if self.only_hybrid or global_steps <= 0:
@@ -243,6 +251,8 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         if before == 0 and after == 0:
             self.base = _trend_add(self.base, step, cycle_s)
             self.wait = _add(self.wait, float(sum(ctx.step_wait_times)))
+            if ctx.in_flight_samples > 0:
+                self.load = _add(self.load, ctx.in_flight_samples / max(1, ctx.standalone_replicas))
         if before:  # the cycle began with a take-back: did the trainer still wait after it?
             ratio = self.model_ratio(ctx) if self.ratio is None else self.ratio
             waited = int(sum(ctx.step_wait_samples))
@@ -273,6 +283,10 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             return (f"T0 {self.base['level']:.1f}s (+{self.base['slope']:.2f}s/step) over {int(self.base['n'])} "
                     f"cycles, W {self.wait['mean']:.1f}s, switch {self.switch_s():.1f}s, "
                     f"lends since refresh {self.lends_since_refresh}")
+        if hook == "request_rebalance":
+            replicas = max(1, ctx.standalone_replicas) + max(1, ctx.lent_replicas)
+            return (f"in flight {ctx.in_flight_samples} vs {replicas} replicas × {self.load['mean']:.1f} "
+                    f"per filled replica over {int(self.load['n'])} cycles")
         if hook == "should_deactivate":
             return "hybrid active: take it back before training" if is_hybrid_active else "hybrid already off"
         return ""

@@ -163,3 +163,16 @@ def test_a_long_lending_run_pauses_two_steps_every_48_lends_to_measure_the_no_le
 
     assert answers == [0] * 4 + [True] * 48 + [0, 0, True]
     assert policy.base["n"] == 4
+
+
+def test_it_rebalances_only_when_the_lent_hybrids_hold_less_than_a_filled_standalone():
+    # after three no-lend cycles a standalone holds 16 samples; with one hybrid lent, 32 in flight
+    # means the headroom filled it: no rebalance; 20 in flight means it holds 4: rebalance
+    policy = PredictiveDynamicSchedulePolicy()
+    fresh = policy.request_rebalance(1, replace(CTX, lent_replicas=1, in_flight_samples=20))
+    drive(policy, [60.0] * 4)
+    lent = replace(CTX, hybrid_replicas=1, lent_replicas=1)
+
+    answers = [policy.request_rebalance(5, replace(lent, in_flight_samples=n)) for n in (32, 20)]
+
+    assert (fresh, answers) == (True, [False, True])

@@ -5,6 +5,7 @@
     python benchmarks/bench_sim.py seed         # the seed experiment: statics vs published, policies
     python benchmarks/bench_sim.py sensitivity  # the dynamic prediction under other cost-model shapes
     python benchmarks/bench_sim.py grid         # every policy vs never lending over 36 scenarios × 3 seeds
+    python benchmarks/bench_sim.py ceiling      # how far lending can take the seed preset (free switches)
 
 ``--write benchmarks/RESULTS.md`` replaces that section of the file (between its
 ``<!-- bench_sim:NAME -->`` markers) and leaves the other sections alone, and saves the section's
@@ -406,6 +407,58 @@ def bench_grid(scenarios: list[Scenario] | None = None, seeds: tuple[int, ...] =
     )
 
 
+CEILING_VARIANTS: dict[str, tuple[str, ...]] = {
+    "preset": (),
+    "hybrid sync hidden behind the broadcast (sim.hybrid_sync_s=0)": ("sim.hybrid_sync_s=0",),
+    "every switch free (sync, activate, rebalance, take-back 0 s)": (
+        "sim.hybrid_sync_s=0", "sim.activate_s=0", "sim.deactivate_s=0", "sim.rebalance_s=0"),
+}
+CEILING_SEEDS = (0, 1)
+
+
+def fluid_lend_ceiling_s(cycles: list[tuple[float, float]], rho: float) -> float:
+    """The fluid model's best lending run from a never-lending one's (cycle s, trainer wait s):
+    every cycle shortened by ρ W / (1 + ρ), its wait W fully lent at no switch cost
+    (docs/policies.md, *The model*)."""
+    return sum(cycle - rho * wait / (1.0 + rho) for cycle, wait in cycles)
+
+
+def bench_ceiling() -> str:
+    """`predictive` and `default` on the dynamic seed preset with cheaper switches, beside the
+    fluid model's ceiling: how much of the 20 % target any lend-while-the-trainer-waits can reach."""
+    dynamic = _load("dynamic")
+    labelled = [(name, pol) for name in CEILING_VARIANTS for pol in ("predictive", "default")]
+    jobs = [(with_policy(_load("dynamic", *CEILING_VARIANTS[name]), pol), seed, None, False)
+            for name, pol in labelled for seed in CEILING_SEEDS]
+    out = iter(_map(jobs))
+    best_static = min(statistics.fmean(simulate(_load(n), seed=s).wall_clock_s for s in CEILING_SEEDS)
+                      for n in ("static-8-24", "static-16-16"))
+    rows = []
+    for name, pol in labelled:
+        runs = [next(out)[1] for _ in CEILING_SEEDS]
+        wall = statistics.fmean(f["wall_s"] for f in runs)
+        x_bound = statistics.fmean(f["wall_s"] / f["bound_s"] for f in runs)
+        rows.append(f"| {name} | {pol} | {_h(wall)} | {_pct(wall / best_static)} | {x_bound:.2f} |")
+    never = [simulate(with_policy(dynamic, NEVER_LEND), seed=s) for s in CEILING_SEEDS]
+    # ρ = hybrid GPUs / standalone GPUs at the same per-GPU speed (the seed preset: 16 / 16)
+    spec = spec_from_config(dynamic)
+    rho = spec.hybrid_replicas * spec.hybrid_throughput_factor / spec.standalone_replicas
+    fluid = statistics.fmean(fluid_lend_ceiling_s([(s.step_time_s, sum(s.micro_wait_s)) for s in r.steps], rho)
+                             for r in never)
+    FIGURES["ceiling"] = {"best_static_h": best_static / 3600, "fluid_lend_ceiling_h": fluid / 3600,
+                          "fluid_lend_ceiling_vs_best_static": fluid / best_static - 1}
+    return "\n".join([
+        f"Dynamic 16+16 seed preset, mean over seeds {', '.join(map(str, CEILING_SEEDS))}; percentages against the "
+        f"best static split ({_h(best_static)} h, same seeds). {_machine()}.",
+        "",
+        "| switch costs | policy | wall clock h | vs best static | × lower bound |",
+        "|---|---|---:|---:|---:|",
+        *rows,
+        f"| fluid ceiling: every no-lend cycle − ρW/(1+ρ), ρ = {rho:g}, no switch cost | — | {_h(fluid)} | "
+        f"{_pct(fluid / best_static)} | — |",
+    ])
+
+
 # --------------------------------------------------------------------------------------------
 
 SECTIONS: dict[str, tuple[str, Callable[[argparse.Namespace], str]]] = {
@@ -413,6 +466,7 @@ SECTIONS: dict[str, tuple[str, Callable[[argparse.Namespace], str]]] = {
     "sweep": ("A 100-configuration sweep", lambda args: bench_sweep()),
     "seed": ("The seed experiment", lambda args: bench_seed(args.plots)),
     "grid": ("Every policy against never lending, over 36 scenarios", lambda args: bench_grid()),
+    "ceiling": ("How far lending can take the seed preset", lambda args: bench_ceiling()),
     "sensitivity": (
         "How much the dynamic prediction depends on the cost model's shape",
         lambda args: bench_sensitivity(),

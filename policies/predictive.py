@@ -1,11 +1,14 @@
-"""`predictive`: lend the trainer's GPUs only when a prediction of the next step says it wins.
+"""`predictive`: lend k of the m hybrids after a sync only when a model of the next cycle says it wins.
 
-Owns the step-time model of ``docs/policies.md``: from the cycles it has seen (``ctx.now`` at each
-``update_after_step``), the trainer's waits, the replica counts, the staleness cap and the
-measured switch seconds it predicts a cycle's time without lending (``T0``) and with k of the m
-hybrids lent (``T[k]``); it lends only when a measured ``T[k]`` beats ``T0`` by more than the
-uncertainty of the difference, and it measures a ``T[k]`` (a short probe) only when its prior says
-that k wins. Must not: read the clock, do I/O, or change state anywhere but ``update_after_step``
+Owns the cycle model of ``docs/policies.md``. From the no-lend cycles it has seen (``ctx.now`` at
+each ``update_after_step``) it measures the cycle time ``T0`` and the trainer's wait ``W``; from the
+lending cycles the switch seconds ``C``; from the context at the sync the staleness headroom
+(cap − in flight − queued) and the standalones' in-flight samples. Lending k hybrids adds a share
+ρ_k = min(k / S, headroom / in flight) to the standalones' generation while they are lent, and
+(fluid model) shortens the cycle by ρ_k (W − C) / (1 + ρ_k). It lends the k with the largest
+predicted gain when that gain clears its uncertainty and a margin. The samples to queue before
+taking the hybrids back start from the same model and adapt to the trainer's waits after the
+take-back. Must not: read the clock, do I/O, or change state anywhere but ``update_after_step``
 (the questions are pure functions of the state and the context).
 """
 
@@ -20,23 +23,21 @@ from policies.registry import register_policy
 EMA_ALPHA = 0.3
 """Weight of a new cycle in the running means (after the first 1/alpha cycles, a plain mean)."""
 MIN_BASE_CYCLES = 3
-"""No-lend cycles to measure before any prediction is trusted."""
-PROBE_LENDS = 2
-"""Consecutive lends of one probe: cycles (0→k), (k→k), (k→0) are measured."""
-FIRST_BACKOFF_STEPS = 24
-"""Steps between a probe that lost and the next; doubles after each loss (at most MAX_BACKOFF)."""
-MAX_BACKOFF_STEPS = 256
+"""No-lend cycles to measure before the model is trusted."""
 REFRESH_EVERY = 48
-"""While lending, pause for two steps after this many lends, to re-measure the no-lend cycle."""
+"""While lending, pause for two steps after this many lends, to re-measure ``T0`` and ``W``."""
 Z = 1.0
-"""Standard errors a win must clear."""
-NO_PROBE: dict[str, float] = {"k": 0, "left": 0, "lends": 0, "cycles": 0, "total": 0.0, "expected": 0.0}
-EFFECT_TTL_STEPS = 48
-"""A lend effect measured longer ago than this is forgotten (the prior stands in, so it is probed again)."""
+"""Standard errors a predicted win must clear."""
+MARGIN = 0.02
+"""…and a share of ``T0`` it must clear too: what the fluid model leaves out (aborted and
+re-prefilled work at the switches, the long tail of a sample's responses)."""
 TREND_BETA = 0.2
 """Share of a no-lend cycle's surprise that goes into the per-step slope."""
 PRIOR_SWITCH_S = 6.0
 """Switch seconds per lend cycle (sync + activate + rebalance + deactivate) before one is measured."""
+RATIO_UP_MIN, RATIO_UP_MAX, RATIO_DOWN = 0.02, 0.1, 0.02
+"""Queue-share adaptation after a lend cycle: up by the waited-for share of the cycle (clipped),
+down by a fixed step when the trainer did not wait after the take-back (as `default` adapts)."""
 
 
 def _stat() -> dict[str, float]:
@@ -56,6 +57,11 @@ def _se(stat: dict[str, float]) -> float:
     if stat["n"] <= 0:
         return math.inf
     return math.sqrt(max(stat["var"], 0.0) / min(stat["n"], 2.0 / EMA_ALPHA - 1.0))
+
+
+def _book(book: dict[str, dict[str, float]], k: int, seconds: float) -> dict[str, dict[str, float]]:
+    """``book`` with ``seconds`` folded in under ``k`` and under "any"."""
+    return {**book, **{key: _add(book.get(key, _stat()), seconds) for key in (str(k), "any")}}
 
 
 def _trend() -> dict[str, float]:
@@ -83,12 +89,28 @@ def _trend_add(trend: dict[str, float], step: int, x: float) -> dict[str, float]
     }
 
 
+def hybrid_share(k: int, ctx: DynamicScheduleContext) -> float:
+    """ρ_k: what k lent hybrids add to the standalones' generation, as a share of it.
+
+    k / S if the hybrids run as many samples each as a standalone does now, but never more than
+    the staleness headroom lets start: (cap − in flight − queued) / in flight. With no headroom
+    the hybrids can only take over samples already running, which adds no throughput.
+    """
+    if k <= 0:
+        return 0.0
+    s = max(1, ctx.standalone_replicas)
+    if ctx.max_required_samples <= 0 or ctx.in_flight_samples <= 0:
+        return k / s  # nothing to bound it with (a bare context)
+    headroom = max(0, ctx.max_required_samples - ctx.in_flight_samples - ctx.mq_size)
+    return min(k / s, headroom / ctx.in_flight_samples)
+
+
 @register_policy("predictive")
 class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     """Lends k of the m hybrids after a sync only when the predicted cycle time says it wins.
 
     ``deactivate_ratio`` is ignored but for only-hybrid runs (forced to 1.0, like the built-ins);
-    the samples to wait for before taking the hybrids back come from the model.
+    the share of a cycle to queue before taking the hybrids back comes from the model (``ratio``).
     """
 
     def __init__(self, deactivate_ratio: float = 0.0, only_hybrid: bool = False):
@@ -101,76 +123,79 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self.base = _trend()
         """Seconds of a cycle that neither began nor ended with a lend, as a drifting trend (``T0``)."""
         self.wait = _stat()
-        """Trainer wait seconds in those cycles."""
-        self.effect: dict[str, dict[str, float]] = {}
-        """Per k (a string, for JSON): measured seconds a lend of k adds to a cycle (``T[k] − T0``)."""
-        self.switch = _stat()
-        """Measured switch seconds per lending cycle (activate + deactivate of one cycle)."""
-        self.probe: dict[str, float] = dict(NO_PROBE)
-        """The running probe: k, lends still to do, lends done, measured and expected seconds."""
-        self.lending = 0
-        """k while a measured win keeps the hybrids lent; 0 otherwise."""
+        """Trainer wait seconds in those cycles (``W``)."""
+        self.activate: dict[str, dict[str, float]] = {}
+        """Measured activation seconds (hybrid sync + activate + rebalance) per k lent (a string,
+        for JSON), and under "any" for every k: the first half of ``C_k``."""
+        self.deactivate: dict[str, dict[str, float]] = {}
+        """Measured take-back seconds, the same way: the second half of ``C_k``."""
+        self.ratio: float | None = None
+        """Share of a cycle to queue before the take-back; None until the first lend cycle ends."""
+        self.load = _stat()
+        """Samples in flight per standalone replica after no-lend cycles: what a filled replica holds."""
         self.lends_since_refresh = 0
         self.pause_left = 0
-        """Steps still to skip lending while re-measuring ``T0``."""
-        self.next_probe_step = MIN_BASE_CYCLES + 1
-        self.backoff = FIRST_BACKOFF_STEPS
+        """Steps still to skip lending while re-measuring ``T0`` and ``W``."""
 
     # ------------------------------------------------------------------ the model
 
-    def prior_gain_s(self, k: int, ctx: DynamicScheduleContext) -> float:
-        """Trainer wait seconds k hybrids would remove per cycle, before any lend is measured.
+    def switch_parts(self, k: int | None = None) -> list[dict[str, float]]:
+        """The activation and take-back stats for lending k: measured with k, else with any k."""
+        parts = []
+        for book in (self.activate, self.deactivate):
+            stat = book.get(str(k)) or book.get("any")
+            parts.append(stat if stat and stat["n"] else _stat())
+        return parts
 
-        Deliberately optimistic: the wait shrinks by the hybrids' share of the replicas,
-        k / (S + k), as if generation were throughput-bound. Where the staleness cap binds, the
-        hybrids add no throughput (only thinner batches, so somewhat faster sequences): the probe
-        measures what a lend really does, and a measured loss stops the lending.
-        """
-        if self.wait["n"] == 0 or k <= 0:
-            return 0.0
-        return self.wait["mean"] * k / (max(0, ctx.standalone_replicas) + k)
+    def switch_s(self, k: int | None = None) -> float:
+        """``C_k``: the switch seconds of one lending cycle (half the prior for a part not measured)."""
+        return sum(p["mean"] if p["n"] else PRIOR_SWITCH_S / 2 for p in self.switch_parts(k))
 
-    def switch_s(self) -> float:
-        return self.switch["mean"] if self.switch["n"] else PRIOR_SWITCH_S
+    def gain_s(self, k: int, ctx: DynamicScheduleContext) -> tuple[float, float]:
+        """(seconds lending k shortens the next cycle by, its standard error): ρ_k (W − C_k) / (1 + ρ_k)."""
+        rho = hybrid_share(k, ctx)
+        share = rho / (1.0 + rho)
+        se_c = math.hypot(*(_se(p) if p["n"] > 1 else 0.0 for p in self.switch_parts(k)))
+        return share * (self.wait["mean"] - self.switch_s(k)), share * math.hypot(_se(self.wait), se_c)
 
-    def predictions(self, step: int, ctx: DynamicScheduleContext) -> dict[int, tuple[float, float, str]]:
-        """k → (predicted seconds of cycle ``step``, uncertainty, source) for k = 0 (no lend) … m.
-
-        ``T0`` is the no-lend trend; a measured ``T[k]`` is ``T0`` plus the measured effect of
-        lending k; an unmeasured one (or one measured more than ``EFFECT_TTL_STEPS`` ago: the run
-        has moved on) is ``T0`` − the prior's gain + the switch seconds.
-        """
-        base, spread = _trend_at(self.base, step), math.sqrt(max(self.base["var"], 0.0))
-        base_se = spread / math.sqrt(max(1.0, min(self.base["n"], 2.0 / EMA_ALPHA - 1.0)))
-        out: dict[int, tuple[float, float, str]] = {0: (base, base_se, "measured")}
+    def predictions(self, step: int, ctx: DynamicScheduleContext) -> dict[int, tuple[float, float]]:
+        """k → (predicted seconds of cycle ``step``, uncertainty) for k = 0 (no lend) … m."""
+        base = _trend_at(self.base, step)
+        base_se = math.sqrt(max(self.base["var"], 0.0) / max(1.0, min(self.base["n"], 2.0 / EMA_ALPHA - 1.0)))
+        out = {0: (base, base_se)}
         for k in range(1, max(1, ctx.hybrid_replicas) + 1):
-            effect = self.effect.get(str(k))
-            if effect and effect["n"] > 0 and step - effect.get("step", step) <= EFFECT_TTL_STEPS:
-                out[k] = (base + effect["mean"], math.sqrt(_se(effect) ** 2 + base_se ** 2), "measured")
-            else:
-                out[k] = (base - self.prior_gain_s(k, ctx) + self.switch_s(), spread, "prior")
+            gain, se = self.gain_s(k, ctx)
+            out[k] = (base - gain, se)
         return out
 
-    def prior_choice(self, step: int, ctx: DynamicScheduleContext) -> int:
-        """The k whose unmeasured prior beats ``T0`` most (0: none; ties: the larger k, whose
-        replicas share the in-flight samples more thinly): worth a probe."""
-        preds = self.predictions(step, ctx)
-        unmeasured = [k for k in range(1, len(preds)) if preds[k][2] == "prior"]
-        if not unmeasured:
+    def best_lend(self, step: int, ctx: DynamicScheduleContext) -> int:
+        """The k whose predicted gain is largest (ties: the larger k) if it clears Z standard
+        errors plus ``MARGIN`` of ``T0``; else 0."""
+        if self.base["n"] < MIN_BASE_CYCLES or self.wait["n"] < MIN_BASE_CYCLES:
             return 0
-        best = min(unmeasured, key=lambda k: (round(preds[k][0], 9), -k))
-        # to beat: no lend, and every measured k by its uncertainty
-        bar = min([preds[0][0]] + [t + se for t, se, src in preds.values() if src == "measured"][1:])
-        return best if preds[best][0] < bar else 0
+        preds = self.predictions(step, ctx)
+        t0 = preds[0][0]
+        k = min(range(1, len(preds)), key=lambda j: (round(preds[j][0], 9), -j))
+        gain, se = t0 - preds[k][0], preds[k][1]
+        return k if gain > Z * se + MARGIN * t0 else 0
 
-    def _lends_now(self, ctx: DynamicScheduleContext) -> int:
+    def model_ratio(self, ctx: DynamicScheduleContext) -> float:
+        """Share of the cycle to queue so that the trainer no longer waits after the take-back
+        (fluid): all of it but what the standalones make while the last micro-step's turn comes,
+        (take-back + (m − 1)/m of the busy seconds) × N / T0."""
+        t0 = self.base["level"]
+        if t0 <= 0:
+            return 0.5
+        m = max(1, ctx.trigger_parameter_sync_step)
+        busy = max(0.0, t0 - self.wait["mean"])
+        return min(1.0, max(0.0, 1.0 - (self.switch_s() / 2 + busy * (m - 1) / m) / t0))
+
+    def _lends_now(self, step: int, ctx: DynamicScheduleContext) -> int:
         if self.only_hybrid:
             return max(1, ctx.hybrid_replicas)
         if self.pause_left > 0:
             return 0
-        if self.probe["left"] > 0:
-            return int(self.probe["k"])
-        return self.lending
+        return self.best_lend(step + 1, ctx)
 
     # ------------------------------------------------------------------ hooks
 
@@ -178,103 +203,62 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         return is_hybrid_active
 
     def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
-        """Queue the samples the trainer would have waited for: q = cycle × W / D, with W the
-        trainer's wait in a no-lend cycle of D seconds (at least one micro-step's worth)."""
+        """``ratio`` × the cycle's samples: at least one micro-step's worth, at most the staleness cap."""
         cycle = ctx.step_required_samples
         if self.only_hybrid:
             return cycle
-        d = self.base["level"]
-        q = cycle * self.wait["mean"] / d if d > 0 else cycle / 2
-        q = max(ctx.required_samples, min(cycle, int(round(q))))
+        ratio = self.model_ratio(ctx) if self.ratio is None else self.ratio
+        q = max(ctx.required_samples, min(cycle, int(round(cycle * ratio))))
         return min(q, ctx.max_required_samples) if ctx.max_required_samples > 0 else q
 
     def should_activate_after_step(
         self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
     ) -> int | bool:
-        k = self._lends_now(ctx)
+        k = self._lends_now(global_steps, ctx)
         return True if k > 0 and k >= max(1, ctx.hybrid_replicas) else k
 
     def request_rebalance(self, global_steps: int, ctx: DynamicScheduleContext) -> bool:
-        return True
+        """Only when the lent hybrids hold less than a standalone does: a rebalance aborts and
+        re-prefills every in-flight request, which pays only where the headroom could not fill
+        the hybrids (or the load per replica is not known yet)."""
+        if self.load["n"] == 0 or ctx.in_flight_samples <= 0:
+            return True
+        replicas = max(1, ctx.standalone_replicas) + max(1, ctx.lent_replicas)
+        return ctx.in_flight_samples < replicas * self.load["mean"] - 0.5
 
     def update_after_step(self, global_steps: int, ctx: DynamicScheduleContext) -> None:
         if self.only_hybrid or global_steps <= 0:
             return
         # what is lent now (the lend after this step's sync is done); a context that does not
         # count its hybrids (hybrid_replicas 0) is taken to have done what this policy answered
-        lent = ctx.lent_replicas if ctx.hybrid_replicas > 0 else self._lends_now(ctx)
+        lent = ctx.lent_replicas if ctx.hybrid_replicas > 0 else self._lends_now(global_steps, ctx)
         if self.last_end_at is not None:
             self._observe(global_steps, ctx, ctx.now - self.last_end_at, self.last_lent, lent)
-        self._advance(global_steps, lent, ctx)
+        if self.pause_left > 0:
+            self.pause_left -= 1
+        elif lent:
+            self.lends_since_refresh += 1
+            if self.lends_since_refresh >= REFRESH_EVERY:
+                self.pause_left, self.lends_since_refresh = 2, 0
         self.last_end_at, self.last_lent = float(ctx.now), int(lent)
 
     def _observe(self, step: int, ctx: DynamicScheduleContext, cycle_s: float, before: int, after: int) -> None:
         """Book one cycle's seconds under what was lent at its start and its end."""
-        switched = ctx.last_activate_duration_s + ctx.last_deactivate_duration_s
-        if before and switched > 0:
-            self.switch = _add(self.switch, switched)
+        if after and ctx.last_activate_duration_s > 0:
+            self.activate = _book(self.activate, after, ctx.last_activate_duration_s)
+        if before and ctx.last_deactivate_duration_s > 0:
+            self.deactivate = _book(self.deactivate, before, ctx.last_deactivate_duration_s)
         if before == 0 and after == 0:
             self.base = _trend_add(self.base, step, cycle_s)
             self.wait = _add(self.wait, float(sum(ctx.step_wait_times)))
-        elif self.probe["k"]:
-            self.probe = {**self.probe, "total": self.probe["total"] + cycle_s,
-                          "expected": self.probe["expected"] + _trend_at(self.base, step),
-                          "cycles": self.probe["cycles"] + 1}
-        elif before and before == after:
-            key = str(before)
-            self.effect[key] = {**_add(self.effect.get(key, _stat()), cycle_s - _trend_at(self.base, step)),
-                                "step": step}
-
-    def _advance(self, step: int, lent: int, ctx: DynamicScheduleContext) -> None:
-        """Move the refresh pause, the probe or the lending run on by one step; maybe start a probe."""
-        probe = self.probe
-        if self.pause_left > 0:
-            self.pause_left -= 1
-        elif probe["k"]:
-            if probe["left"] > 0 and lent:
-                probe = {**probe, "left": probe["left"] - 1, "lends": probe["lends"] + 1}
-            if probe["left"] <= 0 and not lent:  # the closing (k→0) cycle is in: judge the probe
-                self._judge_probe(step, probe)
-                probe = dict(NO_PROBE)
-            self.probe = probe
-        elif self.lending:
-            self._keep_or_stop(step, ctx)
-        idle = not self.probe["k"] and not self.lending and self.pause_left == 0
-        if idle and step + 1 >= self.next_probe_step and self.base["n"] >= MIN_BASE_CYCLES:
-            k = self.prior_choice(step + 1, ctx)
-            if k:
-                self.probe = {**NO_PROBE, "k": k, "left": PROBE_LENDS}
-            else:
-                self.next_probe_step = step + 1 + FIRST_BACKOFF_STEPS // 4
-
-    def _judge_probe(self, step: int, probe: dict[str, float]) -> None:
-        """effect per lend = (measured − expected no-lend seconds) / lends; a win clears Z errors."""
-        lends, cycles = max(1, int(probe["lends"])), int(probe["cycles"])
-        spread = math.sqrt(max(self.base["var"], 0.0))
-        effect = (probe["total"] - probe["expected"]) / lends
-        se = spread * math.sqrt(cycles + cycles * cycles / max(1, self.base["n"])) / lends
-        n_eff = min(lends, 2.0 / EMA_ALPHA - 1.0)
-        self.effect[str(int(probe["k"]))] = {"n": lends, "mean": effect, "var": se * se * n_eff, "step": step}
-        if effect + Z * se < 0:
-            self.lending, self.lends_since_refresh = int(probe["k"]), 0
-            self.backoff = FIRST_BACKOFF_STEPS
-        else:
-            self._lost(step)
-
-    def _keep_or_stop(self, step: int, ctx: DynamicScheduleContext) -> None:
-        """Started on a win by more than the uncertainty; kept while the measured mean still wins."""
-        preds = self.predictions(step + 1, ctx)
-        if preds[self.lending][0] >= preds[0][0]:
-            self.lending = 0
-            self._lost(step)
-            return
-        self.lends_since_refresh += 1
-        if self.lends_since_refresh >= REFRESH_EVERY:
-            self.pause_left, self.lends_since_refresh = 2, 0
-
-    def _lost(self, step: int) -> None:
-        self.next_probe_step = step + 1 + self.backoff
-        self.backoff = min(MAX_BACKOFF_STEPS, self.backoff * 2)
+            if ctx.in_flight_samples > 0:
+                self.load = _add(self.load, ctx.in_flight_samples / max(1, ctx.standalone_replicas))
+        if before:  # the cycle began with a take-back: did the trainer still wait after it?
+            ratio = self.model_ratio(ctx) if self.ratio is None else self.ratio
+            waited = int(sum(ctx.step_wait_samples))
+            cycle = max(1, ctx.step_required_samples)
+            delta = min(RATIO_UP_MAX, max(RATIO_UP_MIN, waited / cycle)) if waited > 0 else -RATIO_DOWN
+            self.ratio = round(min(1.0, max(0.0, ratio + delta)), 12)
 
     # ------------------------------------------------------------------ reasons
 
@@ -283,20 +267,26 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             if self.only_hybrid:
                 return "only-hybrid: always re-activate"
             preds = self.predictions(global_steps + 1, ctx)
-            shown = ", ".join(f"T[{k}] {t:.1f}±{se:.1f}s {src}" for k, (t, se, src) in preds.items() if k)
-            k = self._lends_now(ctx)
+            shown = ", ".join(f"T[{k}] {t:.1f}±{se:.1f}s" for k, (t, se) in preds.items() if k)
+            k = self._lends_now(global_steps, ctx)
             why = ("pause to re-measure T0" if self.pause_left else
-                   f"probe, {int(self.probe['left'])} lends left" if self.probe["left"] > 0 else
-                   "measured win" if self.lending else
-                   "measuring T0" if self.base["n"] < MIN_BASE_CYCLES else "no measured win")
-            return (f"T0 {preds[0][0]:.1f}±{preds[0][1]:.1f}s; {shown} → lend {k} ({why}); in flight "
-                    f"{ctx.in_flight_samples} + queued {ctx.mq_size} of cap {ctx.max_required_samples}")
+                   "measuring T0" if min(self.base["n"], self.wait["n"]) < MIN_BASE_CYCLES else
+                   "predicted win" if k else f"no win beyond {Z:g} se + {MARGIN:.0%} of T0")
+            return (f"T0 {preds[0][0]:.1f}±{preds[0][1]:.1f}s, W {self.wait['mean']:.1f}s, C {self.switch_s():.1f}s; "
+                    f"{shown} → lend {k} ({why}); in flight {ctx.in_flight_samples} + queued {ctx.mq_size} "
+                    f"of cap {ctx.max_required_samples}")
         if hook == "deactivate_wait_samples":
-            return f"T0 {self.base['level']:.1f}s, wait {self.wait['mean']:.1f}s → queue first"
+            ratio = self.model_ratio(ctx) if self.ratio is None else self.ratio
+            src = "model" if self.ratio is None else "adapted"
+            return f"queue {ratio:.2f} ({src}) of {ctx.step_required_samples} samples first"
         if hook == "update_after_step":
             return (f"T0 {self.base['level']:.1f}s (+{self.base['slope']:.2f}s/step) over {int(self.base['n'])} "
-                    f"cycles, switch {self.switch_s():.1f}s, lending {self.lending}, "
-                    f"next probe at step {self.next_probe_step}")
+                    f"cycles, W {self.wait['mean']:.1f}s, switch {self.switch_s():.1f}s, "
+                    f"lends since refresh {self.lends_since_refresh}")
+        if hook == "request_rebalance":
+            replicas = max(1, ctx.standalone_replicas) + max(1, ctx.lent_replicas)
+            return (f"in flight {ctx.in_flight_samples} vs {replicas} replicas × {self.load['mean']:.1f} "
+                    f"per filled replica over {int(self.load['n'])} cycles")
         if hook == "should_deactivate":
             return "hybrid active: take it back before training" if is_hybrid_active else "hybrid already off"
         return ""

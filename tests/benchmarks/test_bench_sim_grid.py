@@ -55,3 +55,8 @@ def test_the_grid_writes_its_keys_into_the_results_file(tmp_path, monkeypatch):
         assert grid[f"{policy}_worst_vs_never_lend"] == grid[f"{policy}_median_vs_never_lend"]  # one cell
     assert "8+8 staleness 0.5 trigger 1 lengths flat" in body
     assert json.loads((tmp_path / "results" / "sim_grid.json").read_text())["cells"] == 1
+
+
+def test_the_fluid_lend_ceiling_shortens_every_cycle_by_the_lent_share_of_its_wait():
+    # ρ 1: a 60 s cycle with a 30 s wait → 45 s; a 40 s cycle without a wait stays 40 s
+    assert bench_sim.fluid_lend_ceiling_s([(60.0, 30.0), (40.0, 0.0)], 1.0) == 85.0

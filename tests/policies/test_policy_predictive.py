@@ -1,10 +1,11 @@
-"""`predictive` on hand-computed contexts: it lends only when a measured lend wins, k of m.
+"""`predictive` on hand-computed contexts: it lends k of m only when its cycle model says it wins.
 
-Every context: required_samples=16, trigger_parameter_sync_step=4 (64 samples per cycle), one
-standalone replica, a staleness cap of 16 samples. A no-lend cycle takes 60 s of which the trainer
-waits ``wait`` s, so the prior gain of lending k hybrids is wait × k / (1 + k) and the prior
-T[k] = 60 − wait·k/(1+k) + 6 s (the assumed switch seconds before one is measured): with a 30 s
-wait, T[1] = 51 s and T[2] = 46 s.
+Every context: required_samples=16, trigger_parameter_sync_step=4 (N = 64 samples per cycle), one
+standalone replica with 16 samples in flight, nothing queued, a staleness cap of 96 samples: the
+headroom is 96 − 16 − 0 = 80, so k hybrids add ρ_k = min(k / 1, 80 / 16) = k times the
+standalone's generation. A no-lend cycle takes 60 s of which the trainer waits ``wait`` s; the
+switch seconds are 6 until measured. The predicted gain of lending k is ρ_k (W − C) / (1 + ρ_k),
+and a lend needs gain > 1 standard error + 2 % of T0 (1.2 s here).
 """
 
 from __future__ import annotations
@@ -15,74 +16,89 @@ from dataclasses import replace
 import pytest
 
 from policies import DynamicScheduleContext, PredictiveDynamicSchedulePolicy, build_policy
+from policies.predictive import hybrid_share
 
 CTX = DynamicScheduleContext(required_samples=16, trigger_parameter_sync_step=4, standalone_replicas=1,
-                             max_required_samples=16)
+                             max_required_samples=96, in_flight_samples=16)
 
 
-def drive(policy, cycles, *, hybrids=1, wait=30.0, start_step=1, start_now=0.0, active=False):
-    """Per step: ask the lend question, then ``update_after_step`` with what was lent (the
-    cycle's seconds come from ``cycles``). Returns the answers and where the clock stopped."""
-    answers, now = [], start_now
+SWITCH = {k: (2.0, 1.0) for k in range(1, 5)}
+"""k lent → (activation s, take-back s)."""
+
+
+def drive(policy, cycles, *, hybrids=1, wait=30.0, waited=0, switch=SWITCH, ctx=CTX, start_step=1,
+          start_now=0.0, lent_before=0):
+    """Per step: ask the lend question, then ``update_after_step`` with what was lent. A lend's
+    activation (``switch[k][0]`` s) is reported in the cycle that lends, its take-back
+    (``switch[k][1]`` s) in the next one, as the controller reports them. Returns the answers and
+    where the clock stopped."""
+    answers, now, before = [], start_now, lent_before
     for step, cycle_s in enumerate(cycles, start=start_step):
         now += cycle_s
-        ctx = replace(CTX, now=now, hybrid_replicas=hybrids, step_wait_times=[wait])
-        answer = policy.should_activate_after_step(step, active, ctx)
+        asked = replace(ctx, now=now, hybrid_replicas=hybrids, step_wait_times=[wait], step_wait_samples=[waited])
+        answer = policy.should_activate_after_step(step, False, asked)
         answers.append(answer)
         lent = hybrids if answer is True else int(answer)
-        policy.update_after_step(step, replace(ctx, lent_replicas=lent))
+        policy.update_after_step(step, replace(asked, lent_replicas=lent,
+                                               last_activate_duration_s=switch[lent][0] if lent else 0.0,
+                                               last_deactivate_duration_s=switch[before][1] if before else 0.0))
+        before = lent
     return answers, now
 
 
 def test_a_training_bound_run_never_lends_because_no_wait_can_pay_for_the_switch():
     policy = build_policy("predictive")
 
-    answers, _ = drive(policy, [60.0] * 40, wait=0.0)
+    answers, _ = drive(policy, [60.0] * 40, wait=5.0)  # W 5 s < C 6 s: the gain is negative
 
     assert answers == [0] * 40
-    assert policy.effect == {}
+    assert policy.predictions(41, replace(CTX, hybrid_replicas=1)) == {0: (60.0, 0.0), 1: (60.5, 0.0)}
 
 
-def test_a_rollout_bound_run_probes_when_the_prior_wins_and_keeps_lending_after_a_measured_win():
-    # steps 1-4: no-lend cycles of 60 s (the first only starts the clock); the prior T[1] = 51 s
-    # beats T0 = 60 s, so steps 5 and 6 lend (the probe) and step 7 does not (its closing cycle);
-    # the probe's three cycles take 50 s each: effect (150 − 180) / 2 lends = −15 s, spread 0 → a
-    # measured win, so step 8 lends again
+def test_a_rollout_bound_run_lends_once_three_no_lend_cycles_are_measured():
+    # the first cycle only starts the clock; after steps 2-4, T0 = 60 s and W = 30 s; step 5's
+    # gain with one hybrid: ρ 1 → (30 − 6) / 2 = 12 s > 1.2 s; from step 6 on the measured
+    # switch (1 + 2 = 3 s per lend cycle) makes it (30 − 3) / 2 = 13.5 s
     policy = PredictiveDynamicSchedulePolicy()
 
     answers, _ = drive(policy, [60.0] * 4 + [50.0] * 4)
 
-    assert answers == [0, 0, 0, 0, True, True, 0, True]
-    assert policy.lending == 1
-    assert policy.effect == {"1": {"n": 2, "mean": -15.0, "var": 0.0, "step": 7}}
+    assert answers == [0, 0, 0, 0, True, True, True, True]
+    assert policy.predictions(9, replace(CTX, hybrid_replicas=1)) == {0: (60.0, 0.0), 1: (46.5, 0.0)}
 
 
-def test_a_probe_that_loses_backs_off_and_the_next_probe_tries_fewer_of_the_hybrids():
-    # two hybrids: T[2] = 46 s beats T[1] = 51 s by the prior: steps 5-6 lend both; those cycles
-    # take 70 s: effect (210 − 180) / 2 = +15 s → lost, next probe at 7 + 1 + 24 = 32; then
-    # T[2] = 75 s is measured (25 steps ago, still remembered) and the unmeasured T[1] = 51 s
-    # beats T0 = 60 s: step 32 lends 1 of the 2
+def test_no_staleness_headroom_means_no_lend_however_long_the_trainer_waits():
+    # 16 in flight + 80 queued of a cap of 96: no sample can start on a lent hybrid
+    full = replace(CTX, mq_size=80)
     policy = PredictiveDynamicSchedulePolicy()
 
-    answers, _ = drive(policy, [60.0] * 4 + [70.0] * 3 + [60.0] * 25, hybrids=2)
+    answers, _ = drive(policy, [60.0] * 20, hybrids=2, wait=50.0, ctx=full)
 
-    assert answers == [0] * 4 + [True, True] + [0] * 25 + [1]
-    assert policy.next_probe_step == 32
-    assert policy.backoff == 48
-    assert policy.effect == {"2": {"n": 2, "mean": 15.0, "var": 0.0, "step": 7}}
+    assert answers == [0] * 20
+    assert hybrid_share(2, full) == 0.0
 
 
-def test_a_measured_win_that_turns_into_a_loss_stops_the_lending():
+def test_the_headroom_bounds_what_more_hybrids_add():
+    # two standalones with 32 in flight, 8 queued, cap 64: headroom 24 → ρ_k = min(k/2, 24/32)
+    ctx = replace(CTX, standalone_replicas=2, in_flight_samples=32, mq_size=8, max_required_samples=64)
+
+    assert [hybrid_share(k, ctx) for k in range(5)] == [0.0, 0.5, 0.75, 0.75, 0.75]
+
+
+def test_it_lends_k_of_m_when_lending_more_costs_more_switch_seconds_than_it_adds():
+    # steps 1-8 with one hybrid: it lends from step 5, C_1 = 2 + 1 = 3 s. A second hybrid comes
+    # back at step 9; C_2 is unmeasured, so it is the any-k one (3 s) and step 9 lends both; that
+    # activation takes 16 s: C_2 = 16 + 1 (any-k take-back) = 17 s, T[2] = 60 − (2/3)(30 − 17) =
+    # 51.3 s > T[1] = 60 − (30 − 3)/2 = 46.5 s: step 10 lends 1 of 2; its take-back of the two takes
+    # 11 s, so C_2 = 27 s and T[2] = 58 s from then on
     policy = PredictiveDynamicSchedulePolicy()
-    answers, now = drive(policy, [60.0] * 4 + [50.0] * 4)
-    assert answers[-1] is True
+    head, now = drive(policy, [60.0] * 8)
+    tail, _ = drive(policy, [50.0] * 4, hybrids=2, switch={**SWITCH, 2: (16.0, 11.0)}, start_step=9,
+                    start_now=now, lent_before=1)
 
-    # cycle 8 (0→1) is a transition; lending cycles of 66 s then fold +6 s into the effect's mean
-    # (−15 over 2): −8, −3.8, −0.86, +1.198 → after the fourth the mean loses, step 13 does not lend
-    later, _ = drive(policy, [66.0] * 5, start_step=9, start_now=now, active=True)
-
-    assert later == [True, True, True, True, 0]
-    assert policy.lending == 0
+    assert (head, tail) == ([0] * 4 + [True] * 4, [True, 1, 1, 1])
+    ctx = replace(CTX, hybrid_replicas=2)
+    assert {k: t for k, (t, _) in policy.predictions(13, ctx).items()} == {0: 60.0, 1: 46.5, 2: 58.0}
 
 
 def test_the_explanation_gives_the_predicted_times_behind_the_answer():
@@ -92,17 +108,27 @@ def test_the_explanation_gives_the_predicted_times_behind_the_answer():
 
     reason = policy.explain("should_activate_after_step", 5, False, ctx)
 
-    assert reason == ("T0 60.0±0.0s; T[1] 51.0±0.0s prior, T[2] 46.0±0.0s prior → lend 2 (probe, 2 lends left); "
-                      "in flight 0 + queued 0 of cap 16")
+    # ρ_1 = 1 → gain 12 s; ρ_2 = 2 → (2/3) × 24 = 16 s
+    assert reason == ("T0 60.0±0.0s, W 30.0s, C 6.0s; T[1] 48.0±0.0s, T[2] 44.0±0.0s → lend 2 (predicted win); "
+                      "in flight 16 + queued 0 of cap 96")
 
 
-def test_the_deactivation_waits_for_the_samples_the_trainer_would_have_waited_for():
-    # 64 samples × 30 s wait / 60 s cycle = 32, but never above the staleness cap
+def test_the_deactivation_queue_starts_from_the_model_and_adapts_to_the_waits_after_the_take_back():
+    # model: 1 − (C/2 + busy × (m−1)/m) / T0 = 1 − (3 + 30 × 3/4) / 60 = 0.575 → round(36.8) = 37
     policy = PredictiveDynamicSchedulePolicy()
     drive(policy, [60.0] * 4)
+    assert policy.deactivate_wait_samples(CTX) == 37
 
-    assert policy.deactivate_wait_samples(replace(CTX, max_required_samples=96)) == 32
-    assert policy.deactivate_wait_samples(CTX) == 16
+    # a lend cycle after which the trainer still waited for 4 samples: + max(0.02, 4/64) → 0.6375;
+    # C is 3 s by then, so the model's start is 1 − (1.5 + 22.5)/60 = 0.6, +0.0625 = 0.6625
+    # (steps 5 and 6 lend; step 6's cycle began with a take-back)
+    drive(policy, [60.0] * 2, waited=4, start_step=5, start_now=240.0)
+    assert (policy.ratio, policy.deactivate_wait_samples(CTX)) == (0.6625, 42)
+
+    # two more lend cycles without a wait: − 0.02 each; never above the staleness cap
+    drive(policy, [60.0] * 2, start_step=7, start_now=360.0, lent_before=1)
+    assert policy.ratio == 0.6225
+    assert policy.deactivate_wait_samples(replace(CTX, max_required_samples=24)) == 24
 
 
 def test_only_hybrid_mode_lends_every_hybrid_after_every_sync_and_waits_for_a_whole_cycle():
@@ -112,28 +138,41 @@ def test_only_hybrid_mode_lends_every_hybrid_after_every_sync_and_waits_for_a_wh
     assert (policy.should_activate_after_step(1, False, ctx), policy.deactivate_wait_samples(ctx)) == (True, 64)
 
 
-@pytest.mark.parametrize("cut", [3, 5, 6, 7, 9])
+@pytest.mark.parametrize("cut", [3, 5, 6, 7, 9, 30])
 def test_a_state_round_trip_mid_run_reproduces_every_later_decision(cut):
-    cycles = [60.0] * 4 + [50.0] * 4 + [55.0, 58.0, 66.0, 70.0, 61.0] + [60.0] * 20
+    cycles = [60.0, 61.0, 58.0, 62.0] + [50.0, 52.0, 49.0, 55.0, 58.0, 66.0, 70.0, 61.0] + [60.0] * 50
     whole = PredictiveDynamicSchedulePolicy()
-    expected, _ = drive(whole, cycles, hybrids=2)
+    expected, _ = drive(whole, cycles, hybrids=2, waited=3)
 
     first = PredictiveDynamicSchedulePolicy()
-    head, now = drive(first, cycles[:cut], hybrids=2)
+    head, now = drive(first, cycles[:cut], hybrids=2, waited=3)
     restored = PredictiveDynamicSchedulePolicy()
     restored.load_state_dict(json.loads(json.dumps(first.state_dict())))
-    tail, _ = drive(restored, cycles[cut:], hybrids=2, start_step=cut + 1, start_now=now,
-                    active=bool(head[-1]))
+    tail, _ = drive(restored, cycles[cut:], hybrids=2, waited=3, start_step=cut + 1, start_now=now,
+                    lent_before=2 if head[-1] else 0)
 
     assert head + tail == expected
     assert restored.state_dict() == whole.state_dict()
 
 
 def test_a_long_lending_run_pauses_two_steps_every_48_lends_to_measure_the_no_lend_cycle_again():
-    # the win is measured at step 7; steps 8-55 lend (48 lends), 56-57 pause, 58 lends again
+    # steps 5-52 lend (48 lends), 53-54 pause (54's cycle is a no-lend one: T0 gets its 4th), 55 lends
     policy = PredictiveDynamicSchedulePolicy()
 
-    answers, _ = drive(policy, [60.0] * 4 + [50.0] * 51 + [60.0] * 3)
+    answers, _ = drive(policy, [60.0] * 4 + [50.0] * 48 + [60.0] * 3)
 
-    assert answers == [0] * 4 + [True, True, 0] + [True] * 48 + [0, 0, True]
+    assert answers == [0] * 4 + [True] * 48 + [0, 0, True]
     assert policy.base["n"] == 4
+
+
+def test_it_rebalances_only_when_the_lent_hybrids_hold_less_than_a_filled_standalone():
+    # after three no-lend cycles a standalone holds 16 samples; with one hybrid lent, 32 in flight
+    # means the headroom filled it: no rebalance; 20 in flight means it holds 4: rebalance
+    policy = PredictiveDynamicSchedulePolicy()
+    fresh = policy.request_rebalance(1, replace(CTX, lent_replicas=1, in_flight_samples=20))
+    drive(policy, [60.0] * 4)
+    lent = replace(CTX, hybrid_replicas=1, lent_replicas=1)
+
+    answers = [policy.request_rebalance(5, replace(lent, in_flight_samples=n)) for n in (32, 20)]
+
+    assert (fresh, answers) == (True, [False, True])

@@ -186,7 +186,7 @@ class HFRunner:
             if rows <= capacity and width <= self._end and self._end + extra <= columns:
                 self._start = self._end - width
                 return
-            rows = max(rows, capacity)
+            rows = max(rows, 2 * capacity) if rows > capacity else capacity  # grow rows geometrically
         columns = 2 * width + extra + MIN_COLUMNS
         dtype, n = self.model.dtype, len(self._seqs)
         layers = []
@@ -238,14 +238,22 @@ def _rows_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     sdpa = torch.nn.functional.scaled_dot_product_attention
     gqa = key.shape[1] != query.shape[1]
+    window = kwargs.get("sliding_window")  # a sliding-window layer sees its last `window` positions
     q, n, parts = query[0], tidal_layout.decoding, []  # q: (H, T, D)
     if n:
-        out = sdpa(q[:, :n].transpose(0, 1)[:, :, None], key[:n], value[:n], attn_mask=tidal_layout.mask,
+        mask = tidal_layout.mask  # (n, 1, 1, W)
+        if window and window < mask.shape[-1]:
+            mask = mask & (torch.arange(mask.shape[-1], device=mask.device) >= mask.shape[-1] - window)
+        out = sdpa(q[:, :n].transpose(0, 1)[:, :, None], key[:n], value[:n], attn_mask=mask,
                    scale=scaling, enable_gqa=gqa)  # (n, H, 1, D)
         parts.append(out[:, :, 0])  # (n, H, D)
     for row, offset, length in tidal_layout.prompts:
+        band = None  # causal; with a window, also never further back than `window` - 1 positions
+        if window and window < length:
+            at = torch.arange(length, device=query.device)
+            band = (at[None] <= at[:, None]) & (at[None] > at[:, None] - window)  # (P, P)
         out = sdpa(q[None, :, offset:offset + length], key[row:row + 1, :, -length:], value[row:row + 1, :, -length:],
-                   is_causal=True, scale=scaling, enable_gqa=gqa)  # (1, H, P, D)
+                   attn_mask=band, is_causal=band is None, scale=scaling, enable_gqa=gqa)  # (1, H, P, D)
         parts.append(out[0].transpose(0, 1))  # (P, H, D)
     return (torch.cat(parts) if len(parts) > 1 else parts[0])[None], None  # (1, T, H, D)
 

@@ -1,17 +1,22 @@
 """The torch engine serving a Hugging Face model against transformers' own batched ``generate``.
 
 One run, side by side, on the same tiny Qwen2 model built offline (``cluster.hf.make_tiny_model``,
-random weights, 4 layers × 256 hidden by default): ``--requests`` requests whose response budgets
-are drawn (seeded) from ``[--min-len, --max-len]``, sampled at temperature 1 with EOS ignored so
-both sides generate exactly the budgets. At concurrency c the engine keeps c requests in flight
-(continuous batching: a finished request's slot is refilled at once); ``generate`` takes the
-requests c at a time, left-padded, and runs each batch to its longest budget (static batching).
-Throughput = useful tokens (the sum of the budgets) / the best wall seconds of ``--repeats``
-interleaved runs of each side. Target: engine ≥ 2× at 32.
+random weights, 4 layers × 256 hidden by default): at concurrency c, ``--per-slot`` × c requests
+(``--requests`` fixes the number instead) whose response budgets are drawn (seeded) from
+``[--min-len, --max-len]``, sampled at temperature 1 with EOS ignored so both sides generate
+exactly the budgets. The engine keeps c requests in flight (continuous batching: a finished
+request's slot is refilled at once); ``generate`` takes the requests c at a time, left-padded, and
+runs each batch to its longest budget (static batching). With few requests per slot most of the
+engine's run is its ramp-down, when fewer than c are left in flight: 8 per slot keeps that tail
+small. Throughput = useful tokens (the sum of the budgets) / the best wall seconds of
+``--repeats`` interleaved runs of each side. Target: engine ≥ 2× at 32.
 
 Usage:
-    .venv/bin/python benchmarks/bench_hf_engine.py [--concurrency 1,8,32] [--requests 64]
-        [--layers 4] [--hidden 256] [--min-len 16] [--max-len 128] [--threads 1] [--repeats 3] [--write]
+    .venv/bin/python benchmarks/bench_hf_engine.py [--concurrency 1,8,32] [--per-slot 8 | --requests N]
+        [--layers 4] [--hidden 256] [--min-len 16] [--max-len 128] [--threads 1] [--repeats 3]
+        [--json-out PATH] [--write]
+
+``--json-out`` writes the figures (``as_json``) to PATH.
 
 ``--write`` replaces the ``hf_engine`` section of ``benchmarks/RESULTS.md`` and writes
 ``benchmarks/results/hf_engine.json`` (merged into ``results.json`` as ``hf_engine.*``).
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import platform
 import random
 import sys
@@ -84,10 +90,10 @@ async def measure(args: argparse.Namespace) -> dict:
     folder = make_tiny_model(Path(tempfile.mkdtemp(prefix="bench-hf-")) / "qwen2", "qwen2", n_layer=args.layers,
                              n_embd=args.hidden, n_head=args.heads, max_seq_len=1024)
     tok, model = load_tokenizer(folder), load_model(folder)
-    work = workload(tok, args.requests, args.min_len, args.max_len, seed=0)
-    useful = sum(b for _, b in work)
     rows = []
     for c in args.concurrency:
+        work = workload(tok, args.requests or args.per_slot * c, args.min_len, args.max_len, seed=0)
+        useful = sum(b for _, b in work)
         engine = TorchEngine(HFRunner(load_model(folder)), max_batch=c, threads=None, eos_id=tok.eos_token_id)
         await engine.load_weights(model.state_dict(), 1)
         await engine_run(engine, work[:c], c, "warm")  # first-call costs out of the measurement
@@ -98,38 +104,44 @@ async def measure(args: argparse.Namespace) -> dict:
             generate_walls.append(generate_run(model, tok, work, c))
         await engine.shutdown()
         engine_s, generate_s = min(engine_walls), min(generate_walls)
-        rows.append({"concurrency": c, "engine_tok_s": useful / engine_s, "generate_tok_s": useful / generate_s,
+        rows.append({"concurrency": c, "requests": len(work), "useful_tokens": useful,
+                     "engine_tok_s": useful / engine_s, "generate_tok_s": useful / generate_s,
                      "speedup": generate_s / engine_s})
-        print(f"c={c}: engine {useful / engine_s:,.0f} tok/s, generate {useful / generate_s:,.0f} tok/s", flush=True)
+        print(f"c={c}: engine {useful / engine_s:,.0f} tok/s, generate {useful / generate_s:,.0f} tok/s "
+              f"({generate_s / engine_s:.2f}×; walls {_walls(engine_walls)} vs {_walls(generate_walls)})", flush=True)
     return {
         "model": f"Qwen2 {args.layers} layers × {args.hidden} hidden", "params": sum(p.numel() for p in model.parameters()),
-        "requests": args.requests, "useful_tokens": useful, "lengths": [args.min_len, args.max_len],
+        "requests": args.requests or f"{args.per_slot} per slot", "lengths": [args.min_len, args.max_len],
         "threads": args.threads, "repeats": args.repeats, "machine": f"{platform.machine()}, torch {torch.__version__}", "rows": rows,
     }
+
+
+def _walls(walls: list[float]) -> str:
+    return "/".join(f"{w:.2f}" for w in walls) + " s"
 
 
 def report(result: dict, command: str) -> str:
     lines = [
         f"`{command}`",
         "",
-        f"{result['model']} ({result['params']:,} params, random weights), {result['requests']} requests with "
-        f"budgets in {result['lengths']} ({result['useful_tokens']:,} tokens), temperature 1, EOS ignored, "
+        f"{result['model']} ({result['params']:,} params, random weights), {result['requests']} requests "
+        f"(budgets in {result['lengths']}), temperature 1, EOS ignored, "
         f"{result['threads']} thread(s), best of {result['repeats']} interleaved runs, {result['machine']}",
         "",
-        "| concurrent requests | torch engine tok/s | transformers `generate` tok/s | engine / generate |",
-        "|---:|---:|---:|---:|",
+        "| concurrent requests | requests (tokens) | torch engine tok/s | transformers `generate` tok/s | engine / generate |",
+        "|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
-        lines.append(f"| {r['concurrency']} | {r['engine_tok_s']:,.0f} | {r['generate_tok_s']:,.0f} | {r['speedup']:.2f}× |")
+        lines.append(f"| {r['concurrency']} | {r['requests']} ({r['useful_tokens']:,}) | {r['engine_tok_s']:,.0f} | {r['generate_tok_s']:,.0f} | {r['speedup']:.2f}× |")
     return "\n".join(lines)
 
 
 def as_json(result: dict) -> dict:
     """The ``hf_engine.*`` figures: per concurrency c, ``c{c}_engine_tok_s`` / ``_generate_tok_s`` / ``_speedup``."""
-    out = {k: result[k] for k in ("model", "params", "requests", "useful_tokens", "threads", "machine")}
+    out = {k: result[k] for k in ("model", "params", "requests", "threads", "machine")}
     for r in result["rows"]:
         c = r["concurrency"]
-        out.update({f"c{c}_engine_tok_s": r["engine_tok_s"], f"c{c}_generate_tok_s": r["generate_tok_s"],
+        out.update({f"c{c}_requests": r["requests"], f"c{c}_engine_tok_s": r["engine_tok_s"], f"c{c}_generate_tok_s": r["generate_tok_s"],
                     f"c{c}_speedup": r["speedup"]})
     return out
 
@@ -137,7 +149,8 @@ def as_json(result: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", default="1,8,32")
-    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--per-slot", type=int, default=8, help="requests per concurrent slot (default 8)")
+    parser.add_argument("--requests", type=int, default=None, help="a fixed number of requests at every concurrency")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--heads", type=int, default=4)
@@ -145,18 +158,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-len", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json-out", type=Path, default=None, help="write the figures as JSON to this file")
     parser.add_argument("--write", action="store_true", help="write the RESULTS.md section and results/hf_engine.json")
     args = parser.parse_args(argv)
     try:
         args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
     except ValueError:
         parser.error(f"--concurrency must be comma-separated integers, got {args.concurrency!r}")
-    if (not args.concurrency or min(args.concurrency) < 1 or args.requests < 1 or args.repeats < 1
-            or not 1 <= args.min_len <= args.max_len):
-        parser.error("need concurrency >= 1, requests >= 1, repeats >= 1 and 1 <= min-len <= max-len")
+    if (not args.concurrency or min(args.concurrency) < 1 or (args.requests is not None and args.requests < 1)
+            or args.per_slot < 1 or args.repeats < 1 or not 1 <= args.min_len <= args.max_len):
+        parser.error("need concurrency >= 1, requests >= 1, per-slot >= 1, repeats >= 1 and 1 <= min-len <= max-len")
+    if args.json_out is not None and not args.json_out.parent.is_dir():
+        parser.error(f"--json-out: no folder {args.json_out.parent}")
     result = asyncio.run(measure(args))
     command = "benchmarks/bench_hf_engine.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(report(result, command.strip()))
+    if args.json_out is not None:
+        tmp = args.json_out.with_name(f".{args.json_out.name}.tmp")
+        tmp.write_text(json.dumps(as_json(result), indent=2) + "\n", encoding="utf-8")
+        tmp.replace(args.json_out)  # whole or not at all
     if args.write:
         from results_io import write_json, write_section
 

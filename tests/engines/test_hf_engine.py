@@ -248,3 +248,44 @@ def test_the_eos_ids_are_the_tokenizers_then_the_generation_configs_others(folde
     assert eos_ids(model, tok) == [tok.eos_token_id]
     model.generation_config.eos_token_id = [7, tok.eos_token_id, 9]
     assert eos_ids(model, tok) == [tok.eos_token_id, 7, 9]
+
+
+def test_each_iteration_is_one_forward_of_the_model_also_when_prompts_join_running_rows(folder, tok):
+    # Two slots, three requests: the third prompt is prefilled in the same forward that decodes
+    # the second (step 4). Steps: 1 prefill r0 r1; 2-3 decode; 4 r0 done, r2 joins; 5-7 decode.
+    model = load_model(folder)
+    prompts = [tok.encode(t) for t in TEXTS[:3]]
+    budgets = [3, 5, 4]
+    runner = HFRunner(load_model(folder))
+    forwards = []
+    runner.model.register_forward_hook(lambda module, args, kwargs, out: forwards.append(kwargs["input_ids"].shape[1]),
+                                       with_kwargs=True)
+    engine = TorchEngine(runner, max_batch=2, seed=0, eos_id=tok.eos_token_id)
+    results = run(engine, model.state_dict(), [greedy(f"r{i}", p, b, ignore_eos=True) for i, (p, b) in enumerate(zip(prompts, budgets))])
+    assert [r.tokens for r in results] == [hf_greedy(model, p, b) for p, b in zip(prompts, budgets)]
+    assert forwards == [len(prompts[0]) + len(prompts[1]), 2, 2, 1 + len(prompts[2]), 2, 1, 1]
+
+
+def test_the_runners_model_still_generates_with_transformers_after_its_attention_is_switched(folder, tok):
+    model = load_model(folder)
+    runner = HFRunner(load_model(folder))
+    prompt = tok.encode(TEXTS[0])
+    assert runner.model.config._attn_implementation == "tidal_rows"
+    assert hf_greedy(runner.model, prompt, 8) == hf_greedy(model, prompt, 8)
+
+
+def test_a_sliding_window_model_decodes_as_transformers_generate_past_its_window(tok):
+    import copy
+
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=256, use_sliding_window=True, sliding_window=4,
+                      max_window_layers=1, initializer_range=0.2, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    assert model.config.layer_types == ["full_attention", "sliding_attention"]
+    prompts = [tok.encode(t) for t in ("what is 3 * 4 and then 5", "12 + 7 =")]  # one longer than the window, one not
+    engine = TorchEngine(HFRunner(copy.deepcopy(model)), max_batch=2, seed=0, eos_id=tok.eos_token_id)
+    results = run(engine, model.state_dict(), [greedy(f"r{i}", p, 12, ignore_eos=True) for i, p in enumerate(prompts)])
+    assert [r.tokens for r in results] == [hf_greedy(model, p, 12) for p in prompts]

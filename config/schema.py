@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from config.algo_keys import SCHEDULING_ALIASES, ActorSection, AlgorithmSection, apply_aliases
 from config.data_keys import CustomRewardFunction, DataSection, ValKwargs
 from config.model_keys import HFModelSection, RolloutDtype
+from config.tracker_keys import DEFAULT_LOGGER, TrackerList, TrackingSection
 
 
 class _Section(BaseModel):
@@ -176,6 +177,10 @@ class TrainerSection(_Section):
     max_actor_ckpt_to_keep: int | None = Field(None, ge=1)
     """Newest `checkpoints/global_step_<N>/` folders kept (checkpoint file + HF export); older ones
     are deleted once a newer step is committed. None = keep all."""
+
+    logger: TrackerList = Field(default_factory=lambda: list(DEFAULT_LOGGER))
+    """Experiment trackers fed every committed step (verl's names; one name or a list): `console`
+    (the terminal's step line), `file` (`<run>/metrics.jsonl`), `tensorboard`, `wandb`, `mlflow`."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -407,6 +412,8 @@ class TidalConfig(_Section):
     """The prompt dataset (verl's keys)."""
     custom_reward_function: CustomRewardFunction = Field(default_factory=CustomRewardFunction)
     """The reward function (verl's keys); None = built-ins by `data_source`."""
+    tracking: TrackingSection = Field(default_factory=TrackingSection)
+    """Where the W&B and MLflow trackers of `trainer.logger` write."""
 
     # ---- derived quantities (one definition each, used everywhere) ----
 

@@ -120,9 +120,9 @@ class MlflowTracker:
         from mlflow.tracking import MlflowClient
 
         self.uri = cfg.tracking.mlflow_tracking_uri or f"sqlite:///{(out_dir / 'mlflow.db').resolve()}"
-        self.client = MlflowClient(tracking_uri=self.uri)
         with warnings.catch_warnings():  # its SQL store maps its tables with a deprecated SQLAlchemy option
             warnings.simplefilter("ignore", DeprecationWarning)
+            self.client = MlflowClient(tracking_uri=self.uri)
             experiment = self.client.get_experiment_by_name(cfg.trainer.project_name)
         eid = experiment.experiment_id if experiment else self.client.create_experiment(cfg.trainer.project_name)
         found = self.client.search_runs([eid], filter_string=f"tags.`tidal.run_id` = '{uid}'", max_results=1)

@@ -25,7 +25,7 @@ SERIES = {
 """The metrics the report plots, with their labels."""
 
 SPLIT_COLORS = {"train": "#4c72b0", "wait": "#dd8452", "switch": "#c44e52", "sync": "#8172b3", "other": "#b0b0b0"}
-LENT_COLOR = "#55a868"
+LENT_COLOR = "#d8a93b"
 
 
 @dataclass(frozen=True)

@@ -206,6 +206,17 @@ def stored_metrics(cfg: TidalConfig, uid: str) -> Callable[[int, int], list[tupl
     return read
 
 
+def flow_started_at() -> float | None:
+    """When the current Prefect flow run (the driver) was entered; None outside one."""
+    try:
+        from prefect.context import FlowRunContext
+
+        ctx = FlowRunContext.get()
+        return ctx.start_time.timestamp() if ctx is not None else None
+    except Exception:  # noqa: BLE001 - the clock then starts now
+        return None
+
+
 class StepTrackers:
     """What the driver feeds after each committed step: ``log(step, metrics)``, then ``close()``.
 
@@ -226,11 +237,12 @@ class StepTrackers:
     @classmethod
     def open(cls, cfg: TidalConfig, uid: str, out_dir: str | os.PathLike[str],
              started_at: float | None = None) -> StepTrackers:
-        """The trackers ``cfg.trainer.logger`` lists, for run ``uid`` writing into ``out_dir``."""
+        """The trackers ``cfg.trainer.logger`` lists, for run ``uid`` writing into ``out_dir``; the
+        session clock starts at ``started_at``, by default when the driver's flow run began."""
         path = Path(out_dir)
         path.mkdir(parents=True, exist_ok=True)
         return cls(path, build_trackers(cfg.trainer.logger, path, uid, cfg),
-                   catch_up=stored_metrics(cfg, uid), started_at=started_at)
+                   catch_up=stored_metrics(cfg, uid), started_at=started_at or flow_started_at())
 
     @property
     def names(self) -> list[str]:

@@ -178,7 +178,7 @@ class TrainerSection(_Section):
     """Newest `checkpoints/global_step_<N>/` folders kept (checkpoint file + HF export); older ones
     are deleted once a newer step is committed. None = keep all."""
 
-    logger: TrackerList = Field(default_factory=lambda: list(DEFAULT_LOGGER))
+    logger: TrackerList = Field(DEFAULT_LOGGER)
     """Experiment trackers fed every committed step (verl's names; one name or a list): `console`
     (the terminal's step line), `file` (`<run>/metrics.jsonl`), `tensorboard`, `wandb`, `mlflow`."""
 

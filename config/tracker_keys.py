@@ -28,6 +28,7 @@ TrackerList = Annotated[list[TrackerName], BeforeValidator(_as_list)]
 """`trainer.logger`: a list of tracker names, or one name."""
 
 DEFAULT_LOGGER: list[str] = ["console", "file"]
+"""`trainer.logger` by default: the terminal and `<run>/metrics.jsonl` (pydantic copies it per config)."""
 
 
 class TrackingSection(BaseModel):

@@ -171,6 +171,7 @@ def write_plots(setups: list[Setup], plot_dir: str | os.PathLike[str], window: i
 
     out = Path(plot_dir)
     out.mkdir(parents=True, exist_ok=True)
+    titles = {"mq_size.png": "queue size", "utilization.png": "resource utilization", "step_time.png": "step time"}
     panels = {
         "mq_size.png": [("mq_size", "mq_size (samples)")],
         "utilization.png": [
@@ -185,18 +186,21 @@ def write_plots(setups: list[Setup], plot_dir: str | os.PathLike[str], window: i
     note = f" (mean of {window} steps)" if window > 1 else ""
     written = []
     for filename, rows in panels.items():
-        fig, axes = plt.subplots(len(rows), 1, figsize=(9, 3.2 * len(rows)), sharex=True, squeeze=False)
+        fig, axes = plt.subplots(len(rows), 1, figsize=(11, 3.2 * len(rows)), sharex=True, squeeze=False)
+        fig.suptitle(f"{titles[filename]} by setup{note}", fontsize=10)
         for ax, (attr, ylabel) in zip(axes[:, 0], rows):
             for i, s in enumerate(setups):
                 assert s.result is not None
                 values = rolling_mean([float(getattr(st, attr)) for st in s.result.steps], window)
                 ax.plot([st.step for st in s.result.steps], values, label=s.label, linewidth=1.2,
                         linestyle=("-", "--", "-.", ":")[i // 10 % 4])
-            ax.set_ylabel(ylabel + note, fontsize=8)
+            ax.set_title(ylabel, fontsize=9)
+            ax.set_ylabel(ylabel, fontsize=8)
             ax.grid(alpha=0.3)
         axes[-1, 0].set_xlabel("step")
-        axes[0, 0].legend(fontsize=7, loc="best")
-        fig.tight_layout()
+        # right of the plots: the legend covers no line
+        axes[0, 0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        fig.tight_layout(rect=(0, 0, 1, 0.96))
         path = out / filename
         fig.savefig(path, dpi=110)
         plt.close(fig)

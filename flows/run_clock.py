@@ -40,17 +40,16 @@ def elapsed_s(out_dir: str | os.PathLike[str]) -> float | None:
 
 
 class SessionClock:
-    """This driver session's span: ``begin`` appends it, each ``tick`` moves its end to now (a
-    killed driver's span ends at its last tick: its last committed step)."""
+    """This driver session's span, after the earlier sessions' ones: each ``tick`` moves its end
+    to now and writes the file (a killed driver's span ends at its last tick: its last committed
+    step). Nothing is written before the first tick."""
 
     def __init__(self, out_dir: str | os.PathLike[str], started_at: float | None = None) -> None:
         self.path = Path(out_dir) / SESSIONS_FILE
         self.sessions = read_sessions(out_dir)
         start = time.time() if started_at is None else started_at
         self.sessions.append({"started_at": start, "ended_at": start})
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        _write(self.path, self.sessions)
 
     def tick(self, now: float | None = None) -> None:
-        self.sessions[-1]["ended_at"] = time.time() if now is None else now
+        self.sessions[-1]["ended_at"] = max(self.sessions[-1]["started_at"], time.time() if now is None else now)
         _write(self.path, self.sessions)

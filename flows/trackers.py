@@ -232,7 +232,9 @@ class StepTrackers:
         self.trackers = trackers
         self.catch_up = catch_up
         self.last_step = last_logged_step(out_dir)
+        self.write_failed = False
         self.clock = SessionClock(out_dir, started_at)
+        self._keep(self.clock.tick)  # the session is on record from its start
 
     @classmethod
     def open(cls, cfg: TidalConfig, uid: str, out_dir: str | os.PathLike[str],
@@ -251,7 +253,7 @@ class StepTrackers:
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Log committed step ``step`` (and any committed steps before it not logged yet)."""
         if step <= self.last_step:
-            self.clock.tick()
+            self._keep(self.clock.tick)
             return
         missing: list[tuple[int, dict[str, Any]]] = []
         if step > self.last_step + 1 and self.catch_up is not None:
@@ -263,10 +265,22 @@ class StepTrackers:
         for n, values in [*missing, (step, dict(metrics))]:
             self._send(n, tracked_scalars(values))
         self.last_step = step
+        self._keep(self._write_watermark, step)
+        self._keep(self.clock.tick)
+
+    def _write_watermark(self, step: int) -> None:
         tmp = self.out_dir / (WATERMARK_FILE + ".tmp")
         tmp.write_text(json.dumps({"last_step": step}) + "\n", encoding="utf-8")
         os.replace(tmp, self.out_dir / WATERMARK_FILE)
-        self.clock.tick()
+
+    def _keep(self, write: Callable[..., None], *args: Any) -> None:
+        """Write one of the run folder's records; a failure (a full disk) warns once, never raises."""
+        try:
+            write(*args)
+        except OSError as exc:
+            if not self.write_failed:
+                log.warning("trackers: cannot write in %s: %s", self.out_dir, _one_line(exc))
+            self.write_failed = True
 
     def _send(self, step: int, data: dict[str, float]) -> None:
         for tracker in list(self.trackers):
@@ -287,4 +301,4 @@ class StepTrackers:
             except Exception as exc:  # noqa: BLE001
                 self._drop(tracker, f"failed to close: {_one_line(exc)}")
         self.trackers = []
-        self.clock.tick()
+        self._keep(self.clock.tick)

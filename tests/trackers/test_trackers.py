@@ -178,3 +178,16 @@ def test_each_session_adds_its_span_to_the_run_clock(tmp_path):
                                        {"started_at": 500.0, "ended_at": 512.5}]
     assert elapsed_s(tmp_path) == 42.5
     assert elapsed_s(tmp_path / "nothing-here") is None
+
+
+def test_a_run_folder_that_cannot_be_written_is_one_warning_and_never_stops_the_run(tmp_path, caplog):
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    with caplog.at_level(logging.WARNING, logger="tidal.trackers"):
+        trackers = StepTrackers(blocked, [])
+        trackers.log(1, {"timing_s/step": 1.0})
+        trackers.log(2, {"timing_s/step": 2.0})
+        trackers.close()
+    assert trackers.last_step == 2
+    assert [r.getMessage()[:len(f"trackers: cannot write in {blocked}")] for r in caplog.records] == [
+        f"trackers: cannot write in {blocked}"]

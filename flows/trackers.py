@@ -124,7 +124,9 @@ class MlflowTracker:
             warnings.simplefilter("ignore", DeprecationWarning)
             self.client = MlflowClient(tracking_uri=self.uri)
             experiment = self.client.get_experiment_by_name(cfg.trainer.project_name)
-        eid = experiment.experiment_id if experiment else self.client.create_experiment(cfg.trainer.project_name)
+        # artifacts (the run's config) next to the store, never in the working directory
+        eid = experiment.experiment_id if experiment else self.client.create_experiment(
+            cfg.trainer.project_name, artifact_location=(out_dir / "mlflow-artifacts").resolve().as_uri())
         found = self.client.search_runs([eid], filter_string=f"tags.`tidal.run_id` = '{uid}'", max_results=1)
         if found:
             self.run_id = found[0].info.run_id

@@ -89,6 +89,8 @@ def test_an_mlflow_run_in_the_run_folder_holds_every_scalar_by_step(tmp_path):
     [run] = client.search_runs([client.get_experiment_by_name("tidal").experiment_id])
     assert (run.info.run_name, run.data.tags["tidal.run_id"], run.info.status) == ("tiny-1", "tiny-1", "FINISHED")
     assert sorted(run.data.metrics) == sorted(mlflow_name(k) for k in STEP_1)
+    [artifact] = (out / "mlflow-artifacts").rglob("config.json")  # in the run folder, not the cwd
+    assert json.loads(artifact.read_text())["trainer"]["logger"] == ["mlflow"]
     for name in STEP_1:
         history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, mlflow_name(name)))
         assert history == [(1, STEP_1[name]), (2, STEP_2[name])]

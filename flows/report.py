@@ -113,6 +113,7 @@ def plot_report(data: ReportData, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(4, 1, figsize=(10, 11), sharex=True)
     fig.suptitle(data.title, fontsize=11)
@@ -148,6 +149,7 @@ def plot_report(data: ReportData, path: Path) -> Path:
         # outside the axes, right of them: a legend never covers a line or a bar
         ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     axes[-1].set_xlabel("step")
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(path, dpi=90)
     plt.close(fig)

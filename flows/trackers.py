@@ -248,10 +248,6 @@ class StepTrackers:
         return cls(path, build_trackers(cfg.trainer.logger, path, uid, cfg),
                    catch_up=stored_metrics(cfg, uid), started_at=started_at or flow_started_at())
 
-    @property
-    def names(self) -> list[str]:
-        return [t.name for t in self.trackers]
-
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Log committed step ``step`` (and any committed steps before it not logged yet)."""
         if step <= self.last_step:

@@ -15,6 +15,7 @@ from config.algo_keys import SCHEDULING_ALIASES, ActorSection, AlgorithmSection,
 from config.calibration import apply_calibration
 from config.data_keys import CustomRewardFunction, DataSection, ValKwargs
 from config.model_keys import HFModelSection, RolloutDtype
+from config.tracker_keys import DEFAULT_LOGGER, TrackerList, TrackingSection
 
 
 class _Section(BaseModel):
@@ -177,6 +178,10 @@ class TrainerSection(_Section):
     max_actor_ckpt_to_keep: int | None = Field(None, ge=1)
     """Newest `checkpoints/global_step_<N>/` folders kept (checkpoint file + HF export); older ones
     are deleted once a newer step is committed. None = keep all."""
+
+    logger: TrackerList = Field(DEFAULT_LOGGER)
+    """Experiment trackers fed every committed step (verl's names; one name or a list): `console`
+    (the terminal's step line), `file` (`<run>/metrics.jsonl`), `tensorboard`, `wandb`, `mlflow`."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -423,6 +428,8 @@ class TidalConfig(_Section):
     """The prompt dataset (verl's keys)."""
     custom_reward_function: CustomRewardFunction = Field(default_factory=CustomRewardFunction)
     """The reward function (verl's keys); None = built-ins by `data_source`."""
+    tracking: TrackingSection = Field(default_factory=TrackingSection)
+    """Where the W&B and MLflow trackers of `trainer.logger` write."""
 
     # ---- derived quantities (one definition each, used everywhere) ----
 

@@ -210,15 +210,49 @@ def resume(
 
 @app.command("runs")
 def runs(storage: Annotated[str | None, typer.Option(help="Store URL.")] = None) -> None:
-    """List the runs in the store."""
-    from storage import run_summaries, session_scope
+    """List the runs: status, policy, steps done / total, start time, the real elapsed wall clock
+    (every session summed: start-up, steps, resumes) beside the summed step times, last reward."""
+    from storage import session_scope
+    from storage.run_table import run_table
 
     with session_scope(_existing_store(storage)) as session:
-        rows = run_summaries(session)
+        rows = run_table(session)
     if not rows:
         typer.echo("no runs")
+        return
+    for line in runs_lines(rows):
+        typer.echo(line)
+
+
+RUNS_HEADER = ("run id", "status", "policy", "steps", "started (UTC)", "elapsed", "step sum", "reward")
+
+
+def runs_lines(rows: list) -> list[str]:
+    """``tidal runs``' lines: a header, then one aligned line per ``storage.run_table.RunRow``."""
+    from flows.run_clock import elapsed_s
+
+    table = [RUNS_HEADER]
     for r in rows:
-        typer.echo(f"{r.uid}  {r.status:<8}  policy {r.policy:<18}  steps {r.steps:>4}  wall {r.wall_s:8.1f}s")
+        total = r.total_steps if r.total_steps is not None else (r.steps if r.status == "finished" else "?")
+        elapsed = elapsed_s(r.output_dir)
+        table.append((
+            r.uid, r.status, r.policy, f"{r.steps}/{total}", r.created.strftime("%Y-%m-%d %H:%M:%S"),
+            "-" if elapsed is None else duration(elapsed), duration(r.step_wall_s),
+            "-" if r.last_value is None else f"{r.last_value:.3f}",
+        ))
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(RUNS_HEADER))]
+    right = {3, 5, 6, 7}  # numbers line up on the right
+    return ["  ".join(str(v).rjust(w) if i in right else str(v).ljust(w) for i, (v, w) in
+                      enumerate(zip(row, widths))).rstrip() for row in table]
+
+
+def duration(seconds: float) -> str:
+    """``9.5s``, ``3m 07s``, ``2h 05m``."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m {int(seconds % 60):02d}s"
+    return f"{int(seconds // 3600)}h {int(seconds % 3600 // 60):02d}m"
 
 
 @app.command("report")
@@ -226,14 +260,19 @@ def report(
     run_id: Annotated[str, typer.Argument(help="Run id.")],
     storage: Annotated[str | None, typer.Option(help="Store URL.")] = None,
 ) -> None:
-    """Write the run's markdown report and plots again and print the markdown."""
+    """Write the run's report (``report.md``, ``report.png``) into its folder again, from the store
+    alone (no Prefect server, no Ray), and print the paths written."""
     from pathlib import Path
 
     from flows.report import write_report
 
-    cfg = load_checked(str(_run_config_path(run_id, storage)), [f"storage.url={storage}"] if storage else [])
-    out = write_report(cfg, run_id, Path(cfg.trainer.default_local_dir) / run_id)
-    typer.echo(Path(out["markdown"]).read_text(encoding="utf-8"), nl=False)
+    config_path = _run_config_path(run_id, storage)
+    cfg = load_config(str(config_path), [])
+    # read from the store the run was found in (the resolved config keeps its URL password-less)
+    cfg = cfg.model_copy(update={"storage": cfg.storage.model_copy(update={"url": _store_url(storage)})})
+    out = write_report(cfg, run_id, config_path.parent, artifact=False)
+    typer.echo(f"wrote {out['markdown']}")
+    typer.echo(f"wrote {out['plot']}" if out["plot"] else f"no plot: run {run_id} has no committed step")
 
 
 def _store_url(storage: str | None) -> str:

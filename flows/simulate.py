@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -65,15 +66,37 @@ def _run(setup: Setup, steps: int | None, seed: int) -> Setup:
     return setup
 
 
-def _table(setups: list[Setup], title: str) -> Table:
-    table = Table(title=title)
-    for name in ("setup", "wall clock h", "fluid h", "× fluid", "bound h", "× bound", "binds", "samples/s", "train U", "rollout U",
-                 "cluster U", "switches", "aborted tok", "re-prefill tok", "switch s"):
-        table.add_column(name, justify="left" if name == "setup" else "right")
+TIME_COLUMNS = ("setup", "wall h", "fluid h", "× fluid", "bound h", "× bound", "binds", "samples/s")
+USE_COLUMNS = ("setup", "train U", "rollout\nU", "cluster\nU", "switches", "aborted\ntok", "re-prefill\ntok",
+               "switch s")
+WIDTH = 100
+"""Columns the printed tables fit in (a narrower terminal wraps cells, never truncates numbers)."""
+
+
+def _new_table(title: str, columns: tuple[str, ...]) -> Table:
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=False,
+                  title_justify="left")
+    for name in columns:
+        table.add_column(name, justify="left" if name == "setup" else "right", overflow="fold")
+    return table
+
+
+def tokens(n: int) -> str:
+    """``812``, ``48.2 k``, ``4.48 M``, ``1.20 G``: a count in at most 7 columns."""
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return str(n)
+
+
+def _tables(setups: list[Setup], title: str) -> list[Table]:
+    """Two tables of at most ``WIDTH`` columns: time and bounds, then utilization and waste."""
+    times = _new_table(f"{title}: time", TIME_COLUMNS)
+    use = _new_table(f"{title}: utilization and wasted work", USE_COLUMNS)
     for s in setups:
         r, b = s.result, s.bound
         assert r is not None and b is not None
-        table.add_row(
+        times.add_row(
             s.label,
             f"{r.wall_clock_s / 3600:.3f}",
             f"{r.fluid_bound_s / 3600:.3f}",
@@ -82,15 +105,36 @@ def _table(setups: list[Setup], title: str) -> Table:
             f"{r.wall_clock_s / b.lower_bound_s:.2f}" if b.lower_bound_s > 0 else "-",
             b.binding,
             f"{r.samples_per_s:.3f}",
+        )
+        use.add_row(
+            s.label,
             f"{r.mean('train_util'):.3f}",
             f"{r.mean('rollout_util'):.3f}",
             f"{r.mean('cluster_util'):.3f}",
             str(r.switches),
-            f"{r.waste.aborted_tokens:,}",
-            f"{r.waste.reprefilled_tokens:,}",
+            tokens(r.waste.aborted_tokens),
+            tokens(r.waste.reprefilled_tokens),
             f"{r.waste.switch_s:.0f}",
         )
-    return table
+    return [times, use]
+
+
+def verdict(setups: list[Setup]) -> str:
+    """One line: the fastest dynamic setup against the fastest static split, by how much."""
+    statics = [s for s in setups if not s.cfg.hybrid_replicas]
+    dynamics = [s for s in setups if s.cfg.hybrid_replicas]
+    static = min(statics, key=lambda s: s.result.wall_clock_s)  # type: ignore[union-attr]
+    st = static.result.wall_clock_s  # type: ignore[union-attr]
+    split = f"{static.cfg.trainer_gpus} trainer + {static.cfg.standalone_gpus} rollout GPUs"
+    if not dynamics:
+        return f"best static split: {static.label} ({split}, {st / 3600:.3f} h); no dynamic setup to compare"
+    dynamic = min(dynamics, key=lambda s: s.result.wall_clock_s)  # type: ignore[union-attr]
+    dyn = dynamic.result.wall_clock_s  # type: ignore[union-attr]
+    pct = 100.0 * (dyn - st) / st if st > 0 else 0.0
+    how = "as fast as" if abs(pct) < 0.05 else f"{abs(pct):.1f} % {'slower' if pct > 0 else 'faster'} than"
+    name = dynamic.label.removeprefix("dynamic ")
+    return (f"best dynamic {name} ({dyn / 3600:.3f} h) is {how} the best static "
+            f"{static.cfg.trainer_gpus}+{static.cfg.standalone_gpus} ({st / 3600:.3f} h)")
 
 
 def _summary(setup: Setup) -> dict:
@@ -127,6 +171,7 @@ def write_plots(setups: list[Setup], plot_dir: str | os.PathLike[str], window: i
 
     out = Path(plot_dir)
     out.mkdir(parents=True, exist_ok=True)
+    titles = {"mq_size.png": "queue size", "utilization.png": "resource utilization", "step_time.png": "step time"}
     panels = {
         "mq_size.png": [("mq_size", "mq_size (samples)")],
         "utilization.png": [
@@ -141,18 +186,21 @@ def write_plots(setups: list[Setup], plot_dir: str | os.PathLike[str], window: i
     note = f" (mean of {window} steps)" if window > 1 else ""
     written = []
     for filename, rows in panels.items():
-        fig, axes = plt.subplots(len(rows), 1, figsize=(9, 3.2 * len(rows)), sharex=True, squeeze=False)
+        fig, axes = plt.subplots(len(rows), 1, figsize=(11, 3.2 * len(rows)), sharex=True, squeeze=False)
+        fig.suptitle(f"{titles[filename]} by setup{note}", fontsize=10)
         for ax, (attr, ylabel) in zip(axes[:, 0], rows):
             for i, s in enumerate(setups):
                 assert s.result is not None
                 values = rolling_mean([float(getattr(st, attr)) for st in s.result.steps], window)
                 ax.plot([st.step for st in s.result.steps], values, label=s.label, linewidth=1.2,
                         linestyle=("-", "--", "-.", ":")[i // 10 % 4])
-            ax.set_ylabel(ylabel + note, fontsize=8)
+            ax.set_title(ylabel, fontsize=9)
+            ax.set_ylabel(ylabel, fontsize=8)
             ax.grid(alpha=0.3)
         axes[-1, 0].set_xlabel("step")
-        axes[0, 0].legend(fontsize=7, loc="best")
-        fig.tight_layout()
+        # right of the plots: the legend covers no line
+        axes[0, 0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        fig.tight_layout(rect=(0, 0, 1, 0.96))
         path = out / filename
         fig.savefig(path, dpi=110)
         plt.close(fig)
@@ -200,24 +248,26 @@ def simulate_main(
         best_static = min(statics, key=lambda s: s.result.wall_clock_s)  # type: ignore[union-attr]
 
     console = Console()
-    if not console.is_terminal:  # files and pipes get the whole table, not an 80-column squeeze
-        console = Console(width=220)
+    if not console.is_terminal or console.width > WIDTH:  # files and pipes: 100 columns, as on a wide terminal
+        console = Console(width=WIDTH, force_terminal=console.is_terminal)
     if policy is not None and not cfg.hybrid_replicas:
         console.print(
             f"note: dynamic scheduling is off in {config} (no hybrid replicas), so --policy {policy} "
             "is never asked; add --set async_training.use_dynamic_resource_scheduling=true"
         )
     n_steps = len(main.result.steps)  # type: ignore[union-attr]
-    console.print(_table(shown, f"tidal simulate {config} — {n_steps} steps, seed {seed}"))
-    if best_static is not None:
-        assert best_static.result is not None
-        console.print(f"best static split: {best_static.label} ({best_static.result.wall_clock_s / 3600:.3f} h)")
+    for table in _tables(shown, f"tidal simulate {config}, {n_steps} steps, seed {seed}"):
+        console.print(table)
+        console.print()
+    if compare:
+        console.print(verdict(shown), soft_wrap=True)  # one line, whatever the width
 
     if json_path:
         data = _summary(main)
         if compare:
             data["compare"] = [_summary(s) for s in shown]
             data["best_static"] = best_static.label if best_static else None
+            data["verdict"] = verdict(shown)
         path = Path(json_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

@@ -23,6 +23,7 @@ from flows.errors import CheckpointRefused, StoreLost, reward_failure, store_los
 from flows.progress import StepPrinter
 from flows.report import write_report
 from flows.runners import step_flow_settings, task_runner_for
+from flows.trackers import StepTrackers
 from flows.training_step import training_step
 from loop import HybridSync, Lend, WarmUp, run_start
 from storage import (
@@ -149,6 +150,7 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
     plane = DataPlane.build(cfg, uid, consumed=consumed_set, param_version=version,
                             replacement_state=state.data_position.get("replacements") if state else None)
     printer = StepPrinter(uid, cfg)
+    trackers = StepTrackers.open(cfg, uid, out_dir)  # trainer.logger; starts this session's clock
     committed = state.step if state else 0
     try:
         next_step, consumed = _restore(plane, cfg, state)
@@ -167,6 +169,7 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
             with step_flow_settings():
                 result = step_flow(run, step, final=step == last_step)
             committed = step
+            trackers.log(step, result["metrics"])  # the committed step, to every tracker once
             printer.step(step, result)
             consumed += result["trained"]
             run = run.model_copy(update={"consumed_before": consumed})
@@ -189,6 +192,7 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
             raise failure from exc
         raise
     finally:
+        trackers.close()
         plane.shutdown()
         ray.shutdown()  # ends a cluster this process started; only disconnects from an attached one
         if ray_temp_dir:

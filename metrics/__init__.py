@@ -1,8 +1,9 @@
 """Tidal's metrics: utilization formulas, per-cycle aggregation and wasted-work counters.
 
-Owns: the reference's section 4 formulas, folding a sync cycle's micro-step metrics into one, and
-``WastedWork``. Must not: import Ray, torch or anything else of ours, read the clock, log, or do I/O
-(every function is pure, so cluster, simulator and tests agree). More: ``docs/metrics.md``.
+Owns: the reference's section 4 formulas, folding a sync cycle's micro-step metrics into one,
+``WastedWork``, and the split of a step's time with the lent steps (``step_split``). Must not:
+import Ray, torch or anything else of ours, read the clock, log, or do I/O (every function is
+pure, so cluster, simulator and tests agree). More: ``docs/metrics.md``.
 """
 
 from .aggregate import (
@@ -23,6 +24,7 @@ from .aggregate import (
     cycle_utilizations,
     rule_for,
 )
+from .step_split import SPLIT_PARTS, StepSplit, lent_steps, step_split, tracked_scalars
 from .utilization import (
     cluster_resource_utilization,
     rollout_resource_utilization,
@@ -65,4 +67,10 @@ __all__ = [
     "WASTE_SWITCH_S",
     # wasted work
     "WastedWork",
+    # what the report plots and the trackers log
+    "SPLIT_PARTS",
+    "StepSplit",
+    "step_split",
+    "lent_steps",
+    "tracked_scalars",
 ]

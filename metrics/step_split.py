@@ -1,0 +1,80 @@
+"""Where a step's time went, and which steps had the hybrid lent: what the report plots (pure).
+
+Owns: ``StepSplit`` (train / wait / switch / sync / other seconds of one step, from its metrics)
+and ``lent_steps`` (the steps that began with the hybrid replicas lent to rollout). Must not: read
+the store, plot, or import anything of ours (callers pass plain metric dicts).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["SPLIT_PARTS", "StepSplit", "lent_steps", "step_split", "tracked_scalars"]
+
+SPLIT_PARTS = ("train", "wait", "switch", "sync", "other")
+"""The parts of a step's time, in plotting order."""
+
+
+@dataclass(frozen=True)
+class StepSplit:
+    """One step's wall time in parts that add up to ``total`` (seconds).
+
+    - ``train``: the trainer's compute (``dynamic_resource/train_compute_time_s``).
+    - ``wait``: waiting for samples before and inside the micro-steps
+      (``timing_s/wait_for_enough_samples`` + ``timing_s/wait_for_samples_in_train``).
+    - ``switch``: deactivate, hybrid sync, activate and rebalance (``waste/switch_s``).
+    - ``sync``: the weight broadcast to the standalone replicas (``timing_s/param_sync``).
+    - ``other``: the rest of ``timing_s/step`` (control plane, commit); never negative.
+    """
+
+    train: float
+    wait: float
+    switch: float
+    sync: float
+    other: float
+
+    @property
+    def total(self) -> float:
+        return self.train + self.wait + self.switch + self.sync + self.other
+
+
+def _num(metrics: Mapping[str, float], name: str) -> float:
+    value = metrics.get(name, 0.0)
+    return float(value) if value is not None and math.isfinite(float(value)) else 0.0
+
+
+def step_split(metrics: Mapping[str, float]) -> StepSplit:
+    """The split of one step from its stored metrics; a missing or NaN metric counts as 0."""
+    train = _num(metrics, "dynamic_resource/train_compute_time_s")
+    wait = _num(metrics, "timing_s/wait_for_enough_samples") + _num(metrics, "timing_s/wait_for_samples_in_train")
+    switch = _num(metrics, "waste/switch_s")
+    sync = _num(metrics, "timing_s/param_sync")
+    other = max(0.0, _num(metrics, "timing_s/step") - (train + wait + switch + sync))
+    return StepSplit(train=train, wait=wait, switch=switch, sync=sync, other=other)
+
+
+def lent_steps(rows: Sequence[Mapping[str, object]]) -> list[int]:
+    """The steps during which the hybrid replicas were lent: a step is lent when the step before
+    it ended with them active (``hybrid_active_after``), so they generated while it waited.
+    ``rows`` are in step order."""
+    out, before = [], False
+    for row in rows:
+        if before:
+            out.append(int(row["step"]))  # type: ignore[call-overload]
+        before = bool(row.get("hybrid_active_after", False))
+    return out
+
+
+def tracked_scalars(metrics: Mapping[str, object]) -> dict[str, float]:
+    """The metrics a tracker logs: every finite number, by name, in name order (NaN, None and
+    non-numbers are left out: a tracker plots a gap there)."""
+    out: dict[str, float] = {}
+    for name in sorted(metrics):
+        value = metrics[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if math.isfinite(value):
+            out[name] = float(value)
+    return out

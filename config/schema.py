@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from config.algo_keys import SCHEDULING_ALIASES, ActorSection, AlgorithmSection, apply_aliases
 from config.data_keys import CustomRewardFunction, DataSection, ValKwargs
 from config.model_keys import HFModelSection, RolloutDtype
+from config.placement_keys import PlacementSection
 
 
 class _Section(BaseModel):
@@ -281,6 +282,9 @@ class RaySection(_Section):
 
     object_store_memory_gb: float = Field(1.0, gt=0)
     """Object store size of a local cluster."""
+
+    placement: PlacementSection = Field(default_factory=PlacementSection)
+    """Node roles and placement groups on a multi-node cluster (docs/ray-cluster.md)."""
 
 
 class SimSection(_Section):

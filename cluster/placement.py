@@ -190,8 +190,9 @@ def place(cfg: TidalConfig, namespace: str, replica_ids: Sequence[str]) -> Place
     groups = [trainer_pg, *replica_pgs.values()]
     held = Placement(
         trainer=_in_bundle(trainer_pg, 0, {GPU_RESOURCE: demand.trainer_gpus_per_node}),
-        control=dict(scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(),
-                                                                        soft=True)),
+        # the driver's node: alive as long as the run; no CPU asked, so a busy head still takes them
+        control=dict(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+            ray.get_runtime_context().get_node_id(), soft=False)),
         replicas={rid: _in_bundle(pg, 0, {GPU_RESOURCE: 1}) for rid, pg in replica_pgs.items()},
         groups=groups,
     )

@@ -216,7 +216,19 @@ class LocalMultiNodeCluster:
     def address(self) -> str:
         return self.cluster.address  # type: ignore[union-attr]
 
-    def start(self) -> LocalMultiNodeCluster:
+    def start(self, attempts: int = 2) -> LocalMultiNodeCluster:
+        """Start the head and the workers. Ray gives a node a fixed 30 s to register, which a
+        loaded machine can miss: then everything started is ended and the start is tried again."""
+        for attempt in range(attempts):
+            try:
+                return self._start()
+            except Exception:  # noqa: BLE001 - "node timed out during startup", a port taken meanwhile
+                self.stop(keep_temp=True)
+                if attempt == attempts - 1:
+                    raise
+        return self
+
+    def _start(self) -> LocalMultiNodeCluster:
         from ray.cluster_utils import Cluster
 
         use_loopback_ray()
@@ -225,8 +237,11 @@ class LocalMultiNodeCluster:
         os.environ[AUTOSCALER_PORT_ENV] = str(free_port())
         head = {**self._node_args(self.head_spec), "temp_dir": self.temp_dir, "gcs_server_port": free_port(),
                 "include_dashboard": False, "ray_client_server_port": free_port()}
-        self.cluster = Cluster(initialize_head=True, head_node_args=head, shutdown_at_exit=False)
-        self.workers = [self.add_worker(spec) for spec in self.worker_specs]
+        # shutdown_at_exit: a node whose start failed half-way is still ended when this process exits
+        self.cluster = Cluster(initialize_head=True, head_node_args=head)
+        self.workers = []
+        for spec in self.worker_specs:
+            self.workers.append(self.add_worker(spec))
         return self
 
     def add_worker(self, spec: NodeSpec) -> object:
@@ -241,7 +256,7 @@ class LocalMultiNodeCluster:
         if node in self.workers:
             self.workers.remove(node)
 
-    def stop(self) -> None:
+    def stop(self, *, keep_temp: bool = False) -> None:
         if self.cluster is not None:
             for node in [*self.workers]:
                 self.remove(node)
@@ -249,7 +264,8 @@ class LocalMultiNodeCluster:
             if head is not None:
                 self.cluster.remove_node(head)  # type: ignore[union-attr]
             self.cluster = None
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        if not keep_temp:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalMultiNodeCluster:
         return self.start()

@@ -13,6 +13,7 @@ import pytest
 import ray
 from driver_support import POLICY, end_group, final_state, next_log, pythonpath, start, store_url
 
+from cluster.actors import CONTROLLER, ROLLOUT_SERVICE, TRAINER, replica_name
 from cluster.builders import prompts_for
 from cluster.ray_cluster import LocalMultiNodeCluster, NodeSpec
 from config import load_config
@@ -123,13 +124,13 @@ def test_a_run_places_its_actors_by_node_role_and_survives_losing_a_rollout_node
 
     # placement: the trainer (and its hybrid) on the trainer node, one standalone replica on each
     # rollout node, the control actors on the head (where the driver is)
-    assert {name: placed[name] for name in ("trainer", "replica:standalone-0", "replica:standalone-1",
-                                            "controller", "rollout_service")} == {
-        "trainer": trainer_node.node_id,
-        "replica:standalone-0": ({rollout_a.node_id, rollout_b.node_id} - {victim_id}).pop(),
-        "replica:standalone-1": victim_id,
-        "controller": head_id,
-        "rollout_service": head_id,
+    names = (TRAINER, replica_name("standalone-0"), replica_name("standalone-1"), CONTROLLER, ROLLOUT_SERVICE)
+    assert {name: placed[name] for name in names} == {
+        TRAINER: trainer_node.node_id,
+        replica_name("standalone-0"): ({rollout_a.node_id, rollout_b.node_id} - {victim_id}).pop(),
+        replica_name("standalone-1"): victim_id,
+        CONTROLLER: head_id,
+        ROLLOUT_SERVICE: head_id,
     }
 
     summary, state, rows, prompts = final_state(url)
@@ -138,9 +139,15 @@ def test_a_run_places_its_actors_by_node_role_and_survives_losing_a_rollout_node
     # the hybrid was lent and reclaimed: the policy lends after odd steps only
     assert [r["hybrid_active_after"] for r in rows] == [True, False] * (STEPS // 2)
     # every step broadcast the trainer's weights (trainer node → rollout nodes) and timed it
+    assert [r["param_version"] for r in rows] == list(range(1, STEPS + 1))
     sync_s = [r["timing_s/param_sync"] for r in rows]
     assert all(0 < s < 30 for s in sync_s), sync_s
     print("cross-node param_sync s per step:", [round(s, 4) for s in sync_s])
+    # the removed node's replica counted as lost (as a replica death), the other one went on
+    standalone = [r["fully_async/rollouter/standalone_replicas"] for r in rows]
+    assert standalone[:REMOVE_AFTER_STEP] == [2.0] * REMOVE_AFTER_STEP, standalone
+    assert standalone[-1] == 1.0 and standalone == sorted(standalone, reverse=True), standalone
+    assert rows[-1]["fully_async/rollouter/failed_replicas"] == 1.0
 
     # nothing lost or duplicated across the node loss: every prompt of the run trained exactly once
     cfg = load_config("tiny-cpu", overrides)

@@ -216,7 +216,7 @@ class LocalMultiNodeCluster:
     def address(self) -> str:
         return self.cluster.address  # type: ignore[union-attr]
 
-    def start(self, attempts: int = 2) -> LocalMultiNodeCluster:
+    def start(self, attempts: int = 3) -> LocalMultiNodeCluster:
         """Start the head and the workers. Ray gives a node a fixed 30 s to register, which a
         loaded machine can miss: then everything started is ended and the start is tried again."""
         for attempt in range(attempts):

@@ -99,6 +99,34 @@ def test_a_cluster_too_small_for_the_config_fails_at_start_in_one_line(cluster, 
     assert elapsed < 30, elapsed
 
 
+def test_placement_groups_that_cannot_be_placed_in_time_fail_in_one_line_and_are_given_back(cluster, tmp_path):
+    """Enough rollout nodes on paper, but their GPUs are taken (by another job, here this test's
+    own placement group): the run's groups are not placed within ray.placement.timeout_s, so it
+    fails naming them, and gives back what it had reserved (the trainer's group)."""
+    from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+
+    from cluster.placement import ClusterTooSmall, place
+
+    hog = placement_group([{"tidal_gpu": 1}] * 2, strategy="STRICT_SPREAD",
+                          bundle_label_selector=[{ROLE: "rollout"}] * 2)
+    ray.get(hog.ready(), timeout=60)
+    cfg = load_config("tiny-cpu", _overrides(tmp_path, cluster.address, "ray.placement.timeout_s=3"))
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ClusterTooSmall) as failure:
+            place(cfg, "pg-timeout", ["standalone-0", "standalone-1"])
+        elapsed = time.monotonic() - t0
+    finally:
+        remove_placement_group(hog)
+    assert str(failure.value) == (
+        f"the Ray cluster at {cluster.address} did not place the placement groups of standalone-0, standalone-1 "
+        f"within 3s (ray.placement.timeout_s): their nodes are missing, full or unlabelled")
+    assert elapsed < 30, elapsed
+    ours = {g["name"]: g["state"] for g in placement_group_table().values() if g["name"].startswith("pg-timeout:")}
+    assert ours == {"pg-timeout:trainer": "REMOVED", "pg-timeout:standalone-0": "REMOVED",
+                    "pg-timeout:standalone-1": "REMOVED"}
+
+
 def test_a_run_places_its_actors_by_node_role_and_survives_losing_a_rollout_node(cluster, tmp_path):
     overrides = _overrides(tmp_path, cluster.address)
     url = store_url(tmp_path, "mn")
@@ -155,30 +183,3 @@ def test_a_run_places_its_actors_by_node_role_and_survives_losing_a_rollout_node
     assert len(prompts) == len(set(prompts)) == STEPS * cfg.step_required_samples
     assert sorted(prompts) == want
 
-
-def test_placement_groups_that_cannot_be_placed_in_time_fail_in_one_line_and_are_given_back(cluster, tmp_path):
-    """Enough rollout nodes on paper, but their GPUs are taken (by another job, here this test's
-    own placement group): the run's groups are not placed within ray.placement.timeout_s, so it
-    fails naming them, and gives back what it had reserved (the trainer's group)."""
-    from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
-
-    from cluster.placement import ClusterTooSmall, place
-
-    hog = placement_group([{"tidal_gpu": 1}] * 2, strategy="STRICT_SPREAD",
-                          bundle_label_selector=[{ROLE: "rollout"}] * 2)
-    ray.get(hog.ready(), timeout=60)
-    cfg = load_config("tiny-cpu", _overrides(tmp_path, cluster.address, "ray.placement.timeout_s=3"))
-    try:
-        t0 = time.monotonic()
-        with pytest.raises(ClusterTooSmall) as failure:
-            place(cfg, "pg-timeout", ["standalone-0", "standalone-1"])
-        elapsed = time.monotonic() - t0
-    finally:
-        remove_placement_group(hog)
-    assert str(failure.value) == (
-        f"the Ray cluster at {cluster.address} did not place the placement groups of standalone-0, standalone-1 "
-        f"within 3s (ray.placement.timeout_s): their nodes are missing, full or unlabelled")
-    assert elapsed < 30, elapsed
-    ours = {g["name"]: g["state"] for g in placement_group_table().values() if g["name"].startswith("pg-timeout:")}
-    assert ours == {"pg-timeout:trainer": "REMOVED", "pg-timeout:standalone-0": "REMOVED",
-                    "pg-timeout:standalone-1": "REMOVED"}

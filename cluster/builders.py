@@ -28,7 +28,7 @@ from cluster.actors import (
 from cluster.model import TinyLMConfig
 from cluster.data_builders import dataset_for, response_length, scorer_factory, tokenizer_for
 from cluster.problems import CharTokenizer, Problem, make_problems
-from cluster.ray_cluster import GPU_RESOURCE
+from cluster.placement import place, release_placement
 from cluster.types import SamplingSpec
 from config import TidalConfig
 from loop.plans import RunSizes
@@ -220,12 +220,13 @@ def hybrid_ids(cfg: TidalConfig) -> list[str]:
     return [f"hybrid-{i}" for i in range(cfg.hybrid_replicas)]
 
 
-def start_replica(replica_id: str, make_engine: Callable[[], Any], *, namespace: str, gpus: int) -> Any:
-    """Start one standalone replica actor, named in the run's namespace, on ``gpus`` GPUs; it
-    lives as long as the process that started it (the driver, or the rollout service for a
-    replacement)."""
+def start_replica(replica_id: str, make_engine: Callable[[], Any], *, namespace: str,
+                  scheduling: Mapping[str, Any]) -> Any:
+    """Start one standalone replica actor, named in the run's namespace, where ``scheduling``
+    (its ``cluster.placement`` options: GPUs, placement group) puts it; it lives as long as the
+    process that started it (the driver, or the rollout service for a replacement)."""
     return ReplicaActor.options(name=replica_name(replica_id), namespace=namespace, lifetime=None,
-                                resources={GPU_RESOURCE: gpus}).remote(replica_id, make_engine)
+                                **scheduling).remote(replica_id, make_engine)
 
 
 def _kill_leftovers(namespace: str, standalone: Iterable[str]) -> None:
@@ -275,11 +276,11 @@ class DataPlane:
         consumed = list(consumed)
         _kill_leftovers(namespace, standalone_ids(cfg))
         tokenizer, _ = tokenizer_and_problems(cfg)
-        tp = cfg.gpus_per_replica
+        placement = place(cfg, namespace, standalone_ids(cfg))
         seed = cfg.trainer.seed
         hyb = hybrid_ids(cfg)
         opts = dict(namespace=namespace, lifetime=None)
-        trainer = TrainerActor.options(name=TRAINER, resources={GPU_RESOURCE: cfg.trainer_gpus}, **opts).remote(
+        trainer = TrainerActor.options(name=TRAINER, **placement.trainer, **opts).remote(
             backend_factory(cfg),
             {rid: engine_factory(cfg, tokenizer, hybrid=True, seed=seed * 1000 + 500 + i) for i, rid in enumerate(hyb)},
             namespace=namespace,
@@ -289,12 +290,12 @@ class DataPlane:
         starters = {
             rid: functools.partial(start_replica, make_engine=engine_factory(cfg, tokenizer, hybrid=False,
                                                                              seed=seed * 1000 + i),
-                                   namespace=namespace, gpus=tp)
+                                   namespace=namespace, scheduling=placement.replica(rid))
             for i, rid in enumerate(standalone_ids(cfg))
         }
         standalone = {rid: start(rid) for rid, start in starters.items()}
         a, r = cfg.async_training, cfg.rollout
-        rollout = RolloutService.options(name=ROLLOUT_SERVICE, **opts).remote(
+        rollout = RolloutService.options(name=ROLLOUT_SERVICE, **placement.control, **opts).remote(
             standalone=standalone, trainer=trainer, hybrid_ids=hyb,
             max_required_samples=cfg.max_required_samples,
             concurrent_samples_per_replica=a.concurrent_samples_per_replica,
@@ -306,7 +307,7 @@ class DataPlane:
             scorer_factory=None if cfg.engines.rollout == "simulated" else scorer_factory(cfg),
         )
         ray.get([trainer.ping.remote(), rollout.ping.remote(), *(h.ping.remote() for h in standalone.values())])
-        controller = ControllerActor.options(name=CONTROLLER, **opts).remote(
+        controller = ControllerActor.options(name=CONTROLLER, **placement.control, **opts).remote(
             policy_factory(cfg), namespace=namespace, standalone_ids=list(standalone), hybrid_ids=hyb,
             enable_rebalance=a.dynamic_schedule_enable_rebalance, only_hybrid=cfg.only_hybrid,
             sizes=run_sizes(cfg, consumed_before=len(consumed)), keep_broadcast_weights=r.replace_failed_replicas,
@@ -344,3 +345,4 @@ class DataPlane:
                 ray.kill(handle, no_restart=True)
             except Exception:  # noqa: BLE001
                 pass
+        release_placement(self.namespace)

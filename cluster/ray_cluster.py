@@ -181,3 +181,94 @@ def init_ray(*, address: str | None, num_cpus: int | None, gpus: int, memory_gb:
         **common,
     )
     return None if temp_dir else owned
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One node of a :class:`LocalMultiNodeCluster`: its emulated GPUs and labels."""
+
+    gpus: int = 1
+    labels: dict[str, str] = field(default_factory=dict)
+    num_cpus: int = 1
+    memory_gb: float = 1.0
+
+
+class LocalMultiNodeCluster:
+    """A Ray cluster of one head and several worker nodes on this machine (Ray's own
+    ``ray.cluster_utils.Cluster``): every node a raylet of its own with its own ``tidal_gpu`` count,
+    labels and ports, all on the loopback address, in one temp dir of ours. For tests and
+    benchmarks of multi-node placement; ``stop()`` ends only these nodes' processes."""
+
+    def __init__(self, head: NodeSpec, workers: list[NodeSpec], *, object_store_mb: int = 150) -> None:
+        self.head_spec, self.worker_specs, self.object_store_mb = head, list(workers), object_store_mb
+        self.temp_dir = tempfile.mkdtemp(prefix="tidal-mn-", dir="/tmp")
+        self.cluster: object | None = None
+        self.workers: list[object] = []
+
+    def _node_args(self, spec: NodeSpec) -> dict[str, object]:
+        return dict(num_cpus=spec.num_cpus, resources={GPU_RESOURCE: spec.gpus} if spec.gpus else {},
+                    labels=dict(spec.labels), memory=int(spec.memory_gb * 2**30),
+                    object_store_memory=self.object_store_mb * 2**20, node_ip_address=LOOPBACK,
+                    object_manager_port=free_port(), runtime_env_agent_port=free_port(),
+                    dashboard_agent_listen_port=free_port(), metrics_agent_port=free_port())
+
+    @property
+    def address(self) -> str:
+        return self.cluster.address  # type: ignore[union-attr]
+
+    def start(self, attempts: int = 3) -> LocalMultiNodeCluster:
+        """Start the head and the workers. Ray gives a node a fixed 30 s to register, which a
+        loaded machine can miss: then everything started is ended and the start is tried again."""
+        for attempt in range(attempts):
+            try:
+                return self._start()
+            except Exception:  # noqa: BLE001 - "node timed out during startup", a port taken meanwhile
+                self.stop(keep_temp=True)
+                if attempt == attempts - 1:
+                    raise
+        return self
+
+    def _start(self) -> LocalMultiNodeCluster:
+        from ray.cluster_utils import Cluster
+
+        use_loopback_ray()
+        for key, value in _ray_env().items():  # the nodes inherit this process's environment
+            os.environ.setdefault(key, value)
+        os.environ[AUTOSCALER_PORT_ENV] = str(free_port())
+        head = {**self._node_args(self.head_spec), "temp_dir": self.temp_dir, "gcs_server_port": free_port(),
+                "include_dashboard": False, "ray_client_server_port": free_port()}
+        # shutdown_at_exit: a node whose start failed half-way is still ended when this process exits
+        self.cluster = Cluster(initialize_head=True, head_node_args=head)
+        self.workers = []
+        for spec in self.worker_specs:
+            self.workers.append(self.add_worker(spec))
+        return self
+
+    def add_worker(self, spec: NodeSpec) -> object:
+        """Start one more worker node; returns Ray's node object (its ``node_id``, for ``remove``)."""
+        node = self.cluster.add_node(**self._node_args(spec))  # type: ignore[union-attr]
+        self.cluster.wait_for_nodes()  # type: ignore[union-attr]
+        return node
+
+    def remove(self, node: object) -> None:
+        """Take a worker node away, as a machine that dies (its processes are killed)."""
+        self.cluster.remove_node(node, allow_graceful=False)  # type: ignore[union-attr]
+        if node in self.workers:
+            self.workers.remove(node)
+
+    def stop(self, *, keep_temp: bool = False) -> None:
+        if self.cluster is not None:
+            for node in [*self.workers]:
+                self.remove(node)
+            head = self.cluster.head_node  # type: ignore[union-attr]
+            if head is not None:
+                self.cluster.remove_node(head)  # type: ignore[union-attr]
+            self.cluster = None
+        if not keep_temp:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalMultiNodeCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

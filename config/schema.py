@@ -15,6 +15,7 @@ from config.algo_keys import SCHEDULING_ALIASES, ActorSection, AlgorithmSection,
 from config.calibration import apply_calibration
 from config.data_keys import CustomRewardFunction, DataSection, ValKwargs
 from config.model_keys import HFModelSection, RolloutDtype
+from config.placement_keys import PlacementSection
 from config.tracker_keys import DEFAULT_LOGGER, TrackerList, TrackingSection
 
 
@@ -287,6 +288,9 @@ class RaySection(_Section):
 
     object_store_memory_gb: float = Field(1.0, gt=0)
     """Object store size of a local cluster."""
+
+    placement: PlacementSection = Field(default_factory=PlacementSection)
+    """Node roles and placement groups on a multi-node cluster (docs/ray-cluster.md)."""
 
 
 class SimSection(_Section):

@@ -167,11 +167,14 @@ def run(
 ) -> None:
     """Train: one Prefect flow run per step over the Ray data plane; the store keeps every step."""
     cfg = load_checked(config, set_)
-    from flows.training_run import training_run
+    from cluster.placement import check_cluster
     from storage import open_store
 
-    # A malformed or unreachable store fails here, in one line, before any flow run starts.
+    # A malformed or unreachable store fails here, in one line, before any flow run starts; so
+    # does a Ray cluster (ray.address) too small for the config.
     open_store(cfg.storage.url, busy_timeout_ms=cfg.storage.busy_timeout_ms)
+    check_cluster(cfg)
+    from flows.training_run import training_run
     from pydantic import SecretStr
 
     from flows.runners import prefect_settings_for

@@ -147,8 +147,15 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
                         namespace=uid)
     consumed_set = state.consumed if state else frozenset()
     version = state.param_version if state else 0
-    plane = DataPlane.build(cfg, uid, consumed=consumed_set, param_version=version,
-                            replacement_state=state.data_position.get("replacements") if state else None)
+    try:
+        plane = DataPlane.build(cfg, uid, consumed=consumed_set, param_version=version,
+                                replacement_state=state.data_position.get("replacements") if state else None)
+    except BaseException:  # e.g. placement groups not placed in time (cluster.placement): the row says failed
+        _mark_failed(cfg, uid)
+        ray.shutdown()
+        if ray_temp_dir:
+            shutil.rmtree(ray_temp_dir, ignore_errors=True)
+        raise
     printer = StepPrinter(uid, cfg)
     trackers = StepTrackers.open(cfg, uid, out_dir)  # trainer.logger; starts this session's clock
     committed = state.step if state else 0

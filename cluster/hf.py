@@ -158,6 +158,9 @@ def make_tiny(directory: str | os.PathLike[str], *, train: int = 512, val: int =
         raise TinyFolderError(f"{directory}: exists and is not a folder")
     if root.is_dir() and any(root.iterdir()):
         raise TinyFolderError(f"{directory}: the folder is not empty (make-tiny writes a new or empty folder)")
+    above = next(p for p in root.parents if p.exists())
+    if not above.is_dir():
+        raise TinyFolderError(f"{directory}: {above} is not a folder")
     try:
         root.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}.", suffix=".tmp"))

@@ -140,6 +140,8 @@ def engine_factory(cfg: TidalConfig, tokenizer: CharTokenizer, *, hybrid: bool, 
     if kind == "torch":
         return functools.partial(_torch_engine, model_config(cfg, tokenizer), requests_per_replica(cfg),
                                  cfg.engines.device, cfg.engines.torch_threads_per_actor, tokenizer.eos_id, seed)
+    if kind == "vllm" and hf is not None:
+        raise ValueError("engines.rollout=vllm does not serve actor_rollout_ref.model.path yet: use engines.rollout=torch")
     if kind == "vllm":
         return functools.partial(_vllm_engine, model_config(cfg, tokenizer), requests_per_replica(cfg),
                                  cfg.engines.torch_threads_per_actor, tokenizer.eos_id, seed)

@@ -203,6 +203,8 @@ def ensure_tiny(directory: str | os.PathLike[str] = TINY_HF_ROOT) -> bool:
     except TinyFolderError:
         if tiny_complete(directory):  # built by someone else meanwhile
             return False
+        if not Path(directory).is_dir():  # not creatable: make_tiny's own line says why
+            raise
         missing = [name for name in TINY_FILES if not (Path(directory) / name).is_file()]
         raise TinyFolderError(f"{directory}: an incomplete tiny-hf folder (missing {', '.join(missing)}): "
                               "remove it and run again") from None

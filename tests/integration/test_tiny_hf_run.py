@@ -14,10 +14,12 @@ from driver_support import config_args, final_state, run_tidal, store_url
 pytestmark = pytest.mark.slow
 STEPS = 4
 KEY = "val-core/tidal/arith/reward/mean@1"
+TIMEOUT_S = 600  # one process: the first builds the files, then Prefect and Ray start (slow on a busy 2-core box)
 
 
 def hf_args(tmp_path, ray_address, name):
-    return [*config_args(tmp_path, ray_address, name, STEPS), "--set", "trainer.test_freq=2"]
+    return [*config_args(tmp_path, ray_address, name, STEPS), "--set", "trainer.test_freq=2",
+            "--set", "actor_rollout_ref.rollout.n=4"]
 
 
 def switch_kinds(url: str) -> dict[int, list[str]]:
@@ -63,7 +65,7 @@ def greedy_pair(run_dir, step: int) -> tuple[list[int], list[int]]:
 
 
 def test_tiny_hf_lends_validates_exports_and_resumes_every_prompt_exactly_once(tmp_path, ray_address):
-    code, log = run_tidal(["run", "tiny-hf", *hf_args(tmp_path, ray_address, "straight")], tmp_path)
+    code, log = run_tidal(["run", "tiny-hf", *hf_args(tmp_path, ray_address, "straight")], tmp_path, timeout=TIMEOUT_S)
     assert code == 0, log[-3000:]
     assert "tidal: built the tiny-hf model and data in runs/tiny-hf/" in log
     url = store_url(tmp_path, "straight")
@@ -79,12 +81,12 @@ def test_tiny_hf_lends_validates_exports_and_resumes_every_prompt_exactly_once(t
     assert export_tokens == trainer_tokens
 
     args = hf_args(tmp_path, ray_address, "crashed")
-    code, log = run_tidal(["run", "tiny-hf", *args], tmp_path, crash="train:3")
+    code, log = run_tidal(["run", "tiny-hf", *args], tmp_path, crash="train:3", timeout=TIMEOUT_S)
     assert code == -signal.SIGKILL, log[-3000:]
     crashed = store_url(tmp_path, "crashed")
     summary, state, *_ = final_state(crashed)
     assert state.step == 2
-    code, log = run_tidal(["resume", summary.uid, "--storage", crashed], tmp_path)
+    code, log = run_tidal(["resume", summary.uid, "--storage", crashed], tmp_path, timeout=TIMEOUT_S)
     assert code == 0, log[-3000:]
     got_summary, _, got_rows, got_prompts = final_state(crashed)
     assert (got_summary.status, [r["step"] for r in got_rows]) == ("finished", list(range(1, STEPS + 1)))

@@ -171,3 +171,14 @@ def test_the_trainer_of_an_hf_config_trains_the_folders_model_and_its_weights_sy
             await engine.shutdown()
 
     assert asyncio.run(decode()) == want[0, len(prompt):].tolist()
+
+
+def test_the_vllm_engine_refuses_an_hf_folder_in_one_line_until_it_serves_one(cwd, monkeypatch):
+    from cluster.builders import engine_factory
+    from cluster.data_builders import tokenizer_for
+
+    monkeypatch.chdir(cwd)
+    cfg = load_config("tiny-hf", ["engines.rollout=vllm"])
+    with pytest.raises(ValueError) as err:
+        engine_factory(cfg, tokenizer_for(cfg), hybrid=False, seed=0)
+    assert str(err.value) == "engines.rollout=vllm does not serve actor_rollout_ref.model.path yet: use engines.rollout=torch"

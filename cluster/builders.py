@@ -34,7 +34,7 @@ from config import TidalConfig
 from loop.plans import RunSizes
 
 
-def tokenizer_and_problems(cfg: TidalConfig) -> tuple[CharTokenizer, list[Problem]]:
+def tokenizer_and_problems(cfg: TidalConfig) -> tuple[Any, list[Problem]]:
     return tokenizer_for(cfg), make_problems(cfg.task.name, cfg.task.num_prompts, cfg.task.seed)
 
 
@@ -140,6 +140,8 @@ def engine_factory(cfg: TidalConfig, tokenizer: CharTokenizer, *, hybrid: bool, 
     if kind == "torch":
         return functools.partial(_torch_engine, model_config(cfg, tokenizer), requests_per_replica(cfg),
                                  cfg.engines.device, cfg.engines.torch_threads_per_actor, tokenizer.eos_id, seed)
+    if kind == "vllm" and hf is not None:
+        raise ValueError("engines.rollout=vllm does not serve actor_rollout_ref.model.path yet: use engines.rollout=torch")
     if kind == "vllm":
         return functools.partial(_vllm_engine, model_config(cfg, tokenizer), requests_per_replica(cfg),
                                  cfg.engines.torch_threads_per_actor, tokenizer.eos_id, seed)
@@ -162,13 +164,28 @@ def engine_factory(cfg: TidalConfig, tokenizer: CharTokenizer, *, hybrid: bool, 
 
 
 def backend_factory(cfg: TidalConfig) -> Callable[[], Any]:
+    """A zero-argument callable that builds the train backend where it is called (the trainer
+    actor): on the HF folder's model (float32, trained in place) when ``model.path`` is set."""
     from cluster.backends import build_backend
 
     def make() -> Any:
         tokenizer, problems = tokenizer_and_problems(cfg)
-        return build_backend(cfg, tokenizer, problems)
+        return build_backend(cfg, tokenizer, problems, model=_hf_train_model(cfg))
 
     return make
+
+
+def _hf_train_model(cfg: TidalConfig) -> Any:
+    """The HF causal LM the trainer updates (the folder's weights, float32: the optimizer keeps
+    full precision whatever the rollout dtype); None for the built-in tiny LM."""
+    m = cfg.actor_rollout_ref.model
+    if m.path is None:
+        return None
+    from cluster.backends.torch_backend import resolve_device
+    from cluster.hf import load_model
+
+    return load_model(m.path, dtype="float32", trust_remote_code=m.trust_remote_code,
+                      device=str(resolve_device(cfg.engines.device)))
 
 
 def policy_factory(cfg: TidalConfig) -> Callable[[], Any]:

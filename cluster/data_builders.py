@@ -9,6 +9,8 @@ Must not: import Ray, torch or the actors.
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 from typing import Any
 
 from cluster.datasets import DatasetError, RLDataset, task_rows
@@ -17,9 +19,28 @@ from cluster.reward import SampleScorer, ScoreFn, check_builtin, load_reward_fun
 from config import TidalConfig
 
 
-def tokenizer_for(cfg: TidalConfig) -> CharTokenizer:
-    """The tokenizer of the run's model (today the built-in character tokenizer)."""
-    return CharTokenizer()
+def tokenizer_for(cfg: TidalConfig) -> Any:
+    """The tokenizer of the run's model: the HF folder's (``tokenizer_path``, else ``path``, with
+    ``custom_chat_template`` applied) when ``actor_rollout_ref.model.path`` is set, else the
+    built-in character tokenizer. Prompts go through its chat template (``cluster.datasets``)."""
+    m = cfg.actor_rollout_ref.model
+    if m.path is None:
+        return CharTokenizer()
+    from cluster.hf import load_tokenizer
+
+    return load_tokenizer(m.tokenizer_folder, custom_chat_template=m.custom_chat_template,
+                          trust_remote_code=m.trust_remote_code)
+
+
+def max_seq_len(cfg: TidalConfig) -> int | None:
+    """The longest prompt + response the run's model takes: the HF folder's
+    ``max_position_embeddings`` (None when its config.json names none), else ``model.max_seq_len``."""
+    path = cfg.actor_rollout_ref.model.path
+    if path is None:
+        return cfg.model.max_seq_len
+    config = json.loads((Path(path).expanduser() / "config.json").read_text(encoding="utf-8"))
+    value = config.get("max_position_embeddings")
+    return value if isinstance(value, int) else None
 
 
 def prompt_length(cfg: TidalConfig) -> int:
@@ -90,10 +111,12 @@ def _build_scorer(cfg: TidalConfig) -> SampleScorer:
 def check_data(cfg: TidalConfig) -> None:
     """Load the datasets and the reward function as the run will; raises ``DatasetError`` or
     ``RewardConfigError`` (one line each)."""
-    longest = prompt_length(cfg) + response_length(cfg)
-    if cfg.engines.rollout in ("torch", "vllm") and longest > cfg.model.max_seq_len:
+    longest, limit = prompt_length(cfg) + response_length(cfg), max_seq_len(cfg)
+    if cfg.engines.rollout in ("torch", "vllm") and limit is not None and longest > limit:
+        what = "model.max_seq_len" if cfg.actor_rollout_ref.model.path is None else \
+            f"the max_position_embeddings of {cfg.actor_rollout_ref.model.path}"
         raise DatasetError(f"data.max_prompt_length + max_response_length ({prompt_length(cfg)}+"
-                           f"{response_length(cfg)}) exceeds model.max_seq_len={cfg.model.max_seq_len}")
+                           f"{response_length(cfg)}) exceeds {what}={limit}")
     tokenizer = tokenizer_for(cfg)
     datasets = [ds for ds in (dataset_for(cfg, tokenizer), dataset_for(cfg, tokenizer, split="val")) if ds]
     if cfg.custom_reward_function.path is not None:

@@ -1,14 +1,19 @@
 """Hugging Face model folders: load one (model + tokenizer) and build a tiny one offline.
 
 Owns ``load_model`` / ``load_tokenizer`` (``from_pretrained`` with ``local_files_only=True``, the
-``custom_chat_template`` applied) and ``make_tiny_model`` (a tiny Qwen2 or Llama with random
-weights and a byte-level BPE tokenizer trained in code, saved with ``save_pretrained``). Must not
-download anything, schedule requests or train; ``transformers`` and ``tokenizers`` are imported
-inside the functions, so importing this module costs nothing.
+``custom_chat_template`` applied), ``make_tiny_model`` (a tiny Qwen2 or Llama with random
+weights and a byte-level BPE tokenizer trained in code, saved with ``save_pretrained``) and
+``make_tiny`` / ``ensure_tiny``: the ``tiny-hf`` preset's folder (that model plus the arithmetic
+task as verl-schema parquet), written whole or not at all. Must not download anything, schedule
+requests or train; ``transformers`` and ``tokenizers`` are imported inside the functions, so
+importing this module costs nothing.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +89,9 @@ def make_tiny_model(directory: str | Path, arch: str = "qwen2", *, seed: int = 0
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     out.mkdir(parents=True, exist_ok=True)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Writing model shards" on every save is noise here
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
@@ -120,3 +128,84 @@ def eos_ids(model: Any, tokenizer: Any) -> list[int]:
         if i not in ids:
             ids.append(i)
     return ids
+
+
+TINY_HF_PRESET = "tiny-hf"
+TINY_HF_ROOT = "runs/tiny-hf"
+"""Where the ``tiny-hf`` preset's paths point (relative to the working directory, beside the
+default ``trainer.default_local_dir``); ``tidal run tiny-hf`` builds it there once when missing."""
+TINY_FILES = ("model/config.json", "model/model.safetensors", "model/tokenizer.json", "data/train.parquet",
+              "data/test.parquet")
+"""What a complete ``make_tiny`` folder holds (relative paths)."""
+
+
+class TinyFolderError(ValueError):
+    """``make_tiny`` cannot write its folder; ``str()`` is one line."""
+
+
+def make_tiny(directory: str | os.PathLike[str], *, train: int = 512, val: int = 64, seed: int = 0,
+              arch: str = "qwen2") -> Path:
+    """Write the ``tiny-hf`` files into ``directory`` (which must not exist, or be an empty folder):
+    ``model/`` (``make_tiny_model``: weights, config and tokenizer with its chat template) and
+    ``data/train.parquet`` / ``data/test.parquet`` (the built-in ``arith`` task in verl's row
+    schema, ``data_source: tidal/arith``; seeds ``seed`` and ``seed + 1``). The same arguments
+    write the same bytes. Everything is built in a temporary folder beside ``directory`` and
+    renamed into place: a failure leaves nothing behind. Raises ``TinyFolderError`` (one line)."""
+    from cluster.datasets import task_rows, write_rows
+
+    root = Path(directory).expanduser()
+    if root.exists() and not root.is_dir():
+        raise TinyFolderError(f"{directory}: exists and is not a folder")
+    if root.is_dir() and any(root.iterdir()):
+        raise TinyFolderError(f"{directory}: the folder is not empty (make-tiny writes a new or empty folder)")
+    above = next(p for p in root.parents if p.exists())
+    if not above.is_dir():
+        raise TinyFolderError(f"{directory}: {above} is not a folder")
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}.", suffix=".tmp"))
+    except OSError as exc:
+        raise TinyFolderError(f"{directory}: cannot create the folder ({exc.strerror or exc})") from None
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would outlive the rename
+        make_tiny_model(tmp / "model", arch, seed=seed)
+        write_rows(task_rows("arith", train, seed), tmp / "data" / "train.parquet")
+        write_rows(task_rows("arith", val, seed + 1), tmp / "data" / "test.parquet")
+        if root.is_dir():
+            root.rmdir()
+        os.replace(tmp, root)
+    except OSError as exc:
+        raise TinyFolderError(f"{directory}: cannot write the folder ({exc.strerror or exc})") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return root
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def tiny_complete(directory: str | os.PathLike[str]) -> bool:
+    """Whether ``directory`` holds every file ``make_tiny`` writes."""
+    return all((Path(directory) / name).is_file() for name in TINY_FILES)
+
+
+def ensure_tiny(directory: str | os.PathLike[str] = TINY_HF_ROOT) -> bool:
+    """Build the ``tiny-hf`` folder with ``make_tiny``'s defaults unless it is complete already;
+    returns whether it built it. Another process building it at the same time is fine (the first
+    rename wins); a folder with only some of the files is a ``TinyFolderError``."""
+    if tiny_complete(directory):
+        return False
+    try:
+        make_tiny(directory)
+    except TinyFolderError:
+        if tiny_complete(directory):  # built by someone else meanwhile
+            return False
+        if not Path(directory).is_dir():  # not creatable: make_tiny's own line says why
+            raise
+        missing = [name for name in TINY_FILES if not (Path(directory) / name).is_file()]
+        raise TinyFolderError(f"{directory}: an incomplete tiny-hf folder (missing {', '.join(missing)}): "
+                              "remove it and run again") from None
+    return True

@@ -7,6 +7,7 @@ files exist and their rows are valid is checked by `cluster.datasets` when the C
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -72,6 +73,8 @@ class DataSection(_Section):
             for path in files:
                 if not path.endswith((".parquet", ".jsonl")):
                     raise ValueError(f"{path!r}: only .parquet and .jsonl files are read")
+            # absolute against the working directory: every process of the run (and a resume) reads the same files
+            files = [os.path.abspath(os.path.expanduser(path)) for path in files]
         return files
 
     @field_validator("train_max_samples", "val_max_samples")

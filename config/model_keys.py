@@ -2,12 +2,14 @@
 
 Owns the model section, the rollout dtype type and the one check the schema can make of a model
 folder without loading it: the folder exists and its ``config.json`` names a decoder-only causal LM.
+Relative folders are made absolute (against the working directory) as they are validated.
 Must not import torch or transformers (the config package stays light).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -45,14 +47,14 @@ class HFModelSection(BaseModel):
     def _a_decoder_only_folder(cls, path: str | None) -> str | None:
         if path is not None:
             check_model_folder(path)
-        return path
+        return absolute(path)
 
     @field_validator("tokenizer_path")
     @classmethod
     def _an_existing_folder(cls, path: str | None) -> str | None:
         if path is not None and not Path(path).expanduser().is_dir():
             raise ValueError(f"tokenizer folder {path!r} does not exist")
-        return path
+        return absolute(path)
 
     @model_validator(mode="after")
     def _hf_keys_need_a_model(self) -> HFModelSection:
@@ -64,6 +66,13 @@ class HFModelSection(BaseModel):
     def tokenizer_folder(self) -> str | None:
         """Where the tokenizer loads from: `tokenizer_path`, else `path`."""
         return self.tokenizer_path or self.path
+
+
+def absolute(path: str | None) -> str | None:
+    """``path`` made absolute against the working directory (``~`` expanded): the resolved config
+    names the same folder from every process of the run (Ray workers do not share the CLI's
+    working directory) and on resume."""
+    return None if path is None else os.path.abspath(os.path.expanduser(path))
 
 
 def check_model_folder(path: str) -> None:

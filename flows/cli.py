@@ -104,29 +104,22 @@ def data_gsm8k(
 
 @data_app.command("make-tiny")
 def data_make_tiny(
-    out_dir: Annotated[str, typer.Argument(help="Folder for the dataset (and the tiny model when available).")],
+    out_dir: Annotated[str, typer.Argument(help="New (or empty) folder for the model and the dataset.")],
     train: Annotated[int, typer.Option(min=1, help="Training rows.")] = 512,
     val: Annotated[int, typer.Option(min=1, help="Validation rows.")] = 64,
-    seed: Annotated[int, typer.Option(min=0, help="Seed of the generated problems.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the model's weights and of the problems.")] = 0,
 ) -> None:
-    """The tiny-hf preset's files: the arithmetic task as verl-schema parquet (`data/train.parquet`,
-    `data/test.parquet`) and, when `cluster.hf` is present, a tiny Qwen2 model + tokenizer."""
-    from pathlib import Path
+    """The tiny-hf preset's files, built offline: `model/` (a tiny Qwen2 with a byte-level BPE
+    tokenizer trained in code, chat template included) and `data/train.parquet`, `data/test.parquet`
+    (the arithmetic task in verl's row schema). The same seed writes the same files."""
+    from cluster.hf import TinyFolderError, make_tiny
 
-    from cluster.datasets import task_rows, write_rows
-
-    root = Path(out_dir)
-    if root.exists() and not root.is_dir():
-        raise BadInput(f"{out_dir}: exists and is not a folder")
-    written = [write_rows(task_rows("arith", train, seed), root / "data" / "train.parquet"),
-               write_rows(task_rows("arith", val, seed + 1), root / "data" / "test.parquet")]
     try:
-        from cluster.hf import make_tiny_model  # provided by the HF-model work; optional here
-    except ImportError:
-        typer.echo(f"wrote {', '.join(map(str, written))} (no model: cluster.hf.make_tiny_model is not available)")
-        return
-    make_tiny_model(root / "model")
-    typer.echo(f"wrote {', '.join(map(str, written))} and {root / 'model'}")
+        root = make_tiny(out_dir, train=train, val=val, seed=seed)
+    except TinyFolderError as exc:
+        raise BadInput(str(exc)) from None
+    typer.echo(f"wrote {root / 'model'}, {root / 'data' / 'train.parquet'} ({train} rows) and "
+               f"{root / 'data' / 'test.parquet'} ({val} rows)")
 
 
 @app.command("simulate")

@@ -7,15 +7,22 @@ module (so that every entry point can import it without pulling in the run).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from cluster.data_builders import check_data
 from cluster.datasets import DatasetError
+from cluster.hf import TINY_HF_PRESET, TINY_HF_ROOT, TinyFolderError, ensure_tiny
 from cluster.reward import RewardConfigError
 from config import ConfigError, TidalConfig, load_config
 from policies import UnknownPolicyError, resolve_policy_class
 
 
 def load_checked(config: str, overrides: list[str] | None) -> TidalConfig:
-    """Load a config and check what the schema alone cannot (the policy name resolves)."""
+    """Load a config and check what the schema alone cannot (the policy name resolves). The
+    ``tiny-hf`` preset first gets its files (``cluster.hf.ensure_tiny``), built once."""
+    if config == TINY_HF_PRESET and not Path(config).exists():
+        _ensure_tiny_hf()
     cfg = load_config(config, overrides or [])
     name = cfg.async_training.dynamic_schedule_policy
     try:
@@ -27,6 +34,16 @@ def load_checked(config: str, overrides: list[str] | None) -> TidalConfig:
     except (DatasetError, RewardConfigError) as exc:
         raise ConfigError(" ".join(str(exc).split())) from None
     return cfg
+
+
+def _ensure_tiny_hf() -> None:
+    try:
+        built = ensure_tiny(TINY_HF_ROOT)
+    except TinyFolderError as exc:
+        raise ConfigError(str(exc)) from None
+    if built:
+        print(f"tidal: built the tiny-hf model and data in {TINY_HF_ROOT}/ (once; `tidal data make-tiny DIR` "
+              "builds them anywhere)", file=sys.stderr)
 
 
 def summarize_config(cfg: TidalConfig) -> str:

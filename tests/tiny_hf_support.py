@@ -1,0 +1,21 @@
+"""The ``tiny-hf`` preset's folder for the tests that load the preset: built once per test session
+(``cluster.hf.ensure_tiny``) under pytest's base temp folder, as ``<cwd>/runs/tiny-hf``; a test
+``chdir``s into ``<cwd>`` so that the preset's relative paths resolve there.
+
+Importable from every test folder: pytest puts ``tests/`` on ``sys.path`` (``tests/conftest.py``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def tiny_hf_cwd(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A working directory whose ``runs/tiny-hf`` holds the preset's model and data."""
+    from cluster.hf import TINY_HF_ROOT, ensure_tiny
+
+    cwd = tmp_path_factory.getbasetemp() / "tiny-hf-cwd"
+    ensure_tiny(cwd / TINY_HF_ROOT)
+    return cwd

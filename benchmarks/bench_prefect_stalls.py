@@ -1,10 +1,11 @@
 """Step transitions over 1 s on Prefect's SQLite, before and after ``flows.prefect_app``.
 
-Runs `tidal run tiny-cpu` (in-process task runner) three times in one invocation: on the embedded
-Prefect server Prefect starts itself, on a private server serving Prefect's own app, and on one
-serving Tidal's (``flows.prefect_app``: SQLite writes begun IMMEDIATE). Then reads every task run
-of each back from the API and counts the transitions (one task run's end to the next one's start,
-across step boundaries too) that took over 1 s, the stalls of Prefect's 503 + fixed 2 s retry.
+Runs `tidal run tiny-cpu` (in-process task runner) twice in one invocation, each on a private
+Prefect server of ``flows.prefect_app`` (the app Tidal serves its temporary servers with): once
+with Prefect's own SQLite begin modes (before), once with writes begun IMMEDIATE (after). Counts
+the 503s each server answered (``TIDAL_PREFECT_503_LOG``), then reads every task run back from
+the API and counts the transitions (one task run's end to the next one's start, across step
+boundaries too) over 1 s: the stalls of Prefect's 503 + fixed 2 s client retry, and any other.
 Owns this measurement; docs/benchmarks.md says how to read it.
 Must not: import the measured runs' code (each run is a `tidal run` subprocess).
 
@@ -23,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +33,12 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_control_plane import Setup, base_env, kill_processes_mentioning, tidal_run  # noqa: E402
-from flows.prefect_app import FACTORY, PREFECT_FACTORY  # noqa: E402
+from flows.prefect_app import IMMEDIATE_ENV, RETRY_LOG_ENV  # noqa: E402
 from flows.prefect_server import LocalPrefectServer  # noqa: E402
 
 STALL_S = 1.0
-SETUPS = [("embedded", "Prefect's embedded server (today's default)", None),
-          ("prefect-app", "private server, Prefect's app", PREFECT_FACTORY),
-          ("tidal-app", "private server, Tidal's app (IMMEDIATE)", FACTORY)]
+SETUPS = [("prefect-modes", "private server, Prefect's SQLite begin modes (before)", "0"),
+          ("immediate", "private server, writes begun IMMEDIATE (flows.prefect_app)", "1")]
 
 
 async def _task_intervals(api_url: str) -> list[list[tuple[float, float]]]:
@@ -80,21 +81,30 @@ def figures(gaps: list[float]) -> dict[str, Any]:
 
 
 def measure(steps: int, timeout_s: float) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix="tidal-bps-", dir="/tmp"))
+    work = Path(tempfile.mkdtemp(prefix="tbps-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
     home = work / "prefect-home"
     home.mkdir()
     results: dict[str, Any] = {}
     try:
-        for key, label, factory in SETUPS:
+        for i, (key, label, immediate) in enumerate(SETUPS):
             print(f"  running: {label}", flush=True)
-            setup = Setup(label, "thread", factory is not None)
-            setup_dir = work / key
-            if factory is None:
-                wall = tidal_run(setup, steps, ROOT, setup_dir, base_env(home), timeout_s)
-            else:
-                with LocalPrefectServer(home=str(home), factory=factory) as server:
-                    wall = tidal_run(setup, steps, ROOT, setup_dir, server.env(base_env(home)), timeout_s)
-            results[key] = {"label": label, "wall_s": wall}
+            retries = work / f"503-{key}.log"
+            retries.touch()
+            saved = {k: os.environ.get(k) for k in (IMMEDIATE_ENV, RETRY_LOG_ENV)}
+            os.environ.update({IMMEDIATE_ENV: immediate, RETRY_LOG_ENV: str(retries)})
+            try:
+                with LocalPrefectServer(home=str(home)) as server:
+                    wall = tidal_run(Setup(label, "thread", True), steps, ROOT, work / str(i),
+                                     server.env(base_env(home)), timeout_s)
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+            answered = retries.read_text(encoding="utf-8").splitlines()
+            results[key] = {"label": label, "wall_s": wall, "answered_503": len(answered),
+                            "answered_503_by_path": dict(Counter(answered))}
         with LocalPrefectServer(home=str(home)) as server:  # every run's records are in this home's database
             time.sleep(5)  # the last run's task runs reach the database through the event pipeline
             timelines = asyncio.run(_task_intervals(server.api_url))
@@ -109,15 +119,16 @@ def measure(steps: int, timeout_s: float) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=110, help="training steps per run (≈ 9 transitions each)")
+    parser.add_argument("--steps", type=int, default=150, help="training steps per run (≈ 7 transitions each)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run before giving up")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)
     result = measure(args.steps, args.timeout)
-    print(f"\n| setup | transitions | over {STALL_S:.0f} s | median s | p99 s | max s |\n|---|---:|---:|---:|---:|---:|")
+    print(f"\n| setup | 503s answered | transitions | over {STALL_S:.0f} s | median s | p99 s | max s |\n"
+          "|---|---:|---:|---:|---:|---:|---:|")
     for row in result["setups"].values():
-        print(f"| {row['label']} | {row['transitions']} | {row['over_1s']} | {row['median_s']:.3f} | "
-              f"{row['p99_s']:.3f} | {row['max_s']:.2f} |")
+        print(f"| {row['label']} | {row['answered_503']} | {row['transitions']} | {row['over_1s']} | "
+              f"{row['median_s']:.3f} | {row['p99_s']:.3f} | {row['max_s']:.2f} |")
     print(f"\nload average at the end: {result['load_average']:.1f}")
     if args.json_out:
         args.json_out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -13,11 +13,13 @@ Must not: change anything for PostgreSQL, or for a Prefect server the user runs 
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
 FACTORY = "flows.prefect_app:create_app"
-PREFECT_FACTORY = "prefect.server.api.server:create_app"
+IMMEDIATE_ENV = "TIDAL_PREFECT_SQLITE_IMMEDIATE"  # "0": Prefect's own begin modes (the benchmark's before)
+RETRY_LOG_ENV = "TIDAL_PREFECT_503_LOG"  # a file: one line per 503 answered (the benchmark counts them)
 
 
 def begin_immediate() -> bool:
@@ -51,10 +53,29 @@ def begin_immediate() -> bool:
 
 def create_app(*args: Any, **kwargs: Any) -> Any:
     """uvicorn ``--factory`` entry: Prefect's ``create_app`` after ``begin_immediate()``."""
-    begin_immediate()
+    if os.environ.get(IMMEDIATE_ENV, "1") != "0":
+        begin_immediate()
     from prefect.server.api.server import create_app as prefect_create_app
 
-    return prefect_create_app(*args, **kwargs)
+    app = prefect_create_app(*args, **kwargs)
+    if os.environ.get(RETRY_LOG_ENV):
+        return _log_503s(app, os.environ[RETRY_LOG_ENV])
+    return app
+
+
+def _log_503s(app: Any, path: str) -> Any:
+    """``app`` wrapped so that every 503 it answers appends ``METHOD PATH`` to ``path``."""
+
+    async def logged(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        async def sending(message: dict[str, Any]) -> None:
+            if message.get("type") == "http.response.start" and message.get("status") == 503:
+                with open(path, "a", encoding="utf-8") as out:
+                    out.write(f"{scope.get('method')} {scope.get('path')}\n")
+            await send(message)
+
+        await app(scope, receive, sending)
+
+    return logged
 
 
 def server_command(port: int, *, factory: str = FACTORY, host: str = "127.0.0.1") -> list[str]:

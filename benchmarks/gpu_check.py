@@ -121,7 +121,7 @@ class Report:
 
     def save(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.out_dir / JSON_NAME, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
+        _atomic_write(self.out_dir / JSON_NAME, json.dumps(self.data, indent=2) + "\n")  # shapes in run order
         _atomic_write(self.out_dir / TEXT_NAME, text_table(self.data))
 
 

@@ -77,7 +77,7 @@ def merge() -> dict:
     if tb.get("setups"):
         out["cpu_training_bound"]["setups"] = {k: {"speedup_vs_static_median": v["speedup_vs_static_median"]}
                                                for k, v in tb["setups"].items()}
-    for name in ("sim_seed", "sim_grid"):  # written by bench_sim.py seed / grid --write
+    for name in ("sim_seed", "sim_grid", "gpu"):  # written by bench_sim.py seed / grid --write
         figures = read_json(name)
         if figures:
             out[name] = {k: v for k, v in figures.items() if k != "load_average"}

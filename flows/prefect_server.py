@@ -5,6 +5,11 @@
 ``PREFECT_HOME`` (and so its own SQLite database), no UI and no analytics, and waits until
 ``/api/health`` answers (~15–25 s here). ``env()`` is the environment a client, worker or
 ``tidal run`` needs to talk to it. Nothing here touches another Prefect server or home.
+
+``tidal run`` / ``resume`` start one on the user's own ``PREFECT_HOME`` in place of Prefect's
+temporary server (which shares the terminal's process group, so a Ctrl-C killed it under the run):
+``on_spawn`` lets the driver record the server's pid before waiting for it to answer, and
+``log_path`` puts the server's output in the run's folder.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +36,12 @@ class LocalPrefectServer:
     home: str | None = None
     port: int = field(default_factory=free_port)
     extra_args: tuple[str, ...] = ("--no-ui", "--analytics-off", "--no-scheduler")
+    log_path: str | None = None
+    """The server's output (default: ``server.log`` in its home)."""
+    on_spawn: Callable[[int], None] | None = None
+    """Called with the server's pid as soon as it is started."""
+    stop_wait_s: float = 10.0
+    """How long ``stop()`` waits after SIGINT before it SIGKILLs the server's process group."""
     _proc: subprocess.Popen | None = None
     _owns_home: bool = False
 
@@ -59,8 +71,10 @@ class LocalPrefectServer:
         env["PREFECT_API_DATABASE_CONNECTION_URL"] = f"sqlite+aiosqlite:///{Path(self.home) / 'prefect.db'}"
         cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
                "--port", str(self.port), *self.extra_args]
-        log = open(Path(self.home) / "server.log", "w")  # noqa: SIM115 - closed with the process
+        log = open(self.log_path or Path(self.home) / "server.log", "w")  # noqa: SIM115 - closed with the process
         self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        if self.on_spawn is not None:
+            self.on_spawn(self._proc.pid)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -81,7 +95,7 @@ class LocalPrefectServer:
     def stop(self) -> None:
         """End the server (its process group: the server and its children), then its home if we made it."""
         if self._proc is not None and self._proc.poll() is None:
-            for sig, wait_s in ((signal.SIGINT, 10), (signal.SIGKILL, 5)):
+            for sig, wait_s in ((signal.SIGINT, self.stop_wait_s), (signal.SIGKILL, 5)):
                 try:
                     os.killpg(self._proc.pid, sig)
                     self._proc.wait(timeout=wait_s)

@@ -244,7 +244,8 @@ def _drive(cfg, uid: str, run_dir, signals, *, resume: bool, storage: str | None
             raise RunStopped(f"stopped by {name} before the run started; nothing was written", 128 + signum) from None
         after = f"after step {steps}" if steps else "before its first step"
         raise RunStopped(f"stopped by {name} {after} (every committed step is intact); "
-                         f"resume with: {resume_hint(uid, storage)}", 128 + signum) from None
+                         f"resume with: {resume_hint(uid, redact_url(storage or cfg.storage.url))}",
+                         128 + signum) from None
     finally:
         close_progress()
     typer.echo(f"run {result['run']} finished: {result['output_dir']}")
@@ -328,12 +329,14 @@ def _one_line(text: str) -> str:
 
 def _explained(exc_info: object) -> bool:
     """Whether a log record's exception is (or was caused by) a failure the CLI explains in its
-    own last line: the store becoming unreachable, a reward function that failed, or any other
-    ``RunError``."""
+    own last line: the store becoming unreachable, a reward function that failed, a Ray actor that
+    died, or any other ``RunError``."""
     exc = exc_info[1] if isinstance(exc_info, tuple) else None
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         if isinstance(exc, (StoreUnavailable, RunError, RewardFailed)):
+            return True
+        if any(c.__name__ == "RayActorError" for c in type(exc).__mro__):  # a dead actor: ActorLost says so
             return True
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__

@@ -150,6 +150,7 @@ def prefect_logs_to_file(path: Path) -> Iterator[None]:
     prefect_logger.setLevel(min(logging.INFO, console_level))
     for h in consoles:
         h.setLevel(max(h.level, console_level))
+        h.addFilter(_quiet_while_stopping)
     prefect_logger.addHandler(handler)
     try:
         yield
@@ -159,6 +160,14 @@ def prefect_logs_to_file(path: Path) -> Iterator[None]:
         prefect_logger.setLevel(saved[0])
         for h, level in zip(consoles, saved[1], strict=True):
             h.setLevel(level)
+            h.removeFilter(_quiet_while_stopping)
+
+
+def _quiet_while_stopping(record: logging.LogRecord) -> bool:
+    """Once a stop signal arrived, Prefect's echoes of it ("Crash detected! Execution was aborted
+    by an interrupt signal", the step's failed tasks) go to the log file only: the terminal's
+    last word is the driver's own line with the resume command."""
+    return not (lifecycle.stopping() and record.name.startswith("prefect"))
 
 
 def resume_hint(uid: str, storage: str | None) -> str:

@@ -90,9 +90,10 @@ class ActorLost(RunError):
     exit_code = EXIT_STORE_LOST
 
 
-def actor_lost(exc: BaseException, *, uid: str, last_step: int) -> ActorLost | None:
+def actor_lost(exc: BaseException, *, uid: str, last_step: int, storage_arg: str) -> ActorLost | None:
     """The ``ActorLost`` for a run that stopped because a Ray actor died: found anywhere in
-    ``exc``'s chain (Ray's ``RayActorError`` and its subclasses, by name: no Ray import here)."""
+    ``exc``'s chain (Ray's ``RayActorError`` and its subclasses, by name: no Ray import here).
+    ``storage_arg`` must have its password hidden already."""
     for e in _chain(exc):
         if any(c.__name__ == "RayActorError" for c in type(e).__mro__):
             after = f"after step {last_step}" if last_step else "before its first step"

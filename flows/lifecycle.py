@@ -263,6 +263,16 @@ class RunInterrupted(KeyboardInterrupt):
         return 128 + self.signum
 
 
+_STOPPING: list[int] = []
+"""The signal that asked this process to stop (empty until one did)."""
+
+
+def stopping() -> bool:
+    """Whether a stop signal arrived: what Prefect logs from then on is the stop's echo, kept
+    out of the terminal (``flows.driver``)."""
+    return bool(_STOPPING)
+
+
 class StopSignals:
     """While entered (in the main thread), the first SIGINT or SIGTERM raises ``RunInterrupted``;
     later ones are only counted, so the cleanup that follows runs to its end."""
@@ -276,6 +286,7 @@ class StopSignals:
         self.count += 1
         if self.signum is None:
             self.signum = signum
+            _STOPPING.append(signum)
             raise RunInterrupted(signum)
 
     def __enter__(self) -> StopSignals:

@@ -227,7 +227,8 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
     except BaseException as exc:
         interrupted = lifecycle.interruption(exc) is not None
         _mark_failed(cfg, uid, RunStatus.INTERRUPTED if interrupted else RunStatus.FAILED)
-        failure = reward_failure(exc) or actor_lost(exc, uid=uid, last_step=committed)
+        failure = reward_failure(exc) or actor_lost(exc, uid=uid, last_step=committed,
+                                                     storage_arg=redact_url(cfg.storage.url))
         if failure is not None and not interrupted:  # a reward function or an actor failed: one line
             raise failure from exc
         raise

@@ -79,7 +79,7 @@ def _prefect(cfg: TidalConfig, run_dir: Path, progress: Progress) -> Iterator[No
                                 stop_wait_s=5.0)
     progress.stage("Prefect server")
     try:
-        server.start()
+        server.start(timeout_s=_startup_timeout_s())
         saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", lifecycle.TEMPORARY_SERVER_ENV)}
         os.environ.update(PREFECT_API_URL=server.api_url, **{lifecycle.TEMPORARY_SERVER_ENV: server.api_url})
         try:
@@ -95,6 +95,15 @@ def _prefect(cfg: TidalConfig, run_dir: Path, progress: Progress) -> Iterator[No
     finally:
         server.stop()
         lifecycle.drop_record(run_dir, "prefect-server")
+
+
+def _startup_timeout_s() -> float:
+    """How long the temporary server may take to answer: Prefect's own setting for its temporary
+    server (``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``), at least 180 s (a loaded
+    2-core machine needs minutes)."""
+    from prefect.settings import get_current_settings
+
+    return max(180.0, float(get_current_settings().server.ephemeral.startup_timeout_seconds))
 
 
 def _drain_prefect() -> None:

@@ -84,8 +84,10 @@ def _prefect(cfg: TidalConfig, run_dir: Path, progress: Progress) -> Iterator[No
         os.environ.update(PREFECT_API_URL=server.api_url, **{lifecycle.TEMPORARY_SERVER_ENV: server.api_url})
         try:
             with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
-                yield
-                _drain_prefect()
+                try:
+                    yield
+                finally:  # however the run ended: its last logs and events, while the server answers
+                    _drain_prefect()
         finally:
             for key, value in saved.items():
                 if value is None:

@@ -202,6 +202,21 @@ def session_members(sid: int) -> list[int]:
     return members
 
 
+def children() -> set[int]:
+    """This process's live child processes (what a call started shows up here)."""
+    me, out = os.getpid(), set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me and fields[0] != "Z":
+            out.add(int(proc.name))
+    return out
+
+
 def live_pids(record: Record) -> list[int]:
     """The processes of ``record`` still alive: the recorded ones that are still the processes
     recorded (same start tick), and the members of a recorded session leader's session."""

@@ -81,17 +81,22 @@ def _open_run(cfg: TidalConfig, resume_uid: str | None, new_uid: str | None) -> 
 
 def _start_ray(cfg: TidalConfig, uid: str, out_dir: Path) -> str | None:
     """Attach to ``ray.address`` or start the run's own local cluster; a cluster started here is
-    recorded in the run's folder (its processes and temp dir: a resume after a SIGKILL ends them).
-    Ray's own processes block SIGINT, so a terminal's Ctrl-C reaches only the driver. Returns the
-    temp dir of a cluster started here."""
-    temp_dir = init_ray(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus,
-                        gpus=cfg.trainer_gpus + cfg.standalone_gpus, memory_gb=cfg.ray.memory_gb,
-                        object_store_memory_gb=cfg.ray.object_store_memory_gb, temp_dir=cfg.ray.temp_dir,
-                        namespace=uid)
+    recorded in the run's folder (its processes and temp dir: a resume after a SIGKILL ends them)
+    and, when its start fails half-way, ended at once. Ray's own processes block SIGINT, so a
+    terminal's Ctrl-C reaches only the driver. Returns the temp dir of a cluster started here."""
+    before = lifecycle.children()
+    try:
+        temp_dir = init_ray(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus,
+                            gpus=cfg.trainer_gpus + cfg.standalone_gpus, memory_gb=cfg.ray.memory_gb,
+                            object_store_memory_gb=cfg.ray.object_store_memory_gb, temp_dir=cfg.ray.temp_dir,
+                            namespace=uid)
+    except BaseException:
+        if not cfg.ray.address:  # what the failed start left running is this process's children
+            lifecycle.end_record(lifecycle.Record("ray-head", tuple((pid, 0) for pid in lifecycle.children() - before)))
+        raise
     if not cfg.ray.address:
-        node = ray._private.worker._global_node  # the head this process started
-        pids = tuple(p.pid for _, p in node.live_processes()) if node is not None else ()
-        lifecycle.write_record(out_dir, "ray-head", pids, dirs=(temp_dir,) if temp_dir else ())
+        lifecycle.write_record(out_dir, "ray-head", tuple(sorted(lifecycle.children() - before)),
+                               dirs=(temp_dir,) if temp_dir else ())
     return temp_dir
 
 

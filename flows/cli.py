@@ -195,17 +195,22 @@ def resume(
     the store URL with its password hidden, so a password-protected store is always given here).
     A finished run is said so in one line; a run another live driver is driving exits 2.
     """
-    from flows.lifecycle import StopSignals
+    from flows import lifecycle
 
-    with StopSignals() as signals:
-        config_path = _run_config_path(run_id, storage)
-        status, steps = _run_status(run_id, storage)
+    with lifecycle.StopSignals() as signals:
+        status, steps, stored = _run_status(run_id, storage)
         if status == "finished":
             typer.echo(f"run {run_id} is already finished ({steps} steps committed); nothing to resume")
             return
-        cfg = load_checked(str(config_path), [f"storage.url={storage}"] if storage else [])
-        _drive(cfg, run_id, config_path.parent, signals, resume=True, storage=storage,
-               flow_args=dict(config=str(config_path), overrides=[], resume=run_id))
+        try:  # the lease first of all: a second driver of a live run leaves at once, having done nothing
+            lifecycle.claim(_store_url(storage), run_id, (stored or {}).get("lifecycle") or {},
+                            busy_timeout_ms=((stored or {}).get("storage") or {}).get("busy_timeout_ms", 30_000))
+            config_path = _run_config_path(run_id, storage)
+            cfg = load_checked(str(config_path), [f"storage.url={storage}"] if storage else [])
+            _drive(cfg, run_id, config_path.parent, signals, resume=True, storage=storage,
+                   flow_args=dict(config=str(config_path), overrides=[], resume=run_id))
+        finally:
+            lifecycle.let_go(run_id)
 
 
 def _drive(cfg, uid: str, run_dir, signals, *, resume: bool, storage: str | None, flow_args: dict) -> None:
@@ -237,7 +242,7 @@ def _drive(cfg, uid: str, run_dir, signals, *, resume: bool, storage: str | None
         close_progress()
         name = signal.Signals(signum).name
         try:
-            status, steps = _run_status(uid, storage or cfg.storage.url)
+            status, steps, _ = _run_status(uid, storage or cfg.storage.url)
         except (BadInput, StoreError):
             status, steps = "", 0
         if not status:
@@ -251,15 +256,17 @@ def _drive(cfg, uid: str, run_dir, signals, *, resume: bool, storage: str | None
     typer.echo(f"run {result['run']} finished: {result['output_dir']}")
 
 
-def _run_status(run_id: str, storage: str | None) -> tuple[str, int]:
-    """(status as stored, committed steps) of a run."""
-    from storage import run_summaries, session_scope
+def _run_status(run_id: str, storage: str | None) -> tuple[str, int, dict | None]:
+    """(status as stored, committed steps, stored config) of a run; ``BadInput`` when there is no such run."""
+    from storage import get_run, run_summaries, session_scope
 
-    with session_scope(_existing_store(storage)) as session:
-        for r in run_summaries(session):
-            if r.uid == run_id:
-                return r.status, r.steps
-    return "", 0
+    engine = _existing_store(storage)
+    with session_scope(engine) as session:
+        row = get_run(session, run_id)
+        if row is None:
+            raise BadInput(f"run {run_id!r}: no such run in {engine.url.render_as_string(hide_password=True)}")
+        steps = next(r.steps for r in run_summaries(session) if r.uid == run_id)
+        return row.status, steps, row.config_json
 
 
 @app.command("runs")

@@ -49,10 +49,11 @@ def embedded(cfg: TidalConfig, uid: str, run_dir: Path, *, resume: bool, progres
         stack.callback(lifecycle.let_go, uid)
         crashed = []
         if resume:
-            with session_scope(open_store(cfg.storage.url, busy_timeout_ms=cfg.storage.busy_timeout_ms),
-                               immediate=True) as session:
-                lifecycle.take_lease(session, uid, cfg.lifecycle.lease_timeout_s)
-            lifecycle.keep_alive(cfg, uid)
+            if not lifecycle.holds(uid):  # `tidal resume` claims it first of all (lifecycle.claim)
+                with session_scope(open_store(cfg.storage.url, busy_timeout_ms=cfg.storage.busy_timeout_ms),
+                                   immediate=True) as session:
+                    lifecycle.take_lease(session, uid, cfg.lifecycle.lease_timeout_s)
+                lifecycle.keep_alive(cfg, uid)
             state.took_over, crashed = lifecycle.end_leftovers(run_dir)
         stack.enter_context(_prefect(cfg, run_dir, progress))
         for record in crashed:
@@ -154,7 +155,7 @@ def prefect_logs_to_file(path: Path) -> Iterator[None]:
     console_level = asked if isinstance(asked, int) and asked < logging.WARNING else logging.WARNING
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setLevel(logging.INFO)
-    handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)-7s | %(name)s - %(message)s"))
+    handler.setFormatter(_file_formatter())
     consoles = [h for h in logging.getLogger().handlers if isinstance(h, logging.StreamHandler)
                 and not isinstance(h, logging.FileHandler)]
     saved = prefect_logger.level, [h.level for h in consoles]
@@ -172,6 +173,19 @@ def prefect_logs_to_file(path: Path) -> Iterator[None]:
         for h, level in zip(consoles, saved[1], strict=True):
             h.setLevel(level)
             h.removeFilter(_quiet_while_stopping)
+
+
+def _file_formatter() -> logging.Formatter:
+    return _RunFormatter("%(asctime)s | %(levelname)-7s | %(where)s - %(message)s")
+
+
+class _RunFormatter(logging.Formatter):
+    """Names the flow or task run a line came from, as Prefect's console does (else the logger)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        task, flow_run = getattr(record, "task_run_name", None), getattr(record, "flow_run_name", None)
+        record.where = f"Task run {task!r}" if task else f"Flow run {flow_run!r}" if flow_run else record.name
+        return super().format(record)
 
 
 def _quiet_while_stopping(record: logging.LogRecord) -> bool:

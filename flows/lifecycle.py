@@ -125,10 +125,25 @@ def holds(uid: str) -> bool:
 
 def keep_alive(cfg: Any, uid: str) -> Heartbeat:
     """Start renewing the lease just taken on ``uid`` (once per run and process)."""
+    return _beat(cfg.storage.url, cfg.storage.busy_timeout_ms, uid, cfg.lifecycle.heartbeat_interval_s)
+
+
+def _beat(url: str, busy_timeout_ms: int, uid: str, interval_s: float) -> Heartbeat:
     if uid not in _HEARTBEATS:
-        _HEARTBEATS[uid] = Heartbeat(cfg.storage.url, cfg.storage.busy_timeout_ms, uid,
-                                     cfg.lifecycle.heartbeat_interval_s).start()
+        _HEARTBEATS[uid] = Heartbeat(url, busy_timeout_ms, uid, interval_s).start()
     return _HEARTBEATS[uid]
+
+
+def claim(url: str, uid: str, lifecycle: dict[str, Any], busy_timeout_ms: int = 30_000) -> None:
+    """Take ``uid``'s lease and keep it alive, before anything else of a resume happens (the
+    run's config is not even loaded: ``lifecycle`` is its stored ``lifecycle`` section, maybe
+    empty). ``storage.LeaseHeld`` when a live driver holds it."""
+    from config.lifecycle_keys import LifecycleSection
+
+    keys = LifecycleSection(**lifecycle)
+    with session_scope(open_store(url, busy_timeout_ms=busy_timeout_ms), immediate=True) as session:
+        take_lease(session, uid, keys.lease_timeout_s)
+    _beat(url, busy_timeout_ms, uid, keys.heartbeat_interval_s)
 
 
 def let_go(uid: str) -> None:
@@ -286,6 +301,12 @@ def stopping() -> bool:
     """Whether a stop signal arrived: what Prefect logs from then on is the stop's echo, kept
     out of the terminal (``flows.driver``)."""
     return bool(_STOPPING)
+
+
+def note_stop(signum: int) -> None:
+    """A stop arrived another way (Prefect's own SIGTERM bridge inside a flow run raised it)."""
+    if not _STOPPING:
+        _STOPPING.append(signum)
 
 
 class StopSignals:

@@ -230,7 +230,10 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
         raise StoreLost(store_lost_message(url=redact_url(cfg.storage.url), reason=exc.reason or str(exc), uid=uid,
                                            last_step=committed, storage_arg=redact_url(cfg.storage.url))) from exc
     except BaseException as exc:
-        interrupted = lifecycle.interruption(exc) is not None
+        signum = lifecycle.interruption(exc)
+        interrupted = signum is not None
+        if interrupted:
+            lifecycle.note_stop(signum)
         _mark_failed(cfg, uid, RunStatus.INTERRUPTED if interrupted else RunStatus.FAILED)
         failure = reward_failure(exc) or actor_lost(exc, uid=uid, last_step=committed,
                                                      storage_arg=redact_url(cfg.storage.url))

@@ -125,7 +125,7 @@ def test_prefect_info_goes_to_the_run_log_file_and_only_warnings_reach_the_termi
     assert terminal.getvalue() == "a warning\n"
     assert [line.split(" | ", 1)[1] for line in (tmp_path / "prefect.log").read_text().splitlines()] == [
         "INFO    | prefect.task_runs - Task run 'train-5a6' - Finished in state Completed()",
-        "WARNING | prefect.flow_runs - a warning"]
+        "WARNING | prefect.flow_runs - a warning"]  # outside a flow run: the logger's name, not the run's
 
 
 def test_resuming_a_finished_run_says_so_in_one_line_without_starting_anything(tmp_path):

@@ -113,7 +113,9 @@ def test_ctrl_c_stops_cleanly_a_second_driver_is_refused_and_the_resume_complete
         second = subprocess.run([*CLI, "resume", uid, "--storage", url], cwd=tmp_path, env=_env(),
                                 capture_output=True, text=True, timeout=60)
         refused_s = time.monotonic() - started
-        assert (second.returncode, refused_s < 10) == (2, True), second.stderr
+        assert second.returncode == 2, second.stderr
+        if os.getloadavg()[0] < 2 * (os.cpu_count() or 1):  # under heavy load imports alone take longer
+            assert refused_s < 10, refused_s
         assert second.stderr.count("\n") == 1 and f"run '{uid}' is already being driven by driver" in second.stderr
         assert {k: v for k, v in _checkpoint_shas(run_dir).items() if k in shas} == shas
 

@@ -1,7 +1,8 @@
 """The `tidal` command line: parse → build → run → clean up; every bad input exits 2 in one line.
 
 Owns: the commands (``config``, ``data``, ``simulate``, ``run``, ``resume``, ``runs``, ``report``) and the exit
-codes (0 done, 2 bad input, 3 store lost). Must not: load configs its own way (``flows.configs``) or
+codes (0 done, 2 bad input or a run another driver holds, 3 store or actor lost, 4 reward failed,
+130 / 143 stopped by SIGINT / SIGTERM). Must not: load configs its own way (``flows.configs``) or
 import the run before a command needs it. Commands and exit codes: ``docs/flows.md``.
 """
 

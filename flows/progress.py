@@ -200,7 +200,7 @@ def open_progress(uid: str, cfg: TidalConfig, mode: str | None = None) -> Progre
 def current(uid: str, cfg: TidalConfig) -> Progress:
     """The display this process reports to; a ``LineProgress`` when no driver opened one (a flow
     run started by a deployment)."""
-    if not _CURRENT:
+    if not _CURRENT or _CURRENT[-1].uid != uid:
         _CURRENT.append(LineProgress(uid, cfg))
     return _CURRENT[-1]
 

@@ -24,7 +24,7 @@ from flows.lifecycle import (
     read_records,
     write_record,
 )
-from flows.progress import LineProgress
+from flows.progress import LineProgress, LiveProgress
 from storage import create_run, open_store, session_scope, set_run_status, sqlite_url
 from storage.lease import process_alive
 
@@ -105,6 +105,26 @@ def test_a_non_terminal_gets_one_plain_line_per_step_and_a_summary():
     assert lines[3].startswith("done: 2 step(s) in ") and lines[3].endswith(
         "s, reward 0.250 → 0.500; report /runs/r1/report.md")
     assert len(lines) == 4
+
+
+def test_a_terminal_gets_the_start_up_stages_then_a_step_bar_and_the_summary():
+    from rich.console import Console
+
+    cfg = load_config("tiny-cpu", ["trainer.total_training_steps=2"])
+    screen = io.StringIO()
+    progress = LiveProgress("r1", cfg, console=Console(file=screen, force_terminal=True, width=120, color_system=None))
+    for stage in ("Prefect server", "Ray cluster", "actors", "weights"):
+        progress.stage(stage)
+    shown_stages = screen.getvalue()
+    progress.begin(1, 2)
+    progress.phase("train")
+    progress.step(1, _result(0.25, True))
+    progress.done({"markdown": "/runs/r1/report.md"})
+    shown = screen.getvalue()
+    assert [f"{mark} {stage} (" in shown_stages for mark, stage in
+            [("✓", "Prefect server"), ("✓", "Ray cluster"), ("✓", "actors"), ("…", "weights")]] == [True] * 4
+    assert ["phase: train" in shown, "1/2" in shown, "last: step    1/2    1.50s  reward 0.250" in shown,
+            "reward 0.250 → 0.250; report /runs/r1/report.md" in shown] == [True] * 4
 
 
 @pytest.mark.filterwarnings("ignore:Logger 'prefect")  # no flow run here for the API handler to attach to

@@ -57,7 +57,9 @@ def _steps(url: str) -> int:
 def _wait_steps(proc: subprocess.Popen, url: str, n: int, timeout: float = 900) -> None:
     deadline = time.monotonic() + timeout
     while _steps(url) < n:
-        assert proc.poll() is None, f"the driver exited with {proc.returncode} before step {n}"
+        if proc.poll() is not None:
+            logs = "".join(p.read_text()[-2000:] for p in Path(url.removeprefix("sqlite:///")).parent.glob("*.err"))
+            raise AssertionError(f"the driver exited with {proc.returncode} before step {n}: {logs}")
         assert time.monotonic() < deadline, f"no step {n} within {timeout}s"
         time.sleep(0.2)
 

@@ -228,6 +228,7 @@ def _drive(cfg, uid: str, run_dir, signals, *, resume: bool, storage: str | None
     try:
         progress.stage("store and lease")
         with embedded(cfg, uid, run_dir, resume=resume, progress=progress) as driver:
+            _quiet_store_outage_tracebacks()  # again: Prefect set its console handlers up meanwhile
             if driver.took_over:
                 logging.getLogger("tidal").warning("run %s: ended the dead driver's %s", uid,
                                                    ", ".join(driver.took_over))

@@ -5,6 +5,7 @@ Kept free of Ray, torch and Prefect so that ``flows.cli`` can catch these withou
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 EXIT_BAD_INPUT = 2
@@ -97,9 +98,10 @@ def actor_lost(exc: BaseException, *, uid: str, last_step: int, storage_arg: str
     for e in _chain(exc):
         if any(c.__name__ == "RayActorError" for c in type(e).__mro__):
             after = f"after step {last_step}" if last_step else "before its first step"
-            cause = " ".join(str(getattr(e, "error_msg", "") or e).split())[:300]
+            cause = re.sub(r"\x1b\[[0-9;]*m", "", " ".join(str(getattr(e, "error_msg", "") or e).split()))[:300]
             return ActorLost(f"an actor of the run died ({type(e).__name__}: {cause}); the run stopped {after} "
-                             f"and every committed step is intact; resume with: tidal resume {uid}")
+                             f"and every committed step is intact; resume with: tidal resume {uid} "
+                             f"--storage '{storage_arg}'")
     return None
 
 

@@ -173,3 +173,25 @@ def test_resuming_a_finished_run_says_so_in_one_line_without_starting_anything(t
 def test_a_heartbeat_as_long_as_the_lease_timeout_is_refused():
     with pytest.raises(ConfigError, match="heartbeat_interval_s"):
         load_config("tiny-cpu", ["lifecycle.lease_timeout_s=5", "lifecycle.heartbeat_interval_s=5"])
+
+
+def test_a_dead_actor_anywhere_in_the_chain_becomes_one_line_with_the_resume_command():
+    from flows.errors import ActorLost, actor_lost
+
+    class RayActorError(Exception):  # matched by name: flows.errors imports no Ray
+        pass
+
+    class ActorDiedError(RayActorError):
+        pass
+
+    try:
+        try:
+            raise ActorDiedError("\x1b[36mray::TrainerActor\x1b[39m The actor died\nunexpectedly")
+        except ActorDiedError as exc:
+            raise RuntimeError("a step flow failed") from exc
+    except RuntimeError as exc:
+        lost = actor_lost(exc, uid="r1", last_step=3, storage_arg="sqlite:///t.db")
+    assert (type(lost), lost.exit_code, str(lost)) == (ActorLost, 3, (
+        "an actor of the run died (ActorDiedError: ray::TrainerActor The actor died unexpectedly); the run stopped "
+        "after step 3 and every committed step is intact; resume with: tidal resume r1 --storage 'sqlite:///t.db'"))
+    assert actor_lost(ValueError("no"), uid="r1", last_step=0, storage_arg="x") is None

@@ -335,6 +335,7 @@ class StopSignals:
         for sig, handler in self._saved.items():
             signal.signal(sig, handler)
         self._saved.clear()
+        _STOPPING.clear()
 
 
 def interruption(exc: BaseException | None) -> int | None:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from config.algo_keys import SCHEDULING_ALIASES, ActorSection, AlgorithmSection, apply_aliases
 from config.calibration import apply_calibration
 from config.data_keys import CustomRewardFunction, DataSection, ValKwargs
+from config.lifecycle_keys import LifecycleSection
 from config.model_keys import HFModelSection, RolloutDtype
 from config.placement_keys import PlacementSection
 from config.tracker_keys import DEFAULT_LOGGER, TrackerList, TrackingSection
@@ -426,6 +427,8 @@ class TidalConfig(_Section):
     """The Prefect control plane."""
     ray: RaySection = Field(default_factory=RaySection)
     """The Ray data plane."""
+    lifecycle: LifecycleSection = Field(default_factory=LifecycleSection)
+    """The driver's lease on its run and its terminal display."""
     sim: SimSection = Field(default_factory=SimSection)
     """The simulator's cost model."""
     data: DataSection = Field(default_factory=DataSection)

@@ -1,7 +1,8 @@
 """The `tidal` command line: parse → build → run → clean up; every bad input exits 2 in one line.
 
 Owns: the commands (``config``, ``data``, ``simulate``, ``run``, ``resume``, ``runs``, ``report``) and the exit
-codes (0 done, 2 bad input, 3 store lost). Must not: load configs its own way (``flows.configs``) or
+codes (0 done, 2 bad input or a run another driver holds, 3 store or actor lost, 4 reward failed,
+130 / 143 stopped by SIGINT / SIGTERM). Must not: load configs its own way (``flows.configs``) or
 import the run before a command needs it. Commands and exit codes: ``docs/flows.md``.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from typing import Annotated
 
@@ -23,7 +25,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
 from cluster.reward import RewardFailed
 from config import ConfigError, list_presets, load_config, to_plain
 from flows.configs import load_checked, summarize_config
-from flows.errors import EXIT_BAD_INPUT, RunError
+from flows.errors import EXIT_BAD_INPUT, RunError, RunStopped
 from policies import UnknownPolicyError
 from storage import StoreError, StoreUnavailable, redact_url
 
@@ -159,26 +161,24 @@ def run(
     set_: SetOption = None,
 ) -> None:
     """Train: one Prefect flow run per step over the Ray data plane; the store keeps every step."""
-    cfg = load_checked(config, set_)
-    from cluster.placement import check_cluster
-    from storage import open_store
+    from flows.lifecycle import StopSignals
 
-    # A malformed or unreachable store fails here, in one line, before any flow run starts; so
-    # does a Ray cluster (ray.address) too small for the config.
-    open_store(cfg.storage.url, busy_timeout_ms=cfg.storage.busy_timeout_ms)
-    check_cluster(cfg)
-    from flows.training_run import training_run
-    from pydantic import SecretStr
+    with StopSignals() as signals:  # from here on a Ctrl-C is a clean stop, never a traceback
+        cfg = load_checked(config, set_)
+        from cluster.placement import check_cluster
+        from flows.driver import new_uid, run_dir_of
+        from storage import open_store
 
-    from flows.runners import prefect_settings_for
-
-    _quiet_store_outage_tracebacks()
-    # Prefect records the flow's parameters: the overrides go with any password hidden, the store
-    # URL itself as a secret (shown as **********).
-    shown = [redact_url(o) for o in set_ or []]
-    with prefect_settings_for(cfg):
-        result = training_run(config=config, overrides=shown, storage_url=SecretStr(cfg.storage.url))
-    typer.echo(f"run {result['run']} finished: {result['output_dir']}")
+        # A malformed or unreachable store fails here, in one line, before any flow run starts; so
+        # does a Ray cluster (ray.address) too small for the config.
+        open_store(cfg.storage.url, busy_timeout_ms=cfg.storage.busy_timeout_ms)
+        check_cluster(cfg)
+        uid = new_uid(cfg)
+        # Prefect records the flow's parameters: the overrides go with any password hidden, the store
+        # URL itself as a secret (shown as **********).
+        shown = [redact_url(o) for o in set_ or []]
+        _drive(cfg, uid, run_dir_of(cfg, uid), signals, resume=False, storage=None,
+               flow_args=dict(config=config, overrides=shown, run_id=uid))
 
 
 @app.command("resume")
@@ -190,18 +190,81 @@ def resume(
 
     The store is the one ``--storage`` names (the resolved config written next to the run keeps
     the store URL with its password hidden, so a password-protected store is always given here).
+    A finished run is said so in one line; a run another live driver is driving exits 2.
     """
+    from flows import lifecycle
+
+    with lifecycle.StopSignals() as signals:
+        status, steps, stored = _run_status(run_id, storage)
+        if status == "finished":
+            typer.echo(f"run {run_id} is already finished ({steps} steps committed); nothing to resume")
+            return
+        try:  # the lease first of all: a second driver of a live run leaves at once, having done nothing
+            lifecycle.claim(_store_url(storage), run_id, (stored or {}).get("lifecycle") or {},
+                            busy_timeout_ms=((stored or {}).get("storage") or {}).get("busy_timeout_ms", 30_000))
+            config_path = _run_config_path(run_id, storage)
+            cfg = load_checked(str(config_path), [f"storage.url={storage}"] if storage else [])
+            _drive(cfg, run_id, config_path.parent, signals, resume=True, storage=storage,
+                   flow_args=dict(config=str(config_path), overrides=[], resume=run_id))
+        finally:
+            lifecycle.let_go(run_id)
+
+
+def _drive(cfg, uid: str, run_dir, signals, *, resume: bool, storage: str | None, flow_args: dict) -> None:
+    """Run the ``training_run`` flow inside what ``flows.driver.embedded`` sets up; a stop request
+    becomes one line naming the resume command (``RunStopped``: exit 130 / 143)."""
     from pydantic import SecretStr
 
-    from flows.runners import prefect_settings_for
-    from flows.training_run import training_run
+    from flows.driver import embedded, resume_hint
+    from flows.lifecycle import interruption
+    from flows.progress import close_progress, open_progress
 
-    config_path = _run_config_path(run_id, storage)
     _quiet_store_outage_tracebacks()
-    with prefect_settings_for(load_checked(str(config_path), [])):
-        result = training_run(config=str(config_path), overrides=[], resume=run_id,
-                              storage_url=SecretStr(storage) if storage else None)
+    progress = open_progress(uid, cfg)
+    try:
+        progress.stage("store and lease")
+        with embedded(cfg, uid, run_dir, resume=resume, progress=progress) as driver:
+            _quiet_store_outage_tracebacks()  # again: Prefect set its console handlers up meanwhile
+            if driver.took_over:
+                logging.getLogger("tidal").warning("run %s: ended the dead driver's %s", uid,
+                                                   ", ".join(driver.took_over))
+            from flows.runners import prefect_settings_for
+            from flows.training_run import training_run
+
+            with prefect_settings_for(cfg):
+                result = training_run(**flow_args, storage_url=SecretStr(storage or cfg.storage.url))
+    except BaseException as exc:
+        signum = interruption(exc) or signals.signum
+        if signum is None:
+            raise
+        close_progress()
+        name = signal.Signals(signum).name
+        try:
+            status, steps, _ = _run_status(uid, storage or cfg.storage.url)
+        except (BadInput, StoreError):
+            status, steps = "", 0
+        if not status:
+            raise RunStopped(f"stopped by {name} before the run started; nothing was written", 128 + signum) from None
+        after = f"after step {steps}" if steps else "before its first step"
+        raise RunStopped(f"stopped by {name} {after} (every committed step is intact); "
+                         f"resume with: {resume_hint(uid, redact_url(storage or cfg.storage.url))}",
+                         128 + signum) from None
+    finally:
+        close_progress()
     typer.echo(f"run {result['run']} finished: {result['output_dir']}")
+
+
+def _run_status(run_id: str, storage: str | None) -> tuple[str, int, dict | None]:
+    """(status as stored, committed steps, stored config) of a run; ``BadInput`` when there is no such run."""
+    from storage import get_run, run_summaries, session_scope
+
+    engine = _existing_store(storage)
+    with session_scope(engine) as session:
+        row = get_run(session, run_id)
+        if row is None:
+            raise BadInput(f"run {run_id!r}: no such run in {engine.url.render_as_string(hide_password=True)}")
+        steps = next(r.steps for r in run_summaries(session) if r.uid == run_id)
+        return row.status, steps, row.config_json
 
 
 @app.command("runs")
@@ -310,12 +373,14 @@ def _one_line(text: str) -> str:
 
 def _explained(exc_info: object) -> bool:
     """Whether a log record's exception is (or was caused by) a failure the CLI explains in its
-    own last line: the store becoming unreachable, a reward function that failed, or any other
-    ``RunError``."""
+    own last line: the store becoming unreachable, a reward function that failed, a Ray actor that
+    died, or any other ``RunError``."""
     exc = exc_info[1] if isinstance(exc_info, tuple) else None
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         if isinstance(exc, (StoreUnavailable, RunError, RewardFailed)):
+            return True
+        if any(c.__name__ == "RayActorError" for c in type(exc).__mro__):  # a dead actor: ActorLost says so
             return True
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
@@ -376,6 +441,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
         code = app(args=argv, prog_name="tidal", standalone_mode=False)
+    except RunStopped as exc:  # SIGINT / SIGTERM: one line; nothing of the run is left to wait for
+        print(f"tidal: {exc}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exc.exit_code)
+    except KeyboardInterrupt:  # a stop before a run started (imports, config)
+        print("tidal: interrupted", file=sys.stderr)
+        return 130
     except RunError as exc:  # a run that started and could not go on (StoreLost: exit 3)
         return _fail(str(exc), exc.exit_code)
     except (ConfigError, UnknownPolicyError, BadInput, StoreError) as exc:

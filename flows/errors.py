@@ -5,6 +5,9 @@ Kept free of Ray, torch and Prefect so that ``flows.cli`` can catch these withou
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+
 EXIT_BAD_INPUT = 2
 """Something the user gave (config, flag, store URL, a run's files) is wrong; nothing was started."""
 EXIT_STORE_LOST = 3
@@ -43,11 +46,8 @@ class RewardFunctionFailed(RunError):
     exit_code = EXIT_REWARD_FAILED
 
 
-def reward_failure(exc: BaseException) -> RewardFunctionFailed | None:
-    """The ``RewardFunctionFailed`` for a run that stopped because a reward call failed: found
-    anywhere in ``exc``'s chain (causes, contexts, and the ``cause`` a Ray task error carries)."""
-    from cluster.reward import RewardFailed
-
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and everything behind it: causes, contexts, and the ``cause`` a Ray task error carries."""
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
     while todo:
@@ -55,10 +55,20 @@ def reward_failure(exc: BaseException) -> RewardFunctionFailed | None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
+        yield e
         inner = getattr(e, "cause", None)
-        if isinstance(e, RewardFailed):
-            return RewardFunctionFailed(str(inner if isinstance(inner, RewardFailed) else e))
         todo += [e.__cause__, e.__context__, inner if isinstance(inner, BaseException) else None]
+
+
+def reward_failure(exc: BaseException) -> RewardFunctionFailed | None:
+    """The ``RewardFunctionFailed`` for a run that stopped because a reward call failed: found
+    anywhere in ``exc``'s chain."""
+    from cluster.reward import RewardFailed
+
+    for e in _chain(exc):
+        if isinstance(e, RewardFailed):
+            inner = getattr(e, "cause", None)
+            return RewardFunctionFailed(str(inner if isinstance(inner, RewardFailed) else e))
     return None
 
 
@@ -72,3 +82,32 @@ def store_lost_message(*, url: str, reason: str, uid: str, last_step: int, stora
     return (f"the store at {url} is unreachable ({reason}); the run stopped {after} and every committed "
             f"step is intact; once the store is back, resume with: tidal resume {uid} --storage '{storage_arg}'"
             f"{hint}")
+
+
+class ActorLost(RunError):
+    """An actor of the run died mid-step (out of memory, a lost GPU, killed): exit 3, as for a
+    lost store; every committed step is intact and ``tidal resume`` continues."""
+
+    exit_code = EXIT_STORE_LOST
+
+
+def actor_lost(exc: BaseException, *, uid: str, last_step: int, storage_arg: str) -> ActorLost | None:
+    """The ``ActorLost`` for a run that stopped because a Ray actor died: found anywhere in
+    ``exc``'s chain (Ray's ``RayActorError`` and its subclasses, by name: no Ray import here).
+    ``storage_arg`` must have its password hidden already."""
+    for e in _chain(exc):
+        if any(c.__name__ == "RayActorError" for c in type(e).__mro__):
+            after = f"after step {last_step}" if last_step else "before its first step"
+            cause = re.sub(r"\x1b\[[0-9;]*m", "", " ".join(str(getattr(e, "error_msg", "") or e).split()))[:300]
+            return ActorLost(f"an actor of the run died ({type(e).__name__}: {cause}); the run stopped {after} "
+                             f"and every committed step is intact; resume with: tidal resume {uid} "
+                             f"--storage '{storage_arg}'")
+    return None
+
+
+class RunStopped(RunError):
+    """SIGINT or SIGTERM stopped the run cleanly: exit 128 + the signal (130, 143)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -6,6 +6,11 @@
 ``PREFECT_HOME`` (and so its own SQLite database), no UI and no analytics, and waits until
 ``/api/health`` answers (~15–25 s here). ``env()`` is the environment a client, worker or
 ``tidal run`` needs to talk to it. Nothing here touches another Prefect server or home.
+
+``tidal run`` / ``resume`` start one on the user's own ``PREFECT_HOME`` in place of Prefect's
+temporary server (which shares the terminal's process group, so a Ctrl-C killed it under the run):
+``on_spawn`` lets the driver record the server's pid before waiting for it to answer, and
+``log_path`` puts the server's output in the run's folder.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +39,12 @@ class LocalPrefectServer:
     port: int = field(default_factory=free_port)
     extra_args: tuple[str, ...] = ("--no-ui", "--analytics-off", "--no-scheduler")  # prefect server start's
     factory: str | None = FACTORY  # uvicorn app factory; None: ``prefect server start``
+    log_path: str | None = None
+    """The server's output (default: ``server.log`` in its home)."""
+    on_spawn: Callable[[int], None] | None = None
+    """Called with the server's pid as soon as it is started."""
+    stop_wait_s: float = 10.0
+    """How long ``stop()`` waits after SIGINT before it SIGKILLs the server's process group."""
     _proc: subprocess.Popen | None = None
     _owns_home: bool = False
 
@@ -66,8 +78,10 @@ class LocalPrefectServer:
         else:  # what --no-ui / --no-scheduler set, for the app served directly
             env.update(PREFECT_UI_ENABLED="false", PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED="false")
             cmd = server_command(self.port, factory=self.factory)
-        log = open(Path(self.home) / "server.log", "w")  # noqa: SIM115 - closed with the process
+        log = open(self.log_path or Path(self.home) / "server.log", "w")  # noqa: SIM115 - closed with the process
         self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        if self.on_spawn is not None:
+            self.on_spawn(self._proc.pid)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -88,7 +102,7 @@ class LocalPrefectServer:
     def stop(self) -> None:
         """End the server (its process group: the server and its children), then its home if we made it."""
         if self._proc is not None and self._proc.poll() is None:
-            for sig, wait_s in ((signal.SIGINT, 10), (signal.SIGKILL, 5)):
+            for sig, wait_s in ((signal.SIGINT, self.stop_wait_s), (signal.SIGKILL, 5)):
                 try:
                     os.killpg(self._proc.pid, sig)
                     self._proc.wait(timeout=wait_s)

@@ -7,6 +7,7 @@ and when ``auto`` picks Ray: ``docs/flows.md``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -14,16 +15,19 @@ from typing import Any
 from prefect_ray import RayTaskRunner
 
 from config import TidalConfig
+from flows.lifecycle import TEMPORARY_SERVER_ENV
+from flows.progress import report_phase
 
 PHASE_REMOTE_OPTIONS: dict[str, Any] = {"num_cpus": 0}
 """Ray options of every phase task: no CPU reservation (the work happens in the actors)."""
 
 
 def server_configured() -> bool:
-    """Whether this process's Prefect client talks to a server (not the embedded one)."""
+    """Whether this process's Prefect client talks to a server (not the embedded or temporary one)."""
     from prefect.settings import PREFECT_API_URL
 
-    return bool(PREFECT_API_URL.value())
+    url = PREFECT_API_URL.value()
+    return bool(url) and url != os.environ.get(TEMPORARY_SERVER_ENV)
 
 
 @contextmanager
@@ -147,6 +151,7 @@ def run_phase(phase: Any, *args: Any) -> Any:
     """
     from prefect_ray.context import remote_options
 
+    report_phase(getattr(phase, "name", str(phase)))
     with remote_options(**PHASE_REMOTE_OPTIONS):  # read only by the Ray runner
         future = phase.submit(*args)
     return future.result()

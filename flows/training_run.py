@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +16,10 @@ from cluster.backends import CheckpointError
 from cluster.builders import DataPlane, prompts_for
 from cluster.ray_cluster import init_ray
 from config import TidalConfig, to_plain, write_resolved
+from flows import lifecycle
 from flows.configs import load_checked  # the same validation as the CLI
-from flows.errors import CheckpointRefused, StoreLost, reward_failure, store_lost_message
-from flows.progress import StepPrinter
+from flows.errors import CheckpointRefused, StoreLost, actor_lost, reward_failure, store_lost_message
+from flows.progress import current
 from flows.report import write_report
 from flows.runners import step_flow_settings, task_runner_for
 from flows.trackers import StepTrackers
@@ -46,8 +45,11 @@ def without_secrets(cfg: TidalConfig) -> TidalConfig:
     return cfg.model_copy(update={"storage": cfg.storage.model_copy(update={"url": redact_url(cfg.storage.url)})})
 
 
-def _open_run(cfg: TidalConfig, resume_uid: str | None) -> tuple[str, Path, Any]:
-    """Create a run row (fresh) or load the last committed step (resume)."""
+def _open_run(cfg: TidalConfig, resume_uid: str | None, new_uid: str | None) -> tuple[str, Path, Any, bool]:
+    """Create a run row (fresh, named ``new_uid`` when given) or load the last committed step
+    (resume), and take the run's lease in the same transaction unless this process holds it
+    already (``tidal resume`` takes it before anything starts). The last value: whether the
+    lease was taken here (and so is released at the end of this flow run)."""
     engine = open_store(cfg.storage.url, busy_timeout_ms=cfg.storage.busy_timeout_ms)
     migrate(engine)
     with session_scope(engine, immediate=True) as session:
@@ -58,16 +60,54 @@ def _open_run(cfg: TidalConfig, resume_uid: str | None) -> tuple[str, Path, Any]
             row = get_run(session, resume_uid)
             if row is None:
                 raise ValueError(f"run {resume_uid!r} is not in the store at {redact_url(cfg.storage.url)}")
-            set_run_status(session, resume_uid, RunStatus.RUNNING)
-            return resume_uid, Path(row.output_dir), state
-        uid = f"{cfg.trainer.experiment_name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        out = Path(cfg.trainer.default_local_dir) / uid
-        shown = without_secrets(cfg)
-        write_resolved(shown, out)
-        create_run(session, uid=uid, name=cfg.trainer.experiment_name, project=cfg.trainer.project_name,
-                   policy=cfg.async_training.dynamic_schedule_policy, seed=cfg.trainer.seed,
-                   config=to_plain(shown), output_dir=str(out))
-        return uid, out, None
+            uid, out = resume_uid, Path(row.output_dir)
+        else:
+            from flows.driver import new_uid as make_uid
+
+            uid, state = new_uid or make_uid(cfg), None
+            out = Path(cfg.trainer.default_local_dir) / uid
+            shown = without_secrets(cfg)
+            write_resolved(shown, out)
+            create_run(session, uid=uid, name=cfg.trainer.experiment_name, project=cfg.trainer.project_name,
+                       policy=cfg.async_training.dynamic_schedule_policy, seed=cfg.trainer.seed,
+                       config=to_plain(shown), output_dir=str(out))
+        took = not lifecycle.holds(uid)
+        if took:
+            lifecycle.take_lease(session, uid, cfg.lifecycle.lease_timeout_s)
+        set_run_status(session, uid, RunStatus.RUNNING)
+    if took:
+        lifecycle.keep_alive(cfg, uid)
+    return uid, out, state, took
+
+
+def _start_ray(cfg: TidalConfig, uid: str, out_dir: Path) -> str | None:
+    """Attach to ``ray.address`` or start the run's own local cluster; a cluster started here is
+    recorded in the run's folder (its processes and temp dir: a resume after a SIGKILL ends them)
+    and, when its start fails half-way, ended at once. Ray's own processes block SIGINT, so a
+    terminal's Ctrl-C reaches only the driver. Returns the temp dir of a cluster started here."""
+    before = lifecycle.children()
+    try:
+        temp_dir = init_ray(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus,
+                            gpus=cfg.trainer_gpus + cfg.standalone_gpus, memory_gb=cfg.ray.memory_gb,
+                            object_store_memory_gb=cfg.ray.object_store_memory_gb, temp_dir=cfg.ray.temp_dir,
+                            namespace=uid)
+    except BaseException:
+        if not cfg.ray.address:  # what the failed start left running is this process's children
+            lifecycle.end_record(lifecycle.Record("ray-head", tuple((pid, 0) for pid in lifecycle.children() - before)))
+        raise
+    if not cfg.ray.address:
+        lifecycle.write_record(out_dir, "ray-head", tuple(sorted(lifecycle.children() - before)),
+                               dirs=(temp_dir,) if temp_dir else ())
+    return temp_dir
+
+
+def _kill_actors(plane: DataPlane) -> None:
+    """End the run's actors at once (a stop request: no graceful drain)."""
+    for handle in (plane.controller, plane.rollout, plane.trainer, *plane.standalone.values()):
+        try:
+            ray.kill(handle, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
 
 
 def _restore(plane: DataPlane, cfg: TidalConfig, state: Any) -> tuple[int, int]:
@@ -117,22 +157,23 @@ def _warm_up(plane: DataPlane, run: RunRef, version: int, was_active: bool, prom
                 result = ray.get(call(plane.controller, ControllerHost.lend, plan, []))
 
 
-def _mark_failed(cfg: TidalConfig, uid: str) -> None:
+def _mark_failed(cfg: TidalConfig, uid: str, status: RunStatus = RunStatus.FAILED) -> None:
     try:
         with session_scope(open_store(cfg.storage.url, busy_timeout_ms=cfg.storage.busy_timeout_ms)) as session:
-            set_run_status(session, uid, RunStatus.FAILED)
+            set_run_status(session, uid, status)
     except Exception:  # noqa: BLE001 - the original error matters more (the store may be what failed)
         pass
 
 
 @flow(name="training-run", log_prints=True, validate_parameters=False)
 def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, resume: str | None = None,
-                 storage_url: SecretStr | None = None) -> dict[str, Any]:
+                 storage_url: SecretStr | None = None, run_id: str | None = None) -> dict[str, Any]:
     """Train (or resume ``resume``) the config ``config`` with ``overrides``.
 
     ``storage_url`` replaces the config's store URL. It is a secret so that Prefect records it as
     ``**********`` among the flow run's parameters: the CLI passes the store URL here (it may carry
-    a password) and the overrides with any password already hidden.
+    a password) and the overrides with any password already hidden. ``run_id``: the id of a fresh
+    run (the CLI picks it, to know the run's folder before the run starts); default a new one.
     """
     overrides = list(overrides or [])
     if storage_url is not None:  # a deployment run may pass it as a plain string (no validation)
@@ -140,26 +181,23 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
         overrides.append(f"storage.url={url}")
     cfg = load_checked(config, overrides)
     logger = get_run_logger()
-    uid, out_dir, state = _open_run(cfg, resume)
-    ray_temp_dir = init_ray(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus,
-                        gpus=cfg.trainer_gpus + cfg.standalone_gpus, memory_gb=cfg.ray.memory_gb,
-                        object_store_memory_gb=cfg.ray.object_store_memory_gb, temp_dir=cfg.ray.temp_dir,
-                        namespace=uid)
-    consumed_set = state.consumed if state else frozenset()
-    version = state.param_version if state else 0
+    uid, out_dir, state, took_lease = _open_run(cfg, resume, run_id)
+    progress = current(uid, cfg)
+    trackers = StepTrackers.open(cfg, uid, out_dir)  # trainer.logger; starts this session's clock
+    ray_temp_dir: str | None = None
+    plane: DataPlane | None = None
+    committed = state.step if state else 0
+    interrupted = False
     try:
+        _record_flow_run(out_dir)
+        progress.stage("Ray cluster")
+        ray_temp_dir = _start_ray(cfg, uid, out_dir)
+        consumed_set = state.consumed if state else frozenset()
+        version = state.param_version if state else 0
+        progress.stage("actors")
         plane = DataPlane.build(cfg, uid, consumed=consumed_set, param_version=version,
                                 replacement_state=state.data_position.get("replacements") if state else None)
-    except BaseException:  # e.g. placement groups not placed in time (cluster.placement): the row says failed
-        _mark_failed(cfg, uid)
-        ray.shutdown()
-        if ray_temp_dir:
-            shutil.rmtree(ray_temp_dir, ignore_errors=True)
-        raise
-    printer = StepPrinter(uid, cfg)
-    trackers = StepTrackers.open(cfg, uid, out_dir)  # trainer.logger; starts this session's clock
-    committed = state.step if state else 0
-    try:
+        progress.stage("weights")
         next_step, consumed = _restore(plane, cfg, state)
         run = RunRef.from_config(cfg, uid=uid, output_dir=str(out_dir), consumed_before=consumed,
                                  ray_address=ray.get_runtime_context().gcs_address)
@@ -171,38 +209,65 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
         _warm_up(plane, run, version, bool(state and state.hybrid_active), prompts)
         step_flow = training_step.with_options(task_runner=task_runner_for(cfg, run.ray_address))
         logger.info("run %s: %s steps from step %d", uid, cfg.trainer.total_training_steps or "all", next_step)
+        progress.begin(next_step, last_step)
         step = next_step
         while step <= last_step:
             with step_flow_settings():
                 result = step_flow(run, step, final=step == last_step)
             committed = step
             trackers.log(step, result["metrics"])  # the committed step, to every tracker once
-            printer.step(step, result)
+            progress.step(step, result)
             consumed += result["trained"]
             run = run.model_copy(update={"consumed_before": consumed})
             if result["trained"] == 0:
                 break
             step += 1
+        progress.phase("report")
         report = write_report(cfg, uid, out_dir)
         with session_scope(open_store(cfg.storage.url, busy_timeout_ms=cfg.storage.busy_timeout_ms)) as session:
             set_run_status(session, uid, RunStatus.FINISHED)
-        printer.done(report)
+        progress.done(report)
         return {"run": uid, "steps": step, "output_dir": str(out_dir), "report": report}
     except StoreUnavailable as exc:  # the database went away mid-run: say so in one line, resumably
         _mark_failed(cfg, uid)
         raise StoreLost(store_lost_message(url=redact_url(cfg.storage.url), reason=exc.reason or str(exc), uid=uid,
                                            last_step=committed, storage_arg=redact_url(cfg.storage.url))) from exc
     except BaseException as exc:
-        _mark_failed(cfg, uid)
-        failure = reward_failure(exc)
-        if failure is not None:  # a reward function raised or hung: one line, exit 4
+        signum = lifecycle.interruption(exc)
+        interrupted = signum is not None
+        if interrupted:
+            lifecycle.note_stop(signum)
+        _mark_failed(cfg, uid, RunStatus.INTERRUPTED if interrupted else RunStatus.FAILED)
+        failure = reward_failure(exc) or actor_lost(exc, uid=uid, last_step=committed,
+                                                     storage_arg=redact_url(cfg.storage.url))
+        if failure is not None and not interrupted:  # a reward function or an actor failed: one line
             raise failure from exc
         raise
     finally:
         trackers.close()
-        plane.shutdown()
-        ray.shutdown()  # ends a cluster this process started; only disconnects from an attached one
-        if ray_temp_dir:
-            shutil.rmtree(ray_temp_dir, ignore_errors=True)
+        progress.close()
+        _take_down(plane, ray_temp_dir, out_dir, fast=interrupted)
+        if took_lease:
+            lifecycle.let_go(uid)
 
 
+def _record_flow_run(out_dir: Path) -> None:
+    """Record this flow run's id in the run's folder: a resume after a SIGKILL marks it Crashed."""
+    from prefect.runtime import flow_run
+
+    if flow_run.id:
+        lifecycle.write_record(out_dir, "flow-run", info={"id": str(flow_run.id)})
+
+
+def _take_down(plane: DataPlane | None, ray_temp_dir: str | None, out_dir: Path, *, fast: bool) -> None:
+    """End the run's actors (at once on a stop request, else after draining), then its Ray cluster."""
+    if plane is not None:
+        if fast:
+            _kill_actors(plane)
+        else:
+            plane.shutdown()
+    ray.shutdown()  # ends a cluster this process started; only disconnects from an attached one
+    if ray_temp_dir:
+        shutil.rmtree(ray_temp_dir, ignore_errors=True)
+    lifecycle.drop_record(out_dir, "ray-head")
+    lifecycle.drop_record(out_dir, "flow-run")

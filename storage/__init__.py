@@ -1,6 +1,6 @@
 """Tidal's SQL store: SQLAlchemy 2 models, store functions and Alembic migrations.
 
-Owns: the tables (runs, steps, policy states, metrics, switch events, decisions, checkpoints,
+Owns: the tables (runs, driver leases, steps, policy states, metrics, switch events, decisions, checkpoints,
 consumed prompts), their migrations, opening a store (SQLite with WAL and a busy timeout by
 default, PostgreSQL by URL) and reading back what a resumed run needs. Store functions take a
 Session, flush and never commit: the caller owns the transaction (``session_scope``), so one
@@ -17,6 +17,16 @@ from storage.engine import (
     session_scope,
     sqlite_url,
     store_file,
+)
+from storage.lease import (
+    LeaseHeld,
+    LeaseHolder,
+    acquire_lease,
+    effective_status,
+    lease_of,
+    release_lease,
+    renew_lease,
+    run_statuses,
 )
 from storage.migrate import current_revision, downgrade, head_revision, migrate
 from storage.models import Base, RunStatus
@@ -39,6 +49,8 @@ from storage.store import (
 
 __all__ = [
     "Base",
+    "LeaseHeld",
+    "LeaseHolder",
     "ResumeState",
     "RunStatus",
     "RunSummary",
@@ -46,13 +58,16 @@ __all__ = [
     "StoreUnavailable",
     "StoredCheckpoint",
     "StoredStep",
+    "acquire_lease",
     "consumed_prompts",
     "create_run",
     "current_revision",
     "downgrade",
+    "effective_status",
     "get_run",
     "head_revision",
     "latest_step",
+    "lease_of",
     "list_runs",
     "load_resume_state",
     "make_engine",
@@ -61,6 +76,9 @@ __all__ = [
     "read_step_metrics",
     "record_step",
     "redact_url",
+    "release_lease",
+    "renew_lease",
+    "run_statuses",
     "run_summaries",
     "session_scope",
     "set_run_status",

@@ -20,6 +20,7 @@ __all__ = [
     "Checkpoint",
     "ConsumedPrompt",
     "Decision",
+    "DriverLease",
     "Metric",
     "PolicyState",
     "Run",
@@ -59,11 +60,16 @@ class Base(DeclarativeBase):
 
 
 class RunStatus(enum.StrEnum):
-    """Where a run is. ``running`` also covers a run that was killed and not yet resumed."""
+    """Where a run is, as its driver last wrote it. ``running`` also covers a driver that was
+    killed: ``storage.effective_status`` reads the lease's heartbeat to tell (``interrupted``)."""
 
     RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    """Stopped by SIGINT / SIGTERM (or its driver died): ``tidal resume`` continues it."""
+
+RUN_STATUSES = "status IN ('running', 'finished', 'failed', 'interrupted')"
 
 
 def _step_key() -> sa.ForeignKeyConstraint:
@@ -78,7 +84,7 @@ class Run(Base):
 
     __tablename__ = "runs"
     __table_args__ = (
-        sa.CheckConstraint("status IN ('running', 'finished', 'failed')", name="status"),
+        sa.CheckConstraint(RUN_STATUSES, name="status"),
     )
 
     uid: Mapped[str] = mapped_column(sa.String(64), unique=True)
@@ -188,3 +194,26 @@ class ConsumedPrompt(Base):
     step: Mapped[int]
     epoch: Mapped[int]
     prompt_index: Mapped[int]
+
+
+class DriverLease(Base):
+    """The one driver allowed to run a run: who it is and when it last said it was alive.
+
+    Taken at ``run`` / ``resume`` start, renewed by a heartbeat, deleted at the end. A lease whose
+    heartbeat is older than ``timeout_s`` (or whose process is gone, on the same host) is stale and
+    may be taken over. Times are wall-clock seconds since the epoch.
+    """
+
+    __tablename__ = "driver_leases"
+    __table_args__ = (sa.UniqueConstraint("run_id"),)
+
+    run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"))
+    driver_id: Mapped[str] = mapped_column(sa.String(64))
+    host: Mapped[str] = mapped_column(sa.String(255))
+    pid: Mapped[int]
+    pid_started: Mapped[int] = mapped_column(sa.BigInteger)
+    """The process's start time in clock ticks since boot (``/proc/PID/stat``; 0 where unknown):
+    with the pid, it tells a live holder from a reused pid on the same host."""
+    acquired_at: Mapped[float]
+    heartbeat_at: Mapped[float]
+    timeout_s: Mapped[float]

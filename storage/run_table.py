@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from storage.models import Metric, Run, Step
+from storage.lease import run_statuses
 
 __all__ = ["RunRow", "run_table"]
 
@@ -57,13 +58,14 @@ def run_table(session: Session, metric: str = "train/reward_mean") -> list[RunRo
         .join(last_step, sa.and_(Metric.run_id == last_step.c.run_id, Metric.step == last_step.c.step))
         .where(Metric.name == metric)
     ).all())
+    statuses = run_statuses(session)  # a run whose driver's heartbeat stopped reads `interrupted`
     rows = []
     for run in session.scalars(sa.select(Run).order_by(Run.id)):
         steps, wall = totals.get(run.id, (0, 0.0))
         total = (run.config_json.get("trainer") or {}).get("total_training_steps")
         value = last.get(run.id)
         rows.append(RunRow(
-            uid=run.uid, status=run.status, policy=run.policy, steps=int(steps),
+            uid=run.uid, status=statuses.get(run.uid, run.status), policy=run.policy, steps=int(steps),
             total_steps=int(total) if isinstance(total, int) else None, created=run.created,
             output_dir=run.output_dir, step_wall_s=float(wall),
             last_value=None if value is None or math.isnan(value) else float(value),

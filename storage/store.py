@@ -198,7 +198,7 @@ def run_summaries(session: Session) -> list[RunSummary]:
 
 
 def set_run_status(session: Session, uid: str, status: str | RunStatus) -> Run:
-    """Mark a run running, finished or failed."""
+    """Mark a run running, finished, failed or interrupted."""
     try:
         value = RunStatus(status).value
     except ValueError:

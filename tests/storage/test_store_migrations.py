@@ -25,7 +25,7 @@ from storage.migrate import alembic_config
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = {
     "runs", "steps", "policy_states", "metrics", "switch_events", "decisions", "checkpoints",
-    "consumed_prompts",
+    "consumed_prompts", "driver_leases",
 }
 
 # One row in every table, in raw SQL so that the test does not depend on today's models.
@@ -44,6 +44,8 @@ ONE_ROW_EACH = [
     "INSERT INTO checkpoints (id, run_id, step, path, sha256, size_bytes) "
     "VALUES (1, 1, 1, '/ckpt/1', 'ab', 10)",
     "INSERT INTO consumed_prompts (id, run_id, step, epoch, prompt_index) VALUES (1, 1, 1, 0, 5)",
+    "INSERT INTO driver_leases (id, run_id, driver_id, host, pid, pid_started, acquired_at, heartbeat_at, "
+    "timeout_s) VALUES (1, 1, 'd1', 'host', 42, 7, 1.0, 2.0, 30.0)",
 ]
 
 
@@ -102,6 +104,20 @@ def test_down_to_base_with_rows_present_drops_every_table_and_up_again_rebuilds_
     assert _row_counts(engine) == dict.fromkeys(TABLES, 0)
     _insert_one_row_each(engine)
     assert _row_counts(engine) == dict.fromkeys(TABLES, 1)
+
+
+def test_going_down_to_the_first_revision_turns_interrupted_runs_back_into_running_ones(engine):
+    _insert_one_row_each(engine)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE runs SET status = 'interrupted'")
+    downgrade(engine, "0001")
+    assert _tables(engine) == TABLES - {"driver_leases"} | {"alembic_version"}
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT uid, status FROM runs").all() == [("r1", "running")]
+    migrate(engine)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE runs SET status = 'interrupted'")
+        assert conn.exec_driver_sql("SELECT status FROM runs").scalar_one() == "interrupted"
 
 
 def test_a_store_stamped_by_an_unknown_newer_revision_is_refused_in_one_line(engine):

@@ -1,0 +1,211 @@
+"""What ``tidal run`` / ``resume`` set up around the ``training_run`` flow, and take down after it.
+
+Owns, in order: the run's lease (a resume takes it before anything starts, so a second driver
+leaves in a second having written nothing), a dead driver's leftovers (ended through the run's
+records, its flow run marked Crashed), the temporary Prefect server (started here in a session of
+its own, on the user's ``PREFECT_HOME``, so a terminal's Ctrl-C reaches Tidal and not the server
+under it), where Prefect's logs go (INFO to ``<run dir>/prefect.log`` and the UI, WARNING and
+above to the terminal), and the way out: the server stopped, the lease released. Must not: run
+steps (the flow does) or end anything a record of this run does not name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from config import TidalConfig
+from flows import lifecycle
+from flows.progress import Progress
+from storage import open_store, session_scope
+
+log = logging.getLogger("tidal.driver")
+
+PREFECT_LOG = "prefect.log"
+"""Prefect's INFO lines of the run (task and flow run states), in the run's folder."""
+
+
+@dataclass
+class Embedded:
+    """What the driver set up for one run (see ``embedded``)."""
+
+    uid: str
+    run_dir: Path
+    progress: Progress
+    took_over: list[str] = field(default_factory=list)
+    """The dead driver's leftovers this driver ended (as words)."""
+
+
+@contextmanager
+def embedded(cfg: TidalConfig, uid: str, run_dir: Path, *, resume: bool, progress: Progress) -> Iterator[Embedded]:
+    """Lease (resume), leftovers, Prefect server, logging; undone in reverse on the way out."""
+    state = Embedded(uid, run_dir, progress)
+    with ExitStack() as stack:
+        stack.callback(lifecycle.let_go, uid)
+        crashed = []
+        if resume:
+            if not lifecycle.holds(uid):  # `tidal resume` claims it first of all (lifecycle.claim)
+                with session_scope(open_store(cfg.storage.url, busy_timeout_ms=cfg.storage.busy_timeout_ms),
+                                   immediate=True) as session:
+                    lifecycle.take_lease(session, uid, cfg.lifecycle.lease_timeout_s)
+                lifecycle.keep_alive(cfg, uid)
+            state.took_over, crashed = lifecycle.end_leftovers(run_dir)
+        stack.enter_context(_prefect(cfg, run_dir, progress))
+        for record in crashed:
+            _mark_crashed(record)
+            lifecycle.drop_record(run_dir, record.kind)
+        stack.enter_context(prefect_logs_to_file(run_dir / PREFECT_LOG))
+        yield state
+
+
+@contextmanager
+def _prefect(cfg: TidalConfig, run_dir: Path, progress: Progress) -> Iterator[None]:
+    """The Prefect API this run talks to: the configured one, or a temporary server of its own."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    if cfg.prefect.api_url or PREFECT_API_URL.value():
+        with temporary_settings(updates={PREFECT_API_URL: cfg.prefect.api_url or PREFECT_API_URL.value()}):
+            yield
+        return
+    from flows.prefect_server import LocalPrefectServer
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    server = LocalPrefectServer(home=str(PREFECT_HOME.value()), log_path=str(run_dir / "prefect-server.log"),
+                                on_spawn=lambda pid: lifecycle.write_record(run_dir, "prefect-server", (pid,), session=True),
+                                stop_wait_s=5.0)
+    progress.stage("Prefect server")
+    try:
+        server.start(timeout_s=_startup_timeout_s())
+        saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", lifecycle.TEMPORARY_SERVER_ENV)}
+        os.environ.update(PREFECT_API_URL=server.api_url, **{lifecycle.TEMPORARY_SERVER_ENV: server.api_url})
+        try:
+            with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+                try:
+                    yield
+                finally:  # however the run ended: its last logs and events, while the server answers
+                    _drain_prefect()
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+    finally:
+        server.stop()
+        lifecycle.drop_record(run_dir, "prefect-server")
+
+
+def _startup_timeout_s() -> float:
+    """How long the temporary server may take to answer: Prefect's own setting for its temporary
+    server (``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``), at least 180 s (a loaded
+    2-core machine needs minutes)."""
+    from prefect.settings import get_current_settings
+
+    return max(180.0, float(get_current_settings().server.ephemeral.startup_timeout_seconds))
+
+
+def _drain_prefect() -> None:
+    """Let Prefect's log and event workers send what they hold while the server still answers."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        try:
+            worker.drain_all(timeout=5)
+        except Exception as exc:  # noqa: BLE001 - a lost log line must not hide how the run ended
+            log.debug("draining %s failed: %s", worker.__name__, exc)
+
+
+def _mark_crashed(record: lifecycle.Record) -> None:
+    """Mark a dead driver's ``training-run`` flow run (and its running step) Crashed."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+    from prefect.states import Crashed
+
+    message = "its driver died; the run was taken over by a resume"
+    flow_run_id = UUID((record.info or {})["id"])
+    try:
+        with get_client(sync_client=True) as client:
+            children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
+            for run in [*children, client.read_flow_run(flow_run_id)]:
+                if run.state is not None and not run.state.is_final():
+                    client.set_flow_run_state(run.id, Crashed(message=message), force=True)
+    except Exception as exc:  # noqa: BLE001 - the run goes on; the UI keeps a stale state
+        log.warning("could not mark the dead driver's flow run %s Crashed: %s", flow_run_id, exc)
+
+
+@contextmanager
+def prefect_logs_to_file(path: Path) -> Iterator[None]:
+    """Prefect's INFO lines to ``path`` (and, as before, to the UI); only WARNING and above to the
+    terminal. ``PREFECT_LOGGING_LEVEL`` set to INFO or DEBUG keeps them on the terminal too."""
+    from prefect.logging.configuration import ensure_logging_setup
+
+    ensure_logging_setup()  # Prefect configures logging lazily: done later, it would undo what follows
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prefect_logger = logging.getLogger("prefect")
+    asked = logging.getLevelName(os.environ.get("PREFECT_LOGGING_LEVEL", "WARNING").upper())
+    console_level = asked if isinstance(asked, int) and asked < logging.WARNING else logging.WARNING
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(_file_formatter())
+    consoles = [h for h in logging.getLogger().handlers if isinstance(h, logging.StreamHandler)
+                and not isinstance(h, logging.FileHandler)]
+    saved = prefect_logger.level, [h.level for h in consoles]
+    prefect_logger.setLevel(min(logging.INFO, console_level))
+    for h in consoles:
+        h.setLevel(max(h.level, console_level))
+        h.addFilter(_quiet_while_stopping)
+    prefect_logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        prefect_logger.removeHandler(handler)
+        handler.close()
+        prefect_logger.setLevel(saved[0])
+        for h, level in zip(consoles, saved[1], strict=True):
+            h.setLevel(level)
+            h.removeFilter(_quiet_while_stopping)
+
+
+def _file_formatter() -> logging.Formatter:
+    return _RunFormatter("%(asctime)s | %(levelname)-7s | %(where)s - %(message)s")
+
+
+class _RunFormatter(logging.Formatter):
+    """Names the flow or task run a line came from, as Prefect's console does (else the logger)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        task, flow_run = getattr(record, "task_run_name", None), getattr(record, "flow_run_name", None)
+        record.where = f"Task run {task!r}" if task else f"Flow run {flow_run!r}" if flow_run else record.name
+        return super().format(record)
+
+
+def _quiet_while_stopping(record: logging.LogRecord) -> bool:
+    """Once a stop signal arrived, Prefect's echoes of it ("Crash detected! Execution was aborted
+    by an interrupt signal", the step's failed tasks) go to the log file only: the terminal's
+    last word is the driver's own line with the resume command."""
+    return not (lifecycle.stopping() and record.name.startswith("prefect"))
+
+
+def resume_hint(uid: str, storage: str | None) -> str:
+    """The command that continues ``uid``."""
+    return f"tidal resume {uid}" + (f" --storage '{storage}'" if storage else "")
+
+
+def new_uid(cfg: TidalConfig) -> str:
+    import uuid
+
+    return f"{cfg.trainer.experiment_name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def run_dir_of(cfg: TidalConfig, uid: str) -> Path:
+    return Path(cfg.trainer.default_local_dir) / uid
+

@@ -1,0 +1,197 @@
+"""The driver's lifecycle pieces on their own (no Prefect server, no Ray): stop signals, the run's
+records and what ending them ends, the per-step lines, where Prefect's logs go, and a resume of a
+finished run. The whole path through `tidal run` is tests/integration/test_lifecycle.py."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from config import ConfigError, load_config, write_resolved
+from flows.driver import prefect_logs_to_file
+from flows.lifecycle import (
+    RunInterrupted,
+    StopSignals,
+    end_leftovers,
+    interruption,
+    read_records,
+    write_record,
+)
+from flows.progress import LineProgress, LiveProgress
+from storage import create_run, open_store, session_scope, set_run_status, sqlite_url
+from storage.lease import process_alive
+
+
+def test_the_first_stop_signal_raises_once_and_later_ones_are_only_counted():
+    with StopSignals() as stop:
+        with pytest.raises(RunInterrupted) as raised:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        os.kill(os.getpid(), signal.SIGTERM)  # during the cleanup: no second exception
+        time.sleep(0.1)
+    assert (raised.value.signum, raised.value.exit_code, stop.signum, stop.count) == (signal.SIGINT, 130, signal.SIGINT, 2)
+
+
+def test_a_stop_is_found_through_the_exceptions_it_caused():
+    try:
+        try:
+            raise RunInterrupted(signal.SIGTERM)
+        except RunInterrupted as exc:
+            raise RuntimeError("a flow run crashed") from exc
+    except RuntimeError as exc:
+        found = interruption(exc)
+    assert (found, interruption(ValueError("no"))) == (signal.SIGTERM, None)
+
+
+def test_ending_leftovers_ends_a_recorded_session_with_its_children_and_deletes_its_dirs(tmp_path):
+    leader = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"],
+                              start_new_session=True)
+    temp = tmp_path / "ray-temp"
+    temp.mkdir()
+    time.sleep(1.0)
+    children = [int(p) for p in os.listdir("/proc") if p.isdigit() and _sid(int(p)) == leader.pid]
+    write_record(tmp_path, "prefect-server", (leader.pid,), session=True, dirs=(str(temp),))
+    ended, others = end_leftovers(tmp_path)
+    leader.wait(timeout=10)
+    assert (ended, others) == ([f"prefect-server (pids {', '.join(map(str, sorted(children)))})"], [])
+    assert [pid for pid in children if process_alive(pid)] == []
+    assert (temp.exists(), read_records(tmp_path)) == (False, [])
+
+
+def test_a_record_whose_pid_now_belongs_to_another_process_ends_nothing(tmp_path):
+    write_record(tmp_path, "ray-head", (os.getpid(),))
+    path = tmp_path / "driver" / "ray-head.json"
+    path.write_text(path.read_text().replace(f"[{os.getpid()}, ", f"[{os.getpid()}, 1"))  # another start tick
+    assert end_leftovers(tmp_path) == ([], [])
+    assert process_alive(os.getpid())
+
+
+def _sid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[3])
+    except OSError:
+        return -1
+
+
+def _result(reward: float, lent: bool) -> dict:
+    return {"hybrid_active": lent, "metrics": {"timing_s/step": 1.5, "train/reward_mean": reward,
+                                               "dynamic_resource/mq_size": 4,
+                                               "dynamic_resource/resource_utilization": 0.75}}
+
+
+def test_a_non_terminal_gets_one_plain_line_per_step_and_a_summary():
+    cfg = load_config("tiny-cpu", ["trainer.total_training_steps=2"])
+    out = io.StringIO()
+    progress = LineProgress("r1", cfg, out=out)
+    progress.begin(1, 2)
+    progress.step(1, _result(0.25, True))
+    progress.step(2, _result(0.5, False))
+    progress.done({"markdown": "/runs/r1/report.md"})
+    lines = out.getvalue().splitlines()
+    assert [line.split("  eta")[0] for line in lines[1:3]] == [
+        "step    1/2    1.50s  reward 0.250  queue   4  util 0.75  hybrid lent",
+        "step    2/2    1.50s  reward 0.500  queue   4  util 0.75  hybrid training"]
+    assert lines[0] == (f"tidal run r1: {cfg.trainer_gpus} trainer GPU(s), {cfg.standalone_gpus} rollout GPU(s), policy "
+                        f"{cfg.async_training.dynamic_schedule_policy}; steps 1..2")
+    assert lines[3].startswith("done: 2 step(s) in ") and lines[3].endswith(
+        "s, reward 0.250 → 0.500; report /runs/r1/report.md")
+    assert len(lines) == 4
+
+
+def test_a_terminal_gets_the_start_up_stages_then_a_step_bar_and_the_summary():
+    from rich.console import Console
+
+    cfg = load_config("tiny-cpu", ["trainer.total_training_steps=2"])
+    screen = io.StringIO()
+    progress = LiveProgress("r1", cfg, console=Console(file=screen, force_terminal=True, width=120, color_system=None))
+    for stage in ("Prefect server", "Ray cluster", "actors", "weights"):
+        progress.stage(stage)
+    shown_stages = screen.getvalue()
+    progress.begin(1, 2)
+    progress.phase("train")
+    progress.step(1, _result(0.25, True))
+    progress.done({"markdown": "/runs/r1/report.md"})
+    shown = screen.getvalue()
+    assert [f"{mark} {stage} (" in shown_stages for mark, stage in
+            [("✓", "Prefect server"), ("✓", "Ray cluster"), ("✓", "actors"), ("…", "weights")]] == [True] * 4
+    assert ["phase: train" in shown, "1/2" in shown, "last: step    1/2    1.50s  reward 0.250" in shown,
+            "reward 0.250 → 0.250; report /runs/r1/report.md" in shown] == [True] * 4
+
+
+@pytest.mark.filterwarnings("ignore:Logger 'prefect")  # no flow run here for the API handler to attach to
+def test_prefect_info_goes_to_the_run_log_file_and_only_warnings_reach_the_terminal(tmp_path, monkeypatch):
+    from prefect.logging.configuration import ensure_logging_setup
+
+    monkeypatch.delenv("PREFECT_LOGGING_LEVEL", raising=False)
+    ensure_logging_setup()
+    terminal = io.StringIO()
+    console = logging.StreamHandler(terminal)
+    logging.getLogger().addHandler(console)
+    try:
+        with prefect_logs_to_file(tmp_path / "prefect.log"):
+            logging.getLogger("prefect.task_runs").info("Task run 'train-5a6' - Finished in state Completed()")
+            logging.getLogger("prefect.flow_runs").warning("a warning")
+    finally:
+        logging.getLogger().removeHandler(console)
+    assert terminal.getvalue() == "a warning\n"
+    assert [line.split(" | ", 1)[1] for line in (tmp_path / "prefect.log").read_text().splitlines()] == [
+        "INFO    | prefect.task_runs - Task run 'train-5a6' - Finished in state Completed()",
+        "WARNING | prefect.flow_runs - a warning"]  # outside a flow run: the logger's name, not the run's
+
+
+def test_resuming_a_finished_run_says_so_in_one_line_without_starting_anything(tmp_path):
+    url = sqlite_url(tmp_path / "t.db")
+    cfg = load_config("tiny-cpu", [f"storage.url={url}"])
+    engine = open_store(url)
+    from storage import migrate
+
+    migrate(engine)
+    write_resolved(cfg, tmp_path / "r1")
+    with session_scope(engine) as s:
+        create_run(s, uid="r1", name="n", project="p", policy="default", seed=0, config={},
+                   output_dir=str(tmp_path / "r1"))
+        set_run_status(s, "r1", "finished")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "resume", "r1", "--storage", url], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    took = time.monotonic() - started
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0, "run r1 is already finished (0 steps committed); nothing to resume\n", "")
+    assert took < 30  # no Prefect server (~15 s and more) nor Ray cluster was started
+    assert not (tmp_path / "r1" / "driver").exists()
+
+
+def test_a_heartbeat_as_long_as_the_lease_timeout_is_refused():
+    with pytest.raises(ConfigError, match="heartbeat_interval_s"):
+        load_config("tiny-cpu", ["lifecycle.lease_timeout_s=5", "lifecycle.heartbeat_interval_s=5"])
+
+
+def test_a_dead_actor_anywhere_in_the_chain_becomes_one_line_with_the_resume_command():
+    from flows.errors import ActorLost, actor_lost
+
+    class RayActorError(Exception):  # matched by name: flows.errors imports no Ray
+        pass
+
+    class ActorDiedError(RayActorError):
+        pass
+
+    try:
+        try:
+            raise ActorDiedError("\x1b[36mray::TrainerActor\x1b[39m The actor died\nunexpectedly")
+        except ActorDiedError as exc:
+            raise RuntimeError("a step flow failed") from exc
+    except RuntimeError as exc:
+        lost = actor_lost(exc, uid="r1", last_step=3, storage_arg="sqlite:///t.db")
+    assert (type(lost), lost.exit_code, str(lost)) == (ActorLost, 3, (
+        "an actor of the run died (ActorDiedError: ray::TrainerActor The actor died unexpectedly); the run stopped "
+        "after step 3 and every committed step is intact; resume with: tidal resume r1 --storage 'sqlite:///t.db'"))
+    assert actor_lost(ValueError("no"), uid="r1", last_step=0, storage_arg="x") is None

@@ -14,8 +14,8 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from storage.models import Metric, Run, Step
 from storage.lease import run_statuses
+from storage.models import Metric, Run, Step
 
 __all__ = ["RunRow", "run_table"]
 

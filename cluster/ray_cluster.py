@@ -172,6 +172,7 @@ def init_ray(*, address: str | None, num_cpus: int | None, gpus: int, memory_gb:
     os.environ[AUTOSCALER_PORT_ENV] = str(free_port())  # read by the monitor this init starts
     owned = temp_dir or tempfile.mkdtemp(prefix="tidal-ray-", dir="/tmp")
     ray.init(
+        address="local",  # a new cluster even where /tmp/ray/ray_current_cluster names another (or a dead) one
         num_cpus=num_cpus,
         resources={GPU_RESOURCE: gpus},
         _temp_dir=owned,
@@ -181,6 +182,21 @@ def init_ray(*, address: str | None, num_cpus: int | None, gpus: int, memory_gb:
         **common,
     )
     return None if temp_dir else owned
+
+
+def _forget_current_cluster(address: str | None) -> None:
+    """Delete Ray's machine-wide ``ray_current_cluster`` file if it names ``address`` (the head
+    ``ray.cluster_utils.Cluster`` wrote it for): a stale one makes every later ``ray.init()``
+    without an address try to join the dead cluster."""
+    from ray._private.utils import get_ray_address_file
+
+    path = Path(get_ray_address_file(None))
+    try:
+        named = path.read_text(encoding="utf-8").strip()
+    except OSError:
+        return
+    if address and named.rsplit(":", 1)[-1] == address.rsplit(":", 1)[-1]:
+        path.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -258,12 +274,14 @@ class LocalMultiNodeCluster:
 
     def stop(self, *, keep_temp: bool = False) -> None:
         if self.cluster is not None:
+            address = self.cluster.address  # type: ignore[union-attr]
             for node in [*self.workers]:
                 self.remove(node)
             head = self.cluster.head_node  # type: ignore[union-attr]
             if head is not None:
                 self.cluster.remove_node(head)  # type: ignore[union-attr]
             self.cluster = None
+            _forget_current_cluster(address)
         if not keep_temp:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
 

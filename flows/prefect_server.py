@@ -71,7 +71,8 @@ class LocalPrefectServer:
         Path(self.home).mkdir(parents=True, exist_ok=True)
         env = self.env()
         env.pop("PREFECT_API_URL")  # the server itself is not a client of anything
-        env["PREFECT_API_DATABASE_CONNECTION_URL"] = f"sqlite+aiosqlite:///{Path(self.home) / 'prefect.db'}"
+        # the home's own SQLite, unless the caller chose a database (PostgreSQL: README, Prefect server)
+        env.setdefault("PREFECT_API_DATABASE_CONNECTION_URL", f"sqlite+aiosqlite:///{Path(self.home) / 'prefect.db'}")
         if self.factory is None:
             cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
                    "--port", str(self.port), *self.extra_args]

@@ -55,7 +55,7 @@ def test_the_counter_records_every_actor_call_the_process_makes(tmp_path):
             def say(self, x):
                 return x
 
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
         echo = Echo.remote()
         assert ray.get([echo.say.remote(1), echo.say.options(name="again").remote(2)]) == [1, 2]
         ray.shutdown()

@@ -43,6 +43,10 @@ TARGETS = {
     "sim.seconds_400_steps_32_gpus": ("<=", 2.0),
     "faults.samples_lost": ("<=", 0),
     "faults.samples_duplicated": ("<=", 0),
+    "prefect_stalls.over_1s_after": ("<=", 0),
+    "hf_engine.ratio_at_32_median": (">=", 2.0),
+    "sim_seed.predictive_vs_best_static": ("<=", -0.20),
+    "sim_grid.predictive_worst_vs_never_lend": ("<=", 0.01),
 }
 
 
@@ -77,7 +81,9 @@ def merge() -> dict:
     if tb.get("setups"):
         out["cpu_training_bound"]["setups"] = {k: {"speedup_vs_static_median": v["speedup_vs_static_median"]}
                                                for k, v in tb["setups"].items()}
-    for name in ("sim_seed", "sim_grid", "gpu"):  # written by bench_sim.py seed / grid --write
+    # written by bench_sim.py seed / grid --write, gpu_check.py --write-results, and by hand from the
+    # runs RESULTS.md quotes (prefect_stalls, multinode, hf_engine: each with its command there)
+    for name in ("sim_seed", "sim_grid", "gpu", "prefect_stalls", "multinode", "hf_engine"):
         figures = read_json(name)
         if figures:
             out[name] = {k: v for k, v in figures.items() if k != "load_average"}

@@ -22,7 +22,7 @@ from rich.text import Text
 from config import TidalConfig
 
 
-def _fmt_step(step: int, total: int | None, result: dict[str, Any], eta_s: float | None) -> str:
+def step_line(step: int, total: int | None, result: dict[str, Any], eta_s: float | None) -> str:
     m = result["metrics"]
     of = f"/{total}" if total else ""
     eta = f"  eta {eta_s:5.0f}s" if eta_s is not None else ""
@@ -112,7 +112,7 @@ class LineProgress(Progress):
 
     def step(self, step: int, result: dict[str, Any]) -> None:
         super().step(step, result)
-        self._say(_fmt_step(step, self.cfg.trainer.total_training_steps if self.cfg else None, result, self.eta_s()))
+        self._say(step_line(step, self.cfg.trainer.total_training_steps if self.cfg else None, result, self.eta_s()))
 
     def done(self, report: dict[str, Any] | None) -> None:
         self._say(self.summary(report))
@@ -169,7 +169,7 @@ class LiveProgress(Progress):
     def step(self, step: int, result: dict[str, Any]) -> None:
         super().step(step, result)
         self.bar.advance(self.task)
-        self.last_line = _fmt_step(step, self.cfg.trainer.total_training_steps if self.cfg else None, result, None)
+        self.last_line = step_line(step, self.cfg.trainer.total_training_steps if self.cfg else None, result, None)
         self._refresh()
 
     def done(self, report: dict[str, Any] | None) -> None:

@@ -19,11 +19,12 @@ from config import TidalConfig, to_plain, write_resolved
 from flows import lifecycle
 from flows.configs import load_checked  # the same validation as the CLI
 from flows.errors import CheckpointRefused, StoreLost, actor_lost, reward_failure, store_lost_message
-from flows.progress import current
+from flows.progress import current, step_line
 from flows.report import write_report
 from flows.runners import step_flow_settings, task_runner_for
 from flows.trackers import StepTrackers
 from flows.training_step import training_step
+from tasks.artifact import run_progress
 from loop import HybridSync, Lend, WarmUp, run_start
 from storage import (
     RunStatus,
@@ -165,7 +166,26 @@ def _mark_failed(cfg: TidalConfig, uid: str, status: RunStatus = RunStatus.FAILE
         pass
 
 
-@flow(name="training-run", log_prints=True, validate_parameters=False)
+def _flow_run_name() -> str:
+    """The `training-run` flow run's name in the UI: the Tidal run id when the caller gave one
+    (the CLI does; ``_name_flow_run`` renames a deployment's run once its id is known)."""
+    from prefect.runtime import flow_run
+
+    params = flow_run.parameters
+    return str(params.get("run_id") or params.get("resume") or f"{params.get('config', 'run')}-starting")
+
+
+def _name_flow_run(uid: str) -> None:
+    """Name this flow run after the Tidal run id ``uid`` (so the UI matches `tidal runs`)."""
+    from prefect import get_client
+    from prefect.runtime import flow_run
+
+    if flow_run.id and flow_run.name != uid:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(flow_run.id, name=uid)
+
+
+@flow(name="training-run", flow_run_name=_flow_run_name, log_prints=True, validate_parameters=False)
 def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, resume: str | None = None,
                  storage_url: SecretStr | None = None, run_id: str | None = None) -> dict[str, Any]:
     """Train (or resume ``resume``) the config ``config`` with ``overrides``.
@@ -190,6 +210,7 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
     interrupted = False
     try:
         _record_flow_run(out_dir)
+        _name_flow_run(uid)
         progress.stage("Ray cluster")
         ray_temp_dir = _start_ray(cfg, uid, out_dir)
         consumed_set = state.consumed if state else frozenset()
@@ -210,6 +231,7 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
         step_flow = training_step.with_options(task_runner=task_runner_for(cfg, run.ray_address))
         logger.info("run %s: %s steps from step %d", uid, cfg.trainer.total_training_steps or "all", next_step)
         progress.begin(next_step, last_step)
+        shown = run_progress(uid, committed, last_step)
         step = next_step
         while step <= last_step:
             with step_flow_settings():
@@ -217,6 +239,8 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
             committed = step
             trackers.log(step, result["metrics"])  # the committed step, to every tracker once
             progress.step(step, result)
+            logger.info(step_line(step, last_step, result, progress.eta_s()))  # the UI's log of the run
+            shown = run_progress(uid, committed, last_step, shown)
             consumed += result["trained"]
             run = run.model_copy(update={"consumed_before": consumed})
             if result["trained"] == 0:

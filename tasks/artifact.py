@@ -71,3 +71,16 @@ def publish_step(run: Any, step: int, result: dict[str, Any], metrics: dict[str,
         rows = read_step_metrics(session, run.uid)
     create_table_artifact(key=artifact_key(run.uid, "steps"), table=step_table(rows),
                           description=f"Tidal run {run.uid}: one row per committed step (policy {run.policy})")
+
+
+def run_progress(uid: str, done: int, total: int, artifact_id: Any = None) -> Any:
+    """The run's progress artifact (``<run>-progress``): created on the first call, then updated;
+    returns its id for the next call. ``done`` of ``total`` steps."""
+    from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+    percent = 100.0 * done / total if total else 100.0
+    description = f"Tidal run {uid}: {done} of {total} steps committed"
+    if artifact_id is None:
+        return create_progress_artifact(progress=percent, key=artifact_key(uid, "progress"), description=description)
+    update_progress_artifact(artifact_id=artifact_id, progress=percent, description=description)
+    return artifact_id

@@ -107,7 +107,7 @@ class TinyRunner:
 
 def state_bytes(model: torch.nn.Module) -> int:
     """Bytes of a module's parameters and persistent buffers (tied tensors counted once)."""
-    seen = {id(t): t for t in model.state_dict().values()}
+    seen = {t.data_ptr(): t for t in model.state_dict().values()}  # state_dict() detaches: same memory, new tensors
     return sum(t.element_size() * t.numel() for t in seen.values())
 
 
@@ -131,10 +131,14 @@ def release_weights(model: torch.nn.Module, shapes: Mapping[str, Sequence[int]],
 
 
 def copy_state(model: torch.nn.Module, state: Mapping[str, Any]) -> None:
-    """Copy ``state`` (any device/dtype) into the module's state dict: copies, never shares."""
+    """Copy ``state`` (any device/dtype) into the module's state dict: copies, never shares; a
+    tied tensor (an embedding shared with the LM head) is copied once."""
+    copied: set[int] = set()
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
-            tensor.copy_(state[name])
+            if tensor.data_ptr() not in copied:
+                tensor.copy_(state[name])
+                copied.add(tensor.data_ptr())
 
 
 class TorchEngine(EngineState):

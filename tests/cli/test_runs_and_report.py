@@ -38,9 +38,10 @@ def test_runs_prints_a_header_and_the_real_wall_clock_beside_the_summed_step_tim
     assert [row[4][:10] for row in cells[1:]] == [today] * 3
     assert [row[:4] + row[5:] for row in cells] == [
         ["run id", "status", "policy", "steps", "elapsed", "step sum", "reward"],
-        ["tiny-a", "running", "default", "3/5", "1m 00s", "12.0s", "0.300"],
+        # stored as running, but no driver holds their lease: `interrupted` (storage.run_statuses)
+        ["tiny-a", "interrupted", "default", "3/5", "1m 00s", "12.0s", "0.300"],
         ["tiny-b", "finished", "predictive", "2/2", "-", "7.0s", "0.200"],
-        ["tiny-c", "running", "default", "0/?", "-", "0.0s", "-"],
+        ["tiny-c", "interrupted", "default", "0/?", "-", "0.0s", "-"],
     ]
     assert len({len(line) for line in lines[:3]}) == 1  # aligned columns
 

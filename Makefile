@@ -21,6 +21,11 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/tidal run tiny-cpu
 
+# A tiny Hugging Face model (Qwen2 architecture, BPE tokenizer trained in code) on verl-schema
+# parquet; the first run builds both into runs/tiny-hf/.
+run-hf: $(STAMP)
+	$(VENV)/bin/tidal run tiny-hf
+
 # The simulator on the seed's 32-GPU preset, every static split against the dynamic setups.
 simulate: $(STAMP)
 	$(VENV)/bin/tidal simulate sim/qwen35-35b-dynamic --compare --json runs/sim/result.json --plot runs/sim

@@ -3,7 +3,7 @@
 Owns sampling, the worker thread that runs every touch of the model, and the sleep / wake /
 weight-load sequence. The model and its cache sit behind a ``ModelRunner``: ``TinyRunner``
 (``TinyLM`` on a preallocated slot cache, here) or ``hf_runner.HFRunner`` (any Hugging Face
-causal LM on transformers' ``DynamicCache``). One iteration = the runner's logits for the admitted
+causal LM, one forward per iteration over an in-place KV buffer cache). One iteration = the runner's logits for the admitted
 prompts (prefilled) and the running sequences (one decode), then one batched sampling. It keeps
 no request lists: admission, finish, abort and version stamping are the core's. The full
 description is in ``docs/engines.md``.

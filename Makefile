@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.tidal-installed
 
-.PHONY: setup run simulate test test-fast bench clean-venv
+.PHONY: setup run run-hf simulate test test-fast bench clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -34,6 +34,11 @@ def cluster():
     nodes = LocalMultiNodeCluster(NodeSpec(gpus=0, num_cpus=2, memory_gb=2.0),
                                   [NodeSpec(labels={ROLE: "trainer"}), NodeSpec(labels={ROLE: "rollout"}),
                                    NodeSpec(labels={ROLE: "rollout"})])
+    # This process may be attached to the session's one-node cluster (tests/integration/conftest):
+    # leave it for this module's cluster, and attach back after.
+    previous = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
+    if previous:
+        ray.shutdown()
     try:
         nodes.start()
         ray.init(address=nodes.address, log_to_driver=False, configure_logging=False)
@@ -42,6 +47,8 @@ def cluster():
         if ray.is_initialized():
             ray.shutdown()
         nodes.stop()
+        if previous:
+            ray.init(address=previous, log_to_driver=False, configure_logging=False)
         if saved is None:
             os.environ.pop("PYTHONPATH", None)
         else:

@@ -90,7 +90,7 @@ def merge() -> dict:
     checks = {}
     for key, (op, bound) in TARGETS.items():
         section, name = key.split(".")
-        value = out[section].get(name)
+        value = out.get(section, {}).get(name)
         met = None if value is None else (value >= bound if op == ">=" else value <= bound)
         checks[key] = {"value": value, "target": f"{op} {bound}", "met": met}
     out["targets"] = checks

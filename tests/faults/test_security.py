@@ -218,7 +218,10 @@ def secret_run(tmp_path_factory):
         assert runs.returncode == 0, runs.stderr
         (uid,) = [line.split()[0] for line in runs.stdout.splitlines() if line.startswith("tiny-cpu-")]
         report = _cli(["report", uid, "--storage", url], tmp, env)  # reads the store by --storage
-        assert report.returncode == 0 and f"# Tidal run `{uid}`" in report.stdout, report.stderr[-3000:]
+        assert report.returncode == 0, report.stderr[-3000:]
+        # `tidal report` prints the paths it wrote; the markdown is the first
+        written = [Path(line.removeprefix("wrote ")) for line in report.stdout.splitlines() if line.startswith("wrote ")]
+        assert f"# Tidal run `{uid}`" in written[0].read_text(encoding="utf-8"), report.stdout
 
         engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://"), poolclass=sa.NullPool)
         with engine.connect() as conn:

@@ -352,6 +352,8 @@ def test_c_resume_refuses_a_checkpoint_that_would_run_code_even_with_a_matching_
         marker = secret_run["tmp"] / "resume-code-ran"
         sha = _poison(Path(path), marker)  # at the path resume loads; the store's checksum made to match
         conn.execute(sa.text("UPDATE checkpoints SET sha256 = :s WHERE path = :p"), {"s": sha, "p": path})
+        # as if its driver had died: a finished run is not resumed at all (it says so and loads nothing)
+        conn.execute(sa.text("UPDATE runs SET status = 'interrupted' WHERE uid = :u"), {"u": uid})
     engine.dispose()
 
     done = _cli(["resume", uid, "--storage", url], secret_run["tmp"], secret_run["env"], timeout=300)

@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,10 +202,8 @@ def read_records(run_dir: str | Path) -> list[Record]:
     return out
 
 
-def session_members(sid: int) -> list[int]:
-    """Live processes of session ``sid`` (a server we started leads its own session: its
-    children stay in it even when they move to process groups of their own)."""
-    members = []
+def _live_stats() -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/PID/stat after the command name) of every live, non-zombie process."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -212,24 +211,20 @@ def session_members(sid: int) -> list[int]:
             fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            members.append(int(proc.name))
-    return members
+        if fields[0] != "Z":
+            yield int(proc.name), fields
+
+
+def session_members(sid: int) -> list[int]:
+    """Live processes of session ``sid`` (a server we started leads its own session: its
+    children stay in it even when they move to process groups of their own)."""
+    return [pid for pid, fields in _live_stats() if int(fields[3]) == sid]
 
 
 def children() -> set[int]:
     """This process's live child processes (what a call started shows up here)."""
-    me, out = os.getpid(), set()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == me and fields[0] != "Z":
-            out.add(int(proc.name))
-    return out
+    me = os.getpid()
+    return {pid for pid, fields in _live_stats() if int(fields[1]) == me}
 
 
 def live_pids(record: Record) -> list[int]:

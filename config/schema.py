@@ -177,9 +177,15 @@ class TrainerSection(_Section):
     val_before_train: bool = True
     """Validate once before the first step (when `data.val_files` is set)."""
 
+    save_freq: int = Field(1, ge=-1)
+    """Keep the checkpoint (and, for an HF model, its `huggingface/` export) of every this many
+    steps and of the last one; -1 or 0 = keep none. Unlike verl, every step still writes the
+    checkpoint that resume needs: a step that is not kept has no HF export, and its folder is
+    deleted once a newer step is committed."""
+
     max_actor_ckpt_to_keep: int | None = Field(None, ge=1)
-    """Newest `checkpoints/global_step_<N>/` folders kept (checkpoint file + HF export); older ones
-    are deleted once a newer step is committed. None = keep all."""
+    """Newest kept `checkpoints/global_step_<N>/` folders (see `save_freq`); older ones are deleted
+    once a newer step is committed. None = keep all. The newest committed step is always on disk."""
 
     logger: TrackerList = Field(DEFAULT_LOGGER)
     """Experiment trackers fed every committed step (verl's names; one name or a list): `console`

@@ -54,7 +54,8 @@ def step_flow_settings() -> Iterator[None]:
     flow run that sends heartbeats ends up to 1 s late (measured: 1.10 s per empty subflow with
     them, 0.15 s without). A step lasts seconds to minutes and a heartbeat only says "still alive"
     every 180 s, so step runs skip it; the parent ``training_run`` flow run keeps sending them, and
-    that is the run whose liveness matters (a dead driver ends every step run with it).
+    that is the run whose liveness matters (a dead driver ends every step run with it; its
+    heartbeat thread read the interval when it started, so this context can span the step loop).
     """
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 

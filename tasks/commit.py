@@ -26,14 +26,22 @@ def checkpoint_path(run: RunRef, step: int) -> Path:
 _STEP_DIR = re.compile(r"global_step_(\d+)")
 
 
-def prune_checkpoints(checkpoints: Path, keep: int | None) -> list[int]:
-    """Delete all but the ``keep`` newest ``global_step_<N>`` folders; returns the steps deleted.
-    Call only after the newest step is committed: resume needs the latest committed one."""
-    if keep is None:
-        return []
+def is_kept_step(step: int, save_freq: int, total_steps: int | None) -> bool:
+    """verl's rule for a saved step: every ``save_freq`` steps and the last one (none when <= 0)."""
+    return save_freq > 0 and (step % save_freq == 0 or step == total_steps)
+
+
+def prune_checkpoints(checkpoints: Path, keep: int | None, *, save_freq: int = 1,
+                      total_steps: int | None = None, latest: int | None = None) -> list[int]:
+    """Delete every ``global_step_<N>`` folder but the ``keep`` newest kept steps (``is_kept_step``;
+    ``keep`` None = all of them) and ``latest``; returns the steps deleted. Call only after
+    ``latest``, the newest step, is committed: resume needs its checkpoint."""
     steps = sorted(int(m.group(1)) for p in checkpoints.glob("global_step_*")
                    if p.is_dir() and (m := _STEP_DIR.fullmatch(p.name)))
-    doomed = steps[:-keep] if keep > 0 else steps
+    kept = [s for s in steps if is_kept_step(s, save_freq, total_steps)]
+    if keep is not None:
+        kept = kept[-keep:]
+    doomed = [s for s in steps if s not in kept and s != latest]
     for step in doomed:
         shutil.rmtree(checkpoints / f"global_step_{step}", ignore_errors=True)
     return doomed
@@ -44,7 +52,8 @@ def commit(run: RunRef, step: int, version: int, summary: dict[str, Any], now: f
     controller's ``StepOutcome``: states, decisions, switches) in one transaction."""
     outcome: StepOutcome = summary["outcome"]
     trainer = ray.get_actor(TRAINER, namespace=run.namespace)
-    ckpt = ray.get(trainer.save_checkpoint.remote(str(checkpoint_path(run, step))))
+    export_hf = is_kept_step(step, run.save_freq, run.total_steps)
+    ckpt = ray.get(trainer.save_checkpoint.remote(str(checkpoint_path(run, step)), export_hf))
     decisions = [dataclasses.asdict(d) for d in outcome.decisions]
     switch_events = [dataclasses.asdict(s) for s in outcome.switch_events]
     record = StoredStep(
@@ -69,5 +78,6 @@ def commit(run: RunRef, step: int, version: int, summary: dict[str, Any], now: f
         if db_run is None:
             raise RuntimeError(f"run {run.uid} is not in the store")
         record_step(session, db_run.id, record)
-    prune_checkpoints(Path(run.output_dir) / "checkpoints", run.max_actor_ckpt_to_keep)
+    prune_checkpoints(Path(run.output_dir) / "checkpoints", run.max_actor_ckpt_to_keep, save_freq=run.save_freq,
+                      total_steps=run.total_steps, latest=step)
     return {"step": step, "checkpoint": ckpt["path"], "decisions": decisions, "switch_events": switch_events}

@@ -42,8 +42,12 @@ class RunRef(BaseModel):
     """Validate after every this many steps (-1 = never; always -1 without `data.val_files`)."""
     val_before_train: bool = False
     """Validate before step 1 (only with `data.val_files`)."""
+    save_freq: int = 1
+    """Steps whose checkpoint is kept: multiples of this and the last (<= 0: none; see `trainer.save_freq`)."""
     max_actor_ckpt_to_keep: int | None = None
-    """Newest step checkpoints kept on disk (None = all)."""
+    """Newest kept step checkpoints on disk (None = all)."""
+    total_steps: int | None = None
+    """`trainer.total_training_steps` (the last step's checkpoint is kept)."""
 
     @field_serializer("storage_url", when_used="json")
     def _hide_password(self, url: str) -> str:
@@ -64,7 +68,8 @@ class RunRef(BaseModel):
             consumed_before=consumed_before, generated_before=consumed_before,
             test_freq=cfg.trainer.test_freq if cfg.data.val_files else -1,
             val_before_train=bool(cfg.data.val_files) and cfg.trainer.val_before_train,
-            max_actor_ckpt_to_keep=cfg.trainer.max_actor_ckpt_to_keep,
+            save_freq=cfg.trainer.save_freq, max_actor_ckpt_to_keep=cfg.trainer.max_actor_ckpt_to_keep,
+            total_steps=cfg.trainer.total_training_steps,
         )
 
 

@@ -78,8 +78,8 @@ class TrainerActor:
         """Current weights for the broadcast (Ray puts the return value in the object store)."""
         return self.backend.state_dict_for_rollout()
 
-    async def save_checkpoint(self, path: str) -> dict[str, Any]:
-        info = await asyncio.to_thread(self.backend.save_checkpoint, path)
+    async def save_checkpoint(self, path: str, export_hf: bool = True) -> dict[str, Any]:
+        info = await asyncio.to_thread(self.backend.save_checkpoint, path, export_hf=export_hf)
         return {"path": info.path, "sha256": info.sha256, "size_bytes": info.size_bytes}
 
     async def load_checkpoint(self, path: str, sha256: str | None = None) -> int:

@@ -94,7 +94,9 @@ class TrainBackend(Protocol):
         """Detached CPU copies of the current weights (never aliased with the live ones)."""
         ...
 
-    def save_checkpoint(self, path: str | os.PathLike[str]) -> CheckpointInfo: ...
+    def save_checkpoint(self, path: str | os.PathLike[str], *, export_hf: bool = True) -> CheckpointInfo:
+        """Write the checkpoint file; an HF model also its ``huggingface/`` export unless not ``export_hf``."""
+        ...
 
     def load_checkpoint(self, path: str | os.PathLike[str], *, expected_sha256: str | None = None) -> None: ...
 
@@ -165,7 +167,7 @@ def read_checkpoint(path: str | os.PathLike[str], *, expected_sha256: str | None
     return payload
 
 
-def export_hf(model: Any, tokenizer: Any, directory: str | os.PathLike[str]) -> Path:
+def write_hf_folder(model: Any, tokenizer: Any, directory: str | os.PathLike[str]) -> Path:
     """``save_pretrained`` the model (and the tokenizer, when it has ``save_pretrained``) into a
     temp folder beside ``directory``, then swap it in: a reader sees the old export or the whole
     new one."""

@@ -147,7 +147,7 @@ class SimulatedBackend:
         """A tiny fake state: one vector filled with the update count (so syncs are checkable)."""
         return {"weight": torch.full((self._state_numel,), float(self._updates))}
 
-    def save_checkpoint(self, path: str | os.PathLike[str]) -> CheckpointInfo:
+    def save_checkpoint(self, path: str | os.PathLike[str], *, export_hf: bool = True) -> CheckpointInfo:
         payload = {
             "format": CHECKPOINT_FORMAT,
             "backend": self.name,

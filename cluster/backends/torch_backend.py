@@ -30,7 +30,7 @@ from cluster.backends.base import (
     HF_DIRNAME,
     CheckpointInfo,
     StepResult,
-    export_hf,
+    write_hf_folder,
     read_checkpoint,
     rng_state,
     set_rng_state,
@@ -334,9 +334,9 @@ class TorchBackend:
     def state_dict_for_rollout(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().to("cpu", copy=True) for k, v in self._export_weights().items()}
 
-    def save_checkpoint(self, path: str | os.PathLike[str]) -> CheckpointInfo:
-        """Write the checkpoint file; for an HF model also its Hugging Face folder
-        ``huggingface/`` beside the file (``save_pretrained`` of the model and the tokenizer)."""
+    def save_checkpoint(self, path: str | os.PathLike[str], *, export_hf: bool = True) -> CheckpointInfo:
+        """Write the checkpoint file; for an HF model (and ``export_hf``) also its Hugging Face
+        folder ``huggingface/`` beside the file (``save_pretrained`` of the model and the tokenizer)."""
         extra: dict[str, Any] = {}
         if self.ref_model is not None:
             extra["ref_model"] = {k: v.detach().to("cpu", copy=True) for k, v in self.ref_model.state_dict().items()}
@@ -358,8 +358,8 @@ class TorchBackend:
             "rng": rng_state(),
             "extra": extra,
         }
-        if self.is_hf:
-            export_hf(self.model, self.tokenizer, Path(path).parent / HF_DIRNAME)
+        if self.is_hf and export_hf:
+            write_hf_folder(self.model, self.tokenizer, Path(path).parent / HF_DIRNAME)
         return write_checkpoint(payload, path)
 
     def load_checkpoint(self, path: str | os.PathLike[str], *, expected_sha256: str | None = None) -> None:

@@ -121,6 +121,9 @@ def test_each_checkpoint_writes_a_hugging_face_folder_that_transformers_loads_to
     tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
     assert tok.encode("1 + 2 = 3") == backend.tokenizer.encode("1 + 2 = 3")
 
+    backend.save_checkpoint(tmp_path / "checkpoints" / "global_step_2" / "actor.pt", export_hf=False)  # save_freq skips it
+    assert sorted(p.name for p in (tmp_path / "checkpoints" / "global_step_2").iterdir()) == ["actor.pt"]
+
 
 def test_a_second_save_replaces_the_export_whole(tmp_path):
     backend = make_backend()

@@ -37,9 +37,15 @@ def test_step_flow_runs_skip_heartbeats_and_the_parent_keeps_them():
 
 
 def test_the_training_run_flow_runs_its_steps_inside_step_flow_settings():
+    import ast
     import inspect
 
     import flows.training_run as tr
 
-    src = inspect.getsource(tr)
-    assert "with step_flow_settings():\n                result = step_flow(run, step, final=step == last_step)" in src
+    tree = ast.parse(inspect.getsource(tr))
+    inside = [node.func.id for w in ast.walk(tree) if isinstance(w, ast.With)
+              and any(ast.unparse(item.context_expr) == "step_flow_settings()" for item in w.items)
+              for node in ast.walk(w) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+             and node.func.id == "step_flow"]
+    assert (inside.count("step_flow"), len(calls)) == (1, 1)  # the one step-flow call runs inside the settings

@@ -10,9 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pty
+import re
 import signal
 import sqlite3
 import subprocess
+import threading
 import time
 from contextlib import closing
 from pathlib import Path
@@ -105,13 +108,18 @@ def _assert_every_prompt_once(url: str, steps: int) -> None:
     assert len(prompts) == len(set(prompts)) == state.policy_state["expected_seen"][-1]
 
 
+def _own_ray_args(tmp_path: Path, name: str) -> list[str]:
+    """config_args without ray.address: the run starts (and must stop) a Ray cluster of its own."""
+    url = store_url(tmp_path, name)
+    keys = [f"storage.url={url}", f"trainer.default_local_dir={tmp_path}/{name}", f"trainer.total_training_steps={STEPS}",
+            f"async_training.dynamic_schedule_policy={POLICY}", "async_training.trigger_parameter_sync_step=2",
+            "actor_rollout_ref.rollout.response_length=8", "ray.memory_gb=2", "ray.object_store_memory_gb=0.5"]
+    return [a for key in keys for a in ("--set", key)]
+
+
 def test_ctrl_c_stops_cleanly_a_second_driver_is_refused_and_the_resume_completes_exactly(tmp_path):
     url = store_url(tmp_path, "c")
-    own_ray = [f"storage.url={url}", f"trainer.default_local_dir={tmp_path}/c", f"trainer.total_training_steps={STEPS}",
-               f"async_training.dynamic_schedule_policy={POLICY}", "async_training.trigger_parameter_sync_step=2",
-               "actor_rollout_ref.rollout.response_length=8", "ray.memory_gb=2", "ray.object_store_memory_gb=0.5"]
-    args = [a for key in own_ray for a in ("--set", key)]  # config_args without ray.address: the run starts its own
-    proc, out, err = _start(["run", "tiny-cpu", *args], tmp_path, "first")
+    proc, out, err = _start(["run", "tiny-cpu", *_own_ray_args(tmp_path, "c")], tmp_path, "first")
     try:
         _wait_steps(proc, url, 1)
         run_dir = _run_dir(tmp_path, "c")
@@ -158,6 +166,63 @@ def test_ctrl_c_stops_cleanly_a_second_driver_is_refused_and_the_resume_complete
     assert [line for line in lines if "INFO" in line] == []
     assert [line.split()[1] for line in lines if line.startswith("step ")] == [
         f"{s}/{STEPS}" for s in range(done_before + 1, STEPS + 1)]
+
+
+ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[()][0-9A-B]|\r")
+
+
+def test_on_a_real_terminal_the_live_display_shows_stages_and_steps_and_sigterm_stops_cleanly(tmp_path):
+    """The driver on a pseudo-terminal (stdout and stderr a pty, as in a user's shell): the rich live
+    display, not plain lines; then a SIGTERM to the driver alone (as a supervisor sends it), which
+    must end everything the driver started, itself."""
+    url = store_url(tmp_path, "tty")
+    master, slave = pty.openpty()
+    env = {**_env(), "TERM": "xterm-256color", "COLUMNS": "120", "LINES": "40"}
+    for key in ("CI", "NO_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        env.pop(key, None)
+    proc = subprocess.Popen([*CLI, "run", "tiny-cpu", *_own_ray_args(tmp_path, "tty")], cwd=tmp_path, env=env,
+                            stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+    os.close(slave)
+    screen = bytearray()
+
+    def read() -> None:  # keep the pty drained, or the driver blocks on a full terminal
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            screen.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        _wait_steps(proc, url, 2)
+        run_dir = _run_dir(tmp_path, "tty")
+        pids = _recorded_pids(_records(run_dir))
+        uid = run_dir.name
+        os.kill(proc.pid, signal.SIGTERM)
+        sent = time.monotonic()
+        code = proc.wait(timeout=60)
+        stopped_s = time.monotonic() - sent
+    finally:
+        end_group(proc)
+        reader.join(timeout=10)
+        os.close(master)
+    text = ANSI.sub("", screen.decode("utf-8", "replace"))
+    assert (code, stopped_s < 15) == (143, True), (stopped_s, text[-3000:])
+    assert "Traceback" not in text, text[-3000:]
+    assert re.search(r"✓ \S.*\(\d+\.\ds\)", text), text[:3000]  # a start-up stage, ticked off with its time
+    assert re.search(r"steps .*\b[12]/6\b.*eta", text), text[-3000:]  # the step bar with its ETA
+    assert "phase: " in text and "last: step    1/6" in text, text[-3000:]
+    assert not re.search(r"^step +1/6 ", text, re.MULTILINE), "a terminal got the plain per-step lines"
+    last = [line.strip() for line in text.splitlines() if "resume with" in line]
+    assert len(last) == 1 and last[0].startswith("tidal: stopped by SIGTERM after step "), last
+    assert last[0].endswith(f"resume with: tidal resume {uid} --storage '{url}'"), last
+    assert [pid for pid in pids if process_alive(pid)] == []
+    summary, *_ = final_state(url)
+    assert summary.status == "interrupted"
 
 
 def test_a_sigkilled_driver_reads_interrupted_after_the_timeout_and_the_resume_ends_its_leftovers(

@@ -122,7 +122,7 @@ def train(n: int = 2) -> list[tuple]:
 
 
 def checkpoint(run: RunRef, step: int) -> tuple:
-    return ("trainer", "save_checkpoint", (str(tasks.commit.checkpoint_path(run, step)),))
+    return ("trainer", "save_checkpoint", (str(tasks.commit.checkpoint_path(run, step)), True))  # save_freq 1: exported
 
 
 def test_a_lent_hybrid_is_waited_for_deactivated_trained_synced_and_lent_again_in_ten_calls(fake, run):

@@ -1,14 +1,24 @@
 """The preset tests load every shipped preset: ``tiny-hf`` names files that ``tidal run`` builds on
-first use, so its test runs where they were built (``tiny_hf_support``)."""
+first use, so its test runs where they were built (``tiny_hf_support``); ``gpu-hf`` names the
+user's own model folder, which the tiny Qwen2 stands in for there."""
 
 from __future__ import annotations
 
 import pytest
 from tiny_hf_support import tiny_hf_cwd
 
+GPU_HF_MODEL = "models/Qwen2.5-0.5B-Instruct"
+"""The folder `gpu-hf.yaml` names (a user sets their own)."""
+
 
 @pytest.fixture(autouse=True)
 def _tiny_hf_files_for_its_preset(request, tmp_path_factory, monkeypatch):
     params = getattr(getattr(request.node, "callspec", None), "params", {})
-    if getattr(params.get("path"), "name", None) == "tiny-hf.yaml":
-        monkeypatch.chdir(tiny_hf_cwd(tmp_path_factory))
+    name = getattr(params.get("path"), "name", None)
+    if name in ("tiny-hf.yaml", "gpu-hf.yaml"):
+        cwd = tiny_hf_cwd(tmp_path_factory)
+        stand_in = cwd / GPU_HF_MODEL
+        if not stand_in.exists():
+            stand_in.parent.mkdir(parents=True, exist_ok=True)
+            stand_in.symlink_to((cwd / "runs" / "tiny-hf" / "model").resolve(), target_is_directory=True)
+        monkeypatch.chdir(cwd)

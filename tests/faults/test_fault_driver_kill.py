@@ -1,5 +1,6 @@
 """Fault campaign, driver SIGKILLed: the `tidal` driver process (and its whole process group) is
-SIGKILLed at 20 or more random wall-clock moments of one run, and `tidal resume` picks it up after
+SIGKILLed at 20 or more random wall-clock moments of one run (of `tiny-cpu`, or of the preset
+`TIDAL_FAULT_PRESET` names: ``fault_preset.py``), and `tidal resume` picks it up after
 each kill until the run finishes. The run must end exactly where an uninterrupted run of the same
 config ends: status finished, steps 1..STEPS committed once each, the same policy state (the policy
 only counts steps and samples, so its state does not depend on timing), the same trained prompts
@@ -246,12 +247,14 @@ def _leftover_actors(uid: str, wait_s: float = 15.0) -> list[str]:
 # --------------------------------------------------------------------------------------------- test
 
 
-def test_a_driver_sigkilled_at_twenty_random_moments_resumes_to_the_uninterrupted_result(tmp_path, ray_address):
+def test_a_driver_sigkilled_at_twenty_random_moments_resumes_to_the_uninterrupted_result(tmp_path, ray_address,
+                                                                                         fault_preset):
     started = time.monotonic()
-    print(f"\ndriver-kill campaign: seed {SEED}, {STEPS} steps, at least {MIN_KILLS} kills")
+    print(f"\ndriver-kill campaign on {fault_preset.name}: seed {SEED}, {STEPS} steps, at least {MIN_KILLS} kills")
 
     # The reference run, uninterrupted; its timings are the units of the kill delays.
-    straight = _run(Process(["run", "tiny-cpu", *config_args(tmp_path, ray_address, "straight", STEPS)], "none"),
+    preset = fault_preset.cli_args(tmp_path)  # tiny-cpu, or tiny-hf with its files
+    straight = _run(Process(["run", *preset, *config_args(tmp_path, ray_address, "straight", STEPS)], "none"),
                     tmp_path, store_url(tmp_path, "straight"))
     groups = [straight.pgid]  # every driver's process group, checked empty at the end
     assert straight.code == 0, straight.log[-3000:]
@@ -263,7 +266,7 @@ def test_a_driver_sigkilled_at_twenty_random_moments_resumes_to_the_uninterrupte
     campaign = Campaign(random.Random(SEED), [straight.first_commit_s], step_s)
 
     url = store_url(tmp_path, "crashed")
-    run_args = ["run", "tiny-cpu", *config_args(tmp_path, ray_address, "crashed", STEPS)]
+    run_args = ["run", *preset, *config_args(tmp_path, ray_address, "crashed", STEPS)]
     uid, finished = None, False
     while not finished:
         if len(campaign.processes) >= MAX_PROCESSES:

@@ -1,4 +1,5 @@
-"""Fault campaign, standalone replicas killed: standalone replicas (simulated engine, real torch
+"""Fault campaign, standalone replicas killed: standalone replicas (simulated engine on `tiny-cpu`,
+the preset's torch engine serving the HF model with `TIDAL_FAULT_PRESET=tiny-hf`; real torch
 GRPO trainer with its hybrid, the real controller and `training_step` flows on a local Ray
 cluster) are SIGKILLed at seeded random moments, each while it has requests in flight, across the
 first steps of a run. Every prompt of the run is trained exactly once, the accounting holds after
@@ -52,17 +53,21 @@ def ray_address():
         yield address
 
 
-def _start(tmp_path, ray_address, *overrides, lend_hybrid=True):
-    cfg = load_config("tiny-cpu", [
+SIMULATED = ["engines.rollout=simulated",
+             # ~8 decode iterations of ~40 ms: a sample is in flight for a few hundred ms
+             "sim.response_len_mean_start=8", "sim.response_len_sigma=0.3", "sim.decode_step_base_s=0.04",
+             "sim.prompt_tokens=12"]
+"""The rollout engine on ``tiny-cpu``; on ``tiny-hf`` the preset's own (``FaultPreset.rollout_overrides``)."""
+
+
+def _start(preset, tmp_path, ray_address, *overrides, lend_hybrid=True, simulated=SIMULATED):
+    cfg = load_config(preset.name, [
         f"storage.url=sqlite:///{tmp_path}/tidal.db", f"trainer.default_local_dir={tmp_path}/runs",
         f"trainer.total_training_steps={STEPS}", "async_training.trigger_parameter_sync_step=2",
         "async_training.dynamic_schedule_policy=fixed_ratio",
         f"async_training.concurrent_samples_per_replica={PER_REPLICA}",
-        f"rollout.n_gpus_per_node={STANDALONE}",
-        "engines.rollout=simulated", "actor_rollout_ref.rollout.response_length=8",
-        # ~8 decode iterations of ~40 ms: a sample is in flight for a few hundred ms
-        "sim.response_len_mean_start=8", "sim.response_len_sigma=0.3", "sim.decode_step_base_s=0.04",
-        "sim.prompt_tokens=12", *overrides,
+        f"rollout.n_gpus_per_node={STANDALONE}", "actor_rollout_ref.rollout.response_length=8",
+        *preset.overrides(), *preset.rollout_overrides(simulated), *overrides,
     ])
     assert cfg.hybrid_replicas == 1
     uid = f"kill-{uuid.uuid4().hex[:8]}"
@@ -188,8 +193,8 @@ def _check_every_prompt_trained_once(cfg, engine, run, trained: int, killer: Kil
     return want, got, rows
 
 
-def test_standalone_replicas_killed_at_random_moments_lose_and_duplicate_no_sample(tmp_path, ray_address):
-    cfg, plane, run, engine = _start(tmp_path, ray_address)
+def test_standalone_replicas_killed_at_random_moments_lose_and_duplicate_no_sample(tmp_path, ray_address, fault_preset):
+    cfg, plane, run, engine = _start(fault_preset, tmp_path, ray_address)
     rng = random.Random(SEED)
     # one kill in each of three distinct steps among the first four, at a random moment in it
     killer = Killer(plane, rng, steps=sorted(rng.sample(range(1, 5), STANDALONE)),
@@ -256,7 +261,8 @@ def _settled(plane, timeout_s: float = REJOIN_S) -> dict:
         time.sleep(0.05)
 
 
-def test_killed_standalone_replicas_are_replaced_and_rejoin_at_the_current_version(tmp_path, ray_address):
+def test_killed_standalone_replicas_are_replaced_and_rejoin_at_the_current_version(tmp_path, ray_address,
+                                                                                  fault_preset):
     """`rollout.replace_failed_replicas` on: four SIGKILLs at seeded random moments of the first
     four steps, each of a standalone replica drawn among those routable at that moment (so
     replacements are killed too). Proves: every death gets a replacement that joins the load
@@ -265,7 +271,7 @@ def test_killed_standalone_replicas_are_replaced_and_rejoin_at_the_current_versi
     older than the version in force when its request was sent; the routable standalone count and
     ``max_concurrent_samples`` come back to the full values, also in the per-step metrics; no
     sample is lost or duplicated, the accounting holds after every step, and the run finishes."""
-    cfg, plane, run, engine = _start(tmp_path, ray_address, "rollout.replace_failed_replicas=true",
+    cfg, plane, run, engine = _start(fault_preset, tmp_path, ray_address, "rollout.replace_failed_replicas=true",
                                      f"rollout.max_replacements={KILLS}")  # the bound never bites here
     rng = random.Random(SEED + 1)
     killer = Killer(plane, rng, steps=sorted(rng.choices(range(1, 5), k=KILLS)),
@@ -387,7 +393,7 @@ def _stats(plane) -> dict:
 
 
 def test_a_replacement_started_across_a_broadcast_joins_at_the_new_version_and_the_bound_holds(
-        tmp_path, ray_address):
+        tmp_path, ray_address, fault_preset):
     """One standalone replica, `max_replacements=2`, no Prefect flow: the rollout service and
     controller driven by hand. Proves: (1) a broadcast made while the replacement is still
     starting reaches it: it joins holding the new version and serves nothing older; (2) resume
@@ -397,7 +403,7 @@ def test_a_replacement_started_across_a_broadcast_joins_at_the_new_version_and_t
     replacement is `.r2`, not `.r1` again; (3) once the slot's two replacements over the run
     are spent, the slot stays out: no further actor, no routable standalone replica, capacity 0,
     the death recorded as `not_replaced`."""
-    cfg, plane, _, _ = _start(tmp_path, ray_address, "rollout.n_gpus_per_node=1",
+    cfg, plane, _, _ = _start(fault_preset, tmp_path, ray_address, "rollout.n_gpus_per_node=1",
                               "rollout.replace_failed_replicas=true", "rollout.max_replacements=2", lend_hybrid=False)
     planes = [plane]
     try:
@@ -446,7 +452,7 @@ def test_a_replacement_started_across_a_broadcast_joins_at_the_new_version_and_t
 
 
 def test_the_last_standalone_replica_dying_while_the_hybrid_sleeps_does_not_stall_training(
-        tmp_path, ray_address, monkeypatch):
+        tmp_path, ray_address, monkeypatch, fault_preset):
     """The hard case: the only standalone replica dies at the start of a micro-step, with the hybrid
     asleep (a static policy never lends it) and the queue short of a micro-step's samples. Nothing
     else generates, so the trainer would wait until its timeout; instead the hybrid is lent until
@@ -455,10 +461,9 @@ def test_the_last_standalone_replica_dying_while_the_hybrid_sleeps_does_not_stal
 
     steps = 3
     cfg, plane, run, engine = _start(
-        tmp_path, ray_address, "rollout.n_gpus_per_node=1", f"trainer.total_training_steps={steps}",
-        "async_training.dynamic_schedule_policy=static_fully_async",
-        "sim.decode_step_base_s=0.1",  # rollout-bound: the trainer drains the queue every step
-        lend_hybrid=False)
+        fault_preset, tmp_path, ray_address, "rollout.n_gpus_per_node=1", f"trainer.total_training_steps={steps}",
+        "async_training.dynamic_schedule_policy=static_fully_async", lend_hybrid=False,
+        simulated=[*SIMULATED, "sim.decode_step_base_s=0.1"])  # rollout-bound: the trainer drains the queue every step
     run = run.model_copy(update={"wait_timeout_s": 45.0})  # a stall fails fast
     (rid,) = plane.standalone
     kill_at = (2, 1)  # step 2, second micro-step: the hybrid is asleep, the queue nearly empty

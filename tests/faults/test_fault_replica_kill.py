@@ -29,7 +29,7 @@ from driver_support import ray_head
 from cluster.actors import replica_name
 from cluster.builders import DataPlane, prompts_for
 from cluster.rollouter import sample_uid
-from config import load_config, to_plain
+from config import load_config, to_plain, write_resolved
 from fault_report import record
 from flows.training_step import training_step
 from loop import LendPlan
@@ -76,6 +76,7 @@ def _start(preset, tmp_path, ray_address, *overrides, lend_hybrid=True, simulate
     with session_scope(engine) as s:
         create_run(s, uid=uid, name="kill", project="tests", policy=cfg.async_training.dynamic_schedule_policy,
                    seed=0, config=to_plain(cfg), output_dir=str(tmp_path / "runs" / uid))
+    write_resolved(cfg, tmp_path / "runs" / uid)  # as `tidal run` does: validation (tiny-hf's) reads it
     plane = DataPlane.build(cfg, uid)
     run = RunRef.from_config(cfg, uid=uid, output_dir=str(tmp_path / "runs" / uid), ray_address=ray_address)
     run = run.model_copy(update={"wait_timeout_s": 120.0})

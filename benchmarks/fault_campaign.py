@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         write_section(section, text, args.write)
         out = args.json_out or RESULTS_DIR / f"{name}.json"
         print("wrote", write_json(name, {**t, "preset": args.preset, "command": command, "pytest_exit": code,
-                                         "seconds": took, "records": records}, out))
+                                         "seconds": took, "records": records, "cases": cases}, out))
     return code
 
 

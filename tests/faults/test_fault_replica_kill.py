@@ -42,6 +42,10 @@ pytestmark = pytest.mark.slow
 
 SEED = 20261129
 STEPS = 6
+STEPS_HF = 8
+"""Steps on tiny-hf: its rollout runs ahead of the trainer up to the staleness cap, and with 6 steps
+the replacement test's fourth kill (late in step 4) found no standalone replica busy for 60 s: the
+run's prompts were all generated. Two more steps keep them coming through the kills."""
 STANDALONE = 3
 PER_REPLICA = 4  # samples per replica: small enough that every lost replica lowers the capacity
 
@@ -63,7 +67,7 @@ SIMULATED = ["engines.rollout=simulated",
 def _start(preset, tmp_path, ray_address, *overrides, lend_hybrid=True, simulated=SIMULATED):
     cfg = load_config(preset.name, [
         f"storage.url=sqlite:///{tmp_path}/tidal.db", f"trainer.default_local_dir={tmp_path}/runs",
-        f"trainer.total_training_steps={STEPS}", "async_training.trigger_parameter_sync_step=2",
+        f"trainer.total_training_steps={STEPS_HF if preset.hf else STEPS}", "async_training.trigger_parameter_sync_step=2",
         "async_training.dynamic_schedule_policy=fixed_ratio",
         f"async_training.concurrent_samples_per_replica={PER_REPLICA}",
         f"rollout.n_gpus_per_node={STANDALONE}", "actor_rollout_ref.rollout.response_length=8",
@@ -96,7 +100,10 @@ class Killer(threading.Thread):
     flight at that moment. The test sets ``step`` as its steps begin.
 
     With ``pick_at_kill`` the victim of each kill is drawn (seeded) at that moment among the
-    standalone replicas routable then, replacements included, so a slot can die more than once.
+    standalone replicas routable and busy then, replacements included, so a slot can die more
+    than once. (Drawn among the busy ones: late in a run only some replicas still get requests,
+    and on ``tiny-hf`` the rollout runs ahead of the trainer, so a replica drawn while idle could
+    stay idle until the run's last prompt was generated.)
     """
 
     def __init__(self, plane: DataPlane, rng: random.Random, steps: list[int], delays: list[float],
@@ -114,14 +121,6 @@ class Killer(threading.Thread):
         self.error: BaseException | None = None
         self.lock = threading.Lock()  # held by the test while it compares counts with the kills
 
-    def _pick(self) -> str:
-        deadline = time.monotonic() + 60
-        while not (routable := sorted(ray.get(self.plane.rollout.stats.remote())["standalone_replicas"])):
-            if time.monotonic() > deadline:
-                raise TimeoutError("no standalone replica routable to kill")
-            time.sleep(0.01)
-        return self.rng.choice(routable)
-
     def _handle(self, rid: str):
         return self.plane.standalone.get(rid) or ray.get_actor(replica_name(rid), namespace=self.plane.namespace)
 
@@ -131,27 +130,32 @@ class Killer(threading.Thread):
                 while self.step < step:
                     time.sleep(0.01)
                 time.sleep(delay)
-                self._kill_when_busy(planned or self._pick())
+                self._kill_when_busy(planned)
         except BaseException as exc:  # noqa: BLE001 - re-raised by the test
             self.error = exc
 
-    def _kill_when_busy(self, rid: str) -> None:
-        """Kill ``rid`` at a moment it has requests in flight (read just before the kill)."""
-        handle = self._handle(rid)
+    def _busy(self, rids: list[str]) -> list[str]:
+        return [rid for rid in rids if ray.get(self.plane.rollout.lb_in_flight.remote([rid])) > 0]
+
+    def _kill_when_busy(self, planned: str | None) -> None:
+        """Kill ``planned`` (or one drawn among the routable standalone replicas) at a moment it has
+        requests in flight (read just before the kill)."""
         deadline = time.monotonic() + 60
         while True:
-            if ray.get(self.plane.rollout.lb_in_flight.remote([rid])) > 0:
+            routable = [planned] if planned else sorted(ray.get(self.plane.rollout.stats.remote())["standalone_replicas"])
+            if busy := self._busy(routable):
+                rid = planned or self.rng.choice(busy)
                 with self.lock:
                     in_flight = ray.get(self.plane.rollout.in_flight_uids.remote())
                     on_replica = ray.get(self.plane.rollout.lb_in_flight.remote([rid]))
                     if on_replica > 0:  # still busy: its requests could have finished meanwhile
-                        ray.kill(handle, no_restart=True)
+                        ray.kill(self._handle(rid), no_restart=True)
                         self.killed.append({"replica": rid, "step": self.step, "at": time.monotonic(),
                                             "wall": time.time(), "requests_on_it": on_replica,
                                             "samples_in_flight": in_flight})
                         return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{rid} never had a request in flight")
+                raise TimeoutError(f"{planned or 'no routable standalone replica'} never had a request in flight")
             time.sleep(0.005)
 
 
@@ -180,7 +184,8 @@ def _check_accounting(plane, trained: int) -> dict:
 def _check_every_prompt_trained_once(cfg, engine, run, trained: int, killer: Killer) -> tuple[list, list, list]:
     """The run went on to the end: every prompt of the run trained exactly once, and the samples
     in flight on each kill were finished elsewhere and trained. Returns (want, got, step rows)."""
-    assert trained == STEPS * cfg.step_required_samples
+    steps = cfg.trainer.total_training_steps
+    assert trained == steps * cfg.step_required_samples
     want = sorted((e, i) for e, i, _ in prompts_for(cfg))
     with session_scope(engine) as s:
         got = consumed_prompts(s, run.uid)
@@ -190,7 +195,7 @@ def _check_every_prompt_trained_once(cfg, engine, run, trained: int, killer: Kil
     trained_uids = {sample_uid(e, i) for e, i in got}
     for k in killer.killed:
         assert set(k["samples_in_flight"]) <= trained_uids, k
-    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
     return want, got, rows
 
 
@@ -203,7 +208,7 @@ def test_standalone_replicas_killed_at_random_moments_lose_and_duplicate_no_samp
     try:
         trained, per_step = 0, []
         killer.start()
-        for step in range(1, STEPS + 1):
+        for step in range(1, cfg.trainer.total_training_steps + 1):
             killer.step = step
             try:
                 result = training_step(run, step)
@@ -280,7 +285,7 @@ def test_killed_standalone_replicas_are_replaced_and_rejoin_at_the_current_versi
     try:
         trained, per_step, bounds = 0, [], []  # bounds: (step, wall time it started, wall time it ended)
         killer.start()
-        for step in range(1, STEPS + 1):
+        for step in range(1, cfg.trainer.total_training_steps + 1):
             killer.step = step
             started = time.time()
             try:
@@ -460,6 +465,10 @@ def test_the_last_standalone_replica_dying_while_the_hybrid_sleeps_does_not_stal
     the micro-step's samples are queued, and from the next step on the run is only-hybrid."""
     import flows.training_step as ts
 
+    if fault_preset.hf:
+        pytest.skip("needs a rollout-bound run, so that the queue is short when the replica dies: the simulated "
+                    "engine's decode time gives one on tiny-cpu; tiny-hf's torch engine outpaces its trainer "
+                    "(16 samples queued at the kill, 8 needed)")
     steps = 3
     cfg, plane, run, engine = _start(
         fault_preset, tmp_path, ray_address, "rollout.n_gpus_per_node=1", f"trainer.total_training_steps={steps}",

@@ -1,11 +1,14 @@
 """The fault campaign's figures: run the fault tests, count what was injected and what survived.
 
 Owns: running ``pytest tests/faults`` with a fault report, and the ``fault_campaign`` section and
-``results/faults.json``. Must not: count a failed test as survived. How faults are counted and the exit
-status: ``docs/benchmarks.md``.
+``results/faults.json``; with ``--preset tiny-hf``, the replica-kill, driver-SIGKILL and store-fault
+files on that preset (``TIDAL_FAULT_PRESET``, ``tests/faults/fault_preset.py``), the
+``fault_campaign_hf`` section and ``results/faults_hf.json``. Must not: count a failed test as
+survived. How faults are counted and the exit status: ``docs/benchmarks.md``.
 
 Usage:
-    .venv/bin/python benchmarks/fault_campaign.py [--no-write] [-- extra pytest args]
+    .venv/bin/python benchmarks/fault_campaign.py [--preset tiny-cpu|tiny-hf] [--no-write]
+        [--write RESULTS.md] [--json-out FILE.json] [-- extra pytest args]
 """
 
 from __future__ import annotations
@@ -26,16 +29,26 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
-from results_io import write_json, write_section  # noqa: E402
+from results_io import RESULTS_DIR, RESULTS_MD, write_json, write_section  # noqa: E402
 
 # files whose every test case injects one fault and records nothing itself: kind per file
 PER_CASE = {"test_fault_bad_input.py": "invalid_input", "test_fault_store.py": "store_fault",
             "test_security.py": "security_check"}
 
 
-def run_pytest(report: Path, junit: Path, extra: list[str]) -> tuple[list[str], int, float]:
-    cmd = [sys.executable, "-m", "pytest", "-q", "tests/faults", f"--junitxml={junit}", "-p", "no:cacheprovider", *extra]
-    env = dict(os.environ, TIDAL_FAULT_REPORT=str(report))
+# what each preset runs, and where its figures go: (test paths, section of RESULTS.md, results/NAME.json)
+CAMPAIGNS = {
+    "tiny-cpu": (["tests/faults"], "fault_campaign", "faults"),
+    "tiny-hf": (["tests/faults/test_fault_replica_kill.py", "tests/faults/test_fault_driver_kill.py",
+                 "tests/faults/test_fault_store.py", "tests/faults/test_fault_postgres_run.py"],
+                "fault_campaign_hf", "faults_hf"),
+}
+
+
+def run_pytest(preset: str, report: Path, junit: Path, extra: list[str]) -> tuple[list[str], int, float]:
+    paths = CAMPAIGNS[preset][0]
+    cmd = [sys.executable, "-m", "pytest", "-q", *paths, f"--junitxml={junit}", "-p", "no:cacheprovider", *extra]
+    env = dict(os.environ, TIDAL_FAULT_REPORT=str(report), TIDAL_FAULT_PRESET=preset)
     t0 = time.perf_counter()
     code = subprocess.call(cmd, cwd=ROOT, env=env)
     return cmd, code, time.perf_counter() - t0
@@ -88,13 +101,16 @@ def tally(records: list[dict], cases: list[dict]) -> dict:
                       "skipped": sum(c["outcome"] == "skipped" for c in cases)}}
 
 
-def markdown(command: str, t: dict, records: list[dict], took: float) -> str:
+def markdown(command: str, t: dict, records: list[dict], took: float, preset: str = "tiny-cpu") -> str:
+    paths = " ".join(p.removeprefix("tests/faults/") for p in CAMPAIGNS[preset][0])
+    title = "## Fault campaign (`fault_campaign.py`)" if preset == "tiny-cpu" else (
+        f"## Fault campaign on {preset} (`fault_campaign.py --preset {preset}`)")
     lines = [
-        "## Fault campaign (`fault_campaign.py`)",
+        title,
         "",
         f"Command: `{command}`",
         "",
-        f"`pytest tests/faults` with every fault test recording what it injected and found; "
+        f"`pytest {paths}` (`TIDAL_FAULT_PRESET={preset}`) with every fault test recording what it injected and found; "
         f"{t['tests']['passed']} passed, {t['tests']['failed']} failed, {t['tests']['skipped']} skipped in {took:.0f} s. "
         f"**{t['injected']} faults injected, {t['survived']} survived, {t['samples_lost']} samples lost, "
         f"{t['samples_duplicated']} duplicated.** (Security checks are listed but not counted as faults.)",
@@ -121,21 +137,30 @@ def main(argv: list[str] | None = None) -> int:
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", choices=sorted(CAMPAIGNS), default="tiny-cpu",
+                    help="tiny-cpu: every fault test; tiny-hf: replica kills, driver SIGKILLs, store faults")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--write", type=Path, default=RESULTS_MD, metavar="FILE",
+                    help="the markdown file whose section this replaces (default benchmarks/RESULTS.md)")
+    ap.add_argument("--json-out", type=Path, default=None, metavar="FILE",
+                    help="the figures' JSON file (default benchmarks/results/faults.json or faults_hf.json)")
     args = ap.parse_args(argv)
+    _, section, name = CAMPAIGNS[args.preset]
     with tempfile.TemporaryDirectory(prefix="tidal-faults-") as tmp:
         report, junit = Path(tmp) / "faults.jsonl", Path(tmp) / "junit.xml"
-        cmd, code, took = run_pytest(report, junit, extra)
+        cmd, code, took = run_pytest(args.preset, report, junit, extra)
         records = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
         cases = read_junit(junit) if junit.exists() else []
     t = tally(records, cases)
-    command = ".venv/bin/python benchmarks/fault_campaign.py" + (" -- " + shlex.join(extra) if extra else "")
-    text = markdown(command, t, records, took)
+    options = [] if args.preset == "tiny-cpu" else ["--preset", args.preset]
+    command = shlex.join([".venv/bin/python", "benchmarks/fault_campaign.py", *options, *(["--", *extra] if extra else [])])
+    text = markdown(command, t, records, took, args.preset)
     print(text)
     if not args.no_write:
-        write_section("fault_campaign", text)
-        print("wrote", write_json("faults", {**t, "command": command, "pytest_exit": code, "seconds": took,
-                                             "records": records}))
+        write_section(section, text, args.write)
+        out = args.json_out or RESULTS_DIR / f"{name}.json"
+        print("wrote", write_json(name, {**t, "preset": args.preset, "command": command, "pytest_exit": code,
+                                         "seconds": took, "records": records, "cases": cases}, out))
     return code
 
 

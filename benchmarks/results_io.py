@@ -43,9 +43,9 @@ def write_section(name: str, body: str, path: Path = RESULTS_MD) -> None:
     _atomic_write(path, text)
 
 
-def write_json(name: str, data: dict[str, Any]) -> Path:
-    """Write ``benchmarks/results/NAME.json`` atomically and return its path."""
-    path = RESULTS_DIR / f"{name}.json"
+def write_json(name: str, data: dict[str, Any], path: Path | None = None) -> Path:
+    """Write ``benchmarks/results/NAME.json`` (or ``path``) atomically and return its path."""
+    path = path or RESULTS_DIR / f"{name}.json"
     _atomic_write(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
     return path
 

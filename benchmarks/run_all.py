@@ -5,7 +5,7 @@ Owns: the order of the benchmarks (one after the other, never in parallel), the 
 itself. The figures and what they mean: ``docs/benchmarks.md``.
 
 Usage:
-    .venv/bin/python benchmarks/run_all.py [--only sim,sweep,overhead,compare,emulated,faults] [--merge]
+    .venv/bin/python benchmarks/run_all.py [--only sim,sweep,overhead,compare,emulated,faults,faults_hf] [--merge]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ STEPS: dict[str, list[str]] = {
     "compare": [PY, "benchmarks/bench_compare.py"],
     "emulated": [PY, "benchmarks/bench_emulated.py"],
     "faults": [PY, "benchmarks/fault_campaign.py"],
+    "faults_hf": [PY, "benchmarks/fault_campaign.py", "--preset", "tiny-hf"],
 }
 TARGETS = {
     "cpu_rollout_bound.speedup_vs_static": (">=", 1.15),
@@ -43,11 +44,16 @@ TARGETS = {
     "sim.seconds_400_steps_32_gpus": ("<=", 2.0),
     "faults.samples_lost": ("<=", 0),
     "faults.samples_duplicated": ("<=", 0),
+    "faults_hf.samples_lost": ("<=", 0),
+    "faults_hf.samples_duplicated": ("<=", 0),
     "prefect_stalls.over_1s_after": ("<=", 0),
     "hf_engine.ratio_at_32_median": (">=", 2.0),
     "sim_seed.predictive_vs_best_static": ("<=", -0.20),
     "sim_grid.predictive_worst_vs_never_lend": ("<=", 0.01),
 }
+
+
+FAULT_FIGURES = ("injected", "survived", "samples_lost", "samples_duplicated")
 
 
 def merge() -> dict:
@@ -57,6 +63,7 @@ def merge() -> dict:
     speed = read_json("sim_speed") or {}
     sweep = read_json("sim_sweep") or {}
     faults = read_json("faults") or {}
+    faults_hf = read_json("faults_hf") or {}
     rb, tb = compare.get("cpu_rollout_bound", {}), compare.get("cpu_training_bound", {})
     dyn_speed = next((v for k, v in speed.get("setups", {}).items() if k.startswith("dynamic")), {})
     out = {
@@ -72,7 +79,8 @@ def merge() -> dict:
         "sim": {"seconds_400_steps_32_gpus": dyn_speed.get("best_s"),
                 "seconds_400_steps_32_gpus_median": dyn_speed.get("median_s"),
                 "sweep_100_configs_s": sweep.get("wall_s"), "sweep_100_configs_cpu_s": sweep.get("cpu_s")},
-        "faults": {k: faults.get(k) for k in ("injected", "survived", "samples_lost", "samples_duplicated")},
+        "faults": {k: faults.get(k) for k in FAULT_FIGURES},
+        "faults_hf": {k: faults_hf.get(k) for k in FAULT_FIGURES},
     }
     if rb.get("setups"):
         out["cpu_rollout_bound"]["setups"] = {k: {kk: v[kk] for kk in ("speedup_vs_static_median",

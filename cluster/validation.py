@@ -42,7 +42,9 @@ def run_validation(dataset: RLDataset, replicas: Mapping[str, GenerateBatch], sc
                    sampling: SamplingSpec, tag: str, attempts: int = 3) -> dict[str, float]:
     """Generate on ``replicas`` (requests dealt round-robin), score, and return
     ``val-core/<data_source>/reward/mean@<n>`` per source. A request that comes back aborted (a
-    replica paused for a sync) is sent again, up to ``attempts`` times in all; then it fails."""
+    replica paused for a sync) is sent again, up to ``attempts`` times in all; then it fails. A
+    replica whose call raises (it died: a killed replica's actor call fails) is left out from
+    then on, and its requests go to the others in the next attempt."""
     if not replicas:
         raise RuntimeError("validation needs at least one standalone replica")
     pending = validation_requests(dataset, n=n, sampling=sampling, tag=tag)
@@ -54,7 +56,16 @@ def run_validation(dataset: RLDataset, replicas: Mapping[str, GenerateBatch], sc
         shares = {rid: pending[k::len(ids)] for k, rid in enumerate(ids)}
         pending = []
         for rid, share in shares.items():
-            for request, result in zip(share, replicas[rid](share) if share else []):
+            try:
+                results = replicas[rid](share) if share else []
+            except Exception as exc:  # noqa: BLE001 - the replica is gone; its share is re-dealt
+                ids.remove(rid)
+                if attempt == attempts - 1 or not ids:
+                    raise RuntimeError(f"validation failed: replica {rid} failed ({exc!r}) and "
+                                       f"{'no replica is left' if not ids else 'no attempt is left'}") from None
+                pending.extend(share)
+                continue
+            for request, result in zip(share, results):
                 if isinstance(result, BaseException) or result.finish_reason == "abort":
                     if attempt == attempts - 1:
                         raise RuntimeError(f"validation request {request.request_id} failed on {rid}: {result!r}")

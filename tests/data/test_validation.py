@@ -75,3 +75,30 @@ def test_a_replica_that_keeps_failing_fails_validation_naming_the_request():
     with pytest.raises(RuntimeError) as err:
         run_validation(ds, {"standalone-0": broken}, scorer(ds), n=1, sampling=SamplingSpec(max_new_tokens=2), tag="1")
     assert str(err.value) == "validation request val1-p0-r0 failed on standalone-0: ConnectionError('gone')"
+
+
+def test_a_replica_that_dies_mid_validation_leaves_its_requests_to_the_others():
+    ds = dataset()
+    alive, calls = Replica(), []
+
+    def dead(requests):  # a killed replica: its actor call raises
+        calls.append([r.request_id for r in requests])
+        raise ConnectionError("actor died")
+
+    spec = SamplingSpec(max_new_tokens=2)
+    metrics = run_validation(ds, {"standalone-0": dead, "standalone-1": alive}, scorer(ds), n=2, sampling=spec, tag="4")
+    assert metrics == run_validation(ds, {"standalone-1": Replica()}, scorer(ds), n=2, sampling=spec, tag="4")
+    assert calls == [["val4-p0-r0", "val4-p1-r0", "val4-p2-r0"]]  # asked once, then left out
+    assert sorted(alive.seen) == sorted(f"val4-p{p}-r{j}" for p in range(3) for j in range(2))
+
+
+def test_validation_fails_in_one_line_when_its_last_replica_dies():
+    ds = dataset()
+
+    def dead(requests):
+        raise ConnectionError("actor died")
+
+    with pytest.raises(RuntimeError) as err:
+        run_validation(ds, {"standalone-0": dead}, scorer(ds), n=1, sampling=SamplingSpec(max_new_tokens=2), tag="1")
+    assert str(err.value) == ("validation failed: replica standalone-0 failed (ConnectionError('actor died')) "
+                              "and no replica is left")

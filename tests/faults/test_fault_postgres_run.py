@@ -1,6 +1,7 @@
 """Fault campaign, the database stops in the middle of a whole run.
 
-`tidal run tiny-cpu` runs as its own process (own process group) on a local Ray cluster with its
+`tidal run tiny-cpu` (or the preset `TIDAL_FAULT_PRESET` names: ``fault_preset.py``) runs as its
+own process (own process group) on a local Ray cluster with its
 store on a real PostgreSQL. Once at least two steps are committed the PostgreSQL server is stopped
 (`pg_ctl stop -m immediate`: connections drop, like a crash). It runs twice: with the phases on the
 in-process task runner (embedded Prefect), and against a real Prefect server, where the phases
@@ -80,12 +81,12 @@ def prefect_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory, cluster, stoppable_pg) -> str:
+def straight(tmp_path_factory, cluster, stoppable_pg, fault_preset) -> str:
     """The uninterrupted run both runners' stopped runs are compared with: its store's URL."""
     tmp_path = tmp_path_factory.mktemp("straight")
     url = stoppable_pg.new_database("straight")
-    code, log = _run(["run", "tiny-cpu", *_set_args(_overrides(url, tmp_path, "straight", cluster.address))],
-                     tmp_path, "straight")
+    code, log = _run(["run", *fault_preset.cli_args(tmp_path),
+                      *_set_args(_overrides(url, tmp_path, "straight", cluster.address))], tmp_path, "straight")
     assert code == 0, log[-3000:]
     return url
 
@@ -225,14 +226,14 @@ def _final(url: str):
 
 @pytest.mark.parametrize("runner", ["in-process", "ray"])
 def test_postgresql_stopped_mid_run_fails_in_one_line_and_the_run_resumes_to_the_uninterrupted_result(
-        request, tmp_path, cluster, stoppable_pg, straight, runner):
+        request, tmp_path, cluster, stoppable_pg, straight, runner, fault_preset):
     server = request.getfixturevalue("prefect_server") if runner == "ray" else None
     straight_url, stopped_url = straight, stoppable_pg.new_database(f"stopped_{runner.replace('-', '_')}")
-    per_step = load_config("tiny-cpu", _overrides(stopped_url, tmp_path, "stopped", cluster.address)).step_required_samples
+    overrides = _overrides(stopped_url, tmp_path, "stopped", cluster.address)
+    per_step = load_config(fault_preset.name, [*fault_preset.overrides(), *overrides]).step_required_samples
 
     # --- the run whose database goes away -----------------------------------------------------
-    proc, out, err = _start(["run", "tiny-cpu", *_set_args(_overrides(stopped_url, tmp_path, "stopped", cluster.address))],
-                            tmp_path, "stopped", server)
+    proc, out, err = _start(["run", *fault_preset.cli_args(tmp_path), *_set_args(overrides)], tmp_path, "stopped", server)
     try:
         deadline = time.monotonic() + CLI_TIMEOUT_S
         while _committed_steps(stopped_url) < 2:

@@ -1,4 +1,5 @@
-"""Fault campaign, standalone replicas killed: standalone replicas (simulated engine, real torch
+"""Fault campaign, standalone replicas killed: standalone replicas (simulated engine on `tiny-cpu`,
+the preset's torch engine serving the HF model with `TIDAL_FAULT_PRESET=tiny-hf`; real torch
 GRPO trainer with its hybrid, the real controller and `training_step` flows on a local Ray
 cluster) are SIGKILLed at seeded random moments, each while it has requests in flight, across the
 first steps of a run. Every prompt of the run is trained exactly once, the accounting holds after
@@ -28,7 +29,7 @@ from driver_support import ray_head
 from cluster.actors import replica_name
 from cluster.builders import DataPlane, prompts_for
 from cluster.rollouter import sample_uid
-from config import load_config, to_plain
+from config import load_config, to_plain, write_resolved
 from fault_report import record
 from flows.training_step import training_step
 from loop import LendPlan
@@ -41,6 +42,10 @@ pytestmark = pytest.mark.slow
 
 SEED = 20261129
 STEPS = 6
+STEPS_HF = 8
+"""Steps on tiny-hf: its rollout runs ahead of the trainer up to the staleness cap, and with 6 steps
+the replacement test's fourth kill (late in step 4) found no standalone replica busy for 60 s: the
+run's prompts were all generated. Two more steps keep them coming through the kills."""
 STANDALONE = 3
 PER_REPLICA = 4  # samples per replica: small enough that every lost replica lowers the capacity
 
@@ -52,17 +57,21 @@ def ray_address():
         yield address
 
 
-def _start(tmp_path, ray_address, *overrides, lend_hybrid=True):
-    cfg = load_config("tiny-cpu", [
+SIMULATED = ["engines.rollout=simulated",
+             # ~8 decode iterations of ~40 ms: a sample is in flight for a few hundred ms
+             "sim.response_len_mean_start=8", "sim.response_len_sigma=0.3", "sim.decode_step_base_s=0.04",
+             "sim.prompt_tokens=12"]
+"""The rollout engine on ``tiny-cpu``; on ``tiny-hf`` the preset's own (``FaultPreset.rollout_overrides``)."""
+
+
+def _start(preset, tmp_path, ray_address, *overrides, lend_hybrid=True, simulated=SIMULATED):
+    cfg = load_config(preset.name, [
         f"storage.url=sqlite:///{tmp_path}/tidal.db", f"trainer.default_local_dir={tmp_path}/runs",
-        f"trainer.total_training_steps={STEPS}", "async_training.trigger_parameter_sync_step=2",
+        f"trainer.total_training_steps={STEPS_HF if preset.hf else STEPS}", "async_training.trigger_parameter_sync_step=2",
         "async_training.dynamic_schedule_policy=fixed_ratio",
         f"async_training.concurrent_samples_per_replica={PER_REPLICA}",
-        f"rollout.n_gpus_per_node={STANDALONE}",
-        "engines.rollout=simulated", "actor_rollout_ref.rollout.response_length=8",
-        # ~8 decode iterations of ~40 ms: a sample is in flight for a few hundred ms
-        "sim.response_len_mean_start=8", "sim.response_len_sigma=0.3", "sim.decode_step_base_s=0.04",
-        "sim.prompt_tokens=12", *overrides,
+        f"rollout.n_gpus_per_node={STANDALONE}", "actor_rollout_ref.rollout.response_length=8",
+        *preset.overrides(), *preset.rollout_overrides(simulated), *overrides,
     ])
     assert cfg.hybrid_replicas == 1
     uid = f"kill-{uuid.uuid4().hex[:8]}"
@@ -71,6 +80,7 @@ def _start(tmp_path, ray_address, *overrides, lend_hybrid=True):
     with session_scope(engine) as s:
         create_run(s, uid=uid, name="kill", project="tests", policy=cfg.async_training.dynamic_schedule_policy,
                    seed=0, config=to_plain(cfg), output_dir=str(tmp_path / "runs" / uid))
+    write_resolved(cfg, tmp_path / "runs" / uid)  # as `tidal run` does: validation (tiny-hf's) reads it
     plane = DataPlane.build(cfg, uid)
     run = RunRef.from_config(cfg, uid=uid, output_dir=str(tmp_path / "runs" / uid), ray_address=ray_address)
     run = run.model_copy(update={"wait_timeout_s": 120.0})
@@ -90,7 +100,10 @@ class Killer(threading.Thread):
     flight at that moment. The test sets ``step`` as its steps begin.
 
     With ``pick_at_kill`` the victim of each kill is drawn (seeded) at that moment among the
-    standalone replicas routable then, replacements included, so a slot can die more than once.
+    standalone replicas routable and busy then, replacements included, so a slot can die more
+    than once. (Drawn among the busy ones: late in a run only some replicas still get requests,
+    and on ``tiny-hf`` the rollout runs ahead of the trainer, so a replica drawn while idle could
+    stay idle until the run's last prompt was generated.)
     """
 
     def __init__(self, plane: DataPlane, rng: random.Random, steps: list[int], delays: list[float],
@@ -108,14 +121,6 @@ class Killer(threading.Thread):
         self.error: BaseException | None = None
         self.lock = threading.Lock()  # held by the test while it compares counts with the kills
 
-    def _pick(self) -> str:
-        deadline = time.monotonic() + 60
-        while not (routable := sorted(ray.get(self.plane.rollout.stats.remote())["standalone_replicas"])):
-            if time.monotonic() > deadline:
-                raise TimeoutError("no standalone replica routable to kill")
-            time.sleep(0.01)
-        return self.rng.choice(routable)
-
     def _handle(self, rid: str):
         return self.plane.standalone.get(rid) or ray.get_actor(replica_name(rid), namespace=self.plane.namespace)
 
@@ -125,27 +130,33 @@ class Killer(threading.Thread):
                 while self.step < step:
                     time.sleep(0.01)
                 time.sleep(delay)
-                self._kill_when_busy(planned or self._pick())
+                self._kill_when_busy(planned)
         except BaseException as exc:  # noqa: BLE001 - re-raised by the test
             self.error = exc
 
-    def _kill_when_busy(self, rid: str) -> None:
-        """Kill ``rid`` at a moment it has requests in flight (read just before the kill)."""
-        handle = self._handle(rid)
-        deadline = time.monotonic() + 60
+    def _busy(self, rids: list[str]) -> list[str]:
+        return [rid for rid in rids if ray.get(self.plane.rollout.lb_in_flight.remote([rid])) > 0]
+
+    def _kill_when_busy(self, planned: str | None) -> None:
+        """Kill ``planned`` (or one drawn among the routable standalone replicas) at a moment it has
+        requests in flight (read just before the kill). A drawn victim may have to wait for a
+        replacement to join: every routable one may be dead by then."""
+        deadline = time.monotonic() + 60 + (0 if planned else REJOIN_S)
         while True:
-            if ray.get(self.plane.rollout.lb_in_flight.remote([rid])) > 0:
+            routable = [planned] if planned else sorted(ray.get(self.plane.rollout.stats.remote())["standalone_replicas"])
+            if busy := self._busy(routable):
+                rid = planned or self.rng.choice(busy)
                 with self.lock:
                     in_flight = ray.get(self.plane.rollout.in_flight_uids.remote())
                     on_replica = ray.get(self.plane.rollout.lb_in_flight.remote([rid]))
                     if on_replica > 0:  # still busy: its requests could have finished meanwhile
-                        ray.kill(handle, no_restart=True)
+                        ray.kill(self._handle(rid), no_restart=True)
                         self.killed.append({"replica": rid, "step": self.step, "at": time.monotonic(),
                                             "wall": time.time(), "requests_on_it": on_replica,
                                             "samples_in_flight": in_flight})
                         return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{rid} never had a request in flight")
+                raise TimeoutError(f"{planned or 'no routable standalone replica'}: no request in flight in time")
             time.sleep(0.005)
 
 
@@ -174,7 +185,8 @@ def _check_accounting(plane, trained: int) -> dict:
 def _check_every_prompt_trained_once(cfg, engine, run, trained: int, killer: Killer) -> tuple[list, list, list]:
     """The run went on to the end: every prompt of the run trained exactly once, and the samples
     in flight on each kill were finished elsewhere and trained. Returns (want, got, step rows)."""
-    assert trained == STEPS * cfg.step_required_samples
+    steps = cfg.trainer.total_training_steps
+    assert trained == steps * cfg.step_required_samples
     want = sorted((e, i) for e, i, _ in prompts_for(cfg))
     with session_scope(engine) as s:
         got = consumed_prompts(s, run.uid)
@@ -184,12 +196,12 @@ def _check_every_prompt_trained_once(cfg, engine, run, trained: int, killer: Kil
     trained_uids = {sample_uid(e, i) for e, i in got}
     for k in killer.killed:
         assert set(k["samples_in_flight"]) <= trained_uids, k
-    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
     return want, got, rows
 
 
-def test_standalone_replicas_killed_at_random_moments_lose_and_duplicate_no_sample(tmp_path, ray_address):
-    cfg, plane, run, engine = _start(tmp_path, ray_address)
+def test_standalone_replicas_killed_at_random_moments_lose_and_duplicate_no_sample(tmp_path, ray_address, fault_preset):
+    cfg, plane, run, engine = _start(fault_preset, tmp_path, ray_address)
     rng = random.Random(SEED)
     # one kill in each of three distinct steps among the first four, at a random moment in it
     killer = Killer(plane, rng, steps=sorted(rng.sample(range(1, 5), STANDALONE)),
@@ -197,7 +209,7 @@ def test_standalone_replicas_killed_at_random_moments_lose_and_duplicate_no_samp
     try:
         trained, per_step = 0, []
         killer.start()
-        for step in range(1, STEPS + 1):
+        for step in range(1, cfg.trainer.total_training_steps + 1):
             killer.step = step
             try:
                 result = training_step(run, step)
@@ -256,7 +268,8 @@ def _settled(plane, timeout_s: float = REJOIN_S) -> dict:
         time.sleep(0.05)
 
 
-def test_killed_standalone_replicas_are_replaced_and_rejoin_at_the_current_version(tmp_path, ray_address):
+def test_killed_standalone_replicas_are_replaced_and_rejoin_at_the_current_version(tmp_path, ray_address,
+                                                                                  fault_preset):
     """`rollout.replace_failed_replicas` on: four SIGKILLs at seeded random moments of the first
     four steps, each of a standalone replica drawn among those routable at that moment (so
     replacements are killed too). Proves: every death gets a replacement that joins the load
@@ -265,7 +278,7 @@ def test_killed_standalone_replicas_are_replaced_and_rejoin_at_the_current_versi
     older than the version in force when its request was sent; the routable standalone count and
     ``max_concurrent_samples`` come back to the full values, also in the per-step metrics; no
     sample is lost or duplicated, the accounting holds after every step, and the run finishes."""
-    cfg, plane, run, engine = _start(tmp_path, ray_address, "rollout.replace_failed_replicas=true",
+    cfg, plane, run, engine = _start(fault_preset, tmp_path, ray_address, "rollout.replace_failed_replicas=true",
                                      f"rollout.max_replacements={KILLS}")  # the bound never bites here
     rng = random.Random(SEED + 1)
     killer = Killer(plane, rng, steps=sorted(rng.choices(range(1, 5), k=KILLS)),
@@ -273,7 +286,7 @@ def test_killed_standalone_replicas_are_replaced_and_rejoin_at_the_current_versi
     try:
         trained, per_step, bounds = 0, [], []  # bounds: (step, wall time it started, wall time it ended)
         killer.start()
-        for step in range(1, STEPS + 1):
+        for step in range(1, cfg.trainer.total_training_steps + 1):
             killer.step = step
             started = time.time()
             try:
@@ -289,8 +302,8 @@ def test_killed_standalone_replicas_are_replaced_and_rejoin_at_the_current_versi
                 stats = _check_accounting(plane, trained)
             per_step.append((step, [k["replica"] for k in killer.killed if k["step"] == step],
                              sorted(stats["standalone_replicas"]), stats["max_concurrent_samples"]))
-        killer.join(timeout=60)
-        assert killer.error is None, killer.error
+        killer.join(timeout=60 + REJOIN_S)  # a drawn victim may wait for a replacement to join
+        assert killer.error is None, (killer.error, per_step)
         assert len(killer.killed) == KILLS, killer.killed
         assert all(k["requests_on_it"] > 0 for k in killer.killed)  # each died mid-generation
         killed = [k["replica"] for k in killer.killed]  # 4 distinct victims, so a replacement too
@@ -387,7 +400,7 @@ def _stats(plane) -> dict:
 
 
 def test_a_replacement_started_across_a_broadcast_joins_at_the_new_version_and_the_bound_holds(
-        tmp_path, ray_address):
+        tmp_path, ray_address, fault_preset):
     """One standalone replica, `max_replacements=2`, no Prefect flow: the rollout service and
     controller driven by hand. Proves: (1) a broadcast made while the replacement is still
     starting reaches it: it joins holding the new version and serves nothing older; (2) resume
@@ -397,7 +410,7 @@ def test_a_replacement_started_across_a_broadcast_joins_at_the_new_version_and_t
     replacement is `.r2`, not `.r1` again; (3) once the slot's two replacements over the run
     are spent, the slot stays out: no further actor, no routable standalone replica, capacity 0,
     the death recorded as `not_replaced`."""
-    cfg, plane, _, _ = _start(tmp_path, ray_address, "rollout.n_gpus_per_node=1",
+    cfg, plane, _, _ = _start(fault_preset, tmp_path, ray_address, "rollout.n_gpus_per_node=1",
                               "rollout.replace_failed_replicas=true", "rollout.max_replacements=2", lend_hybrid=False)
     planes = [plane]
     try:
@@ -446,19 +459,22 @@ def test_a_replacement_started_across_a_broadcast_joins_at_the_new_version_and_t
 
 
 def test_the_last_standalone_replica_dying_while_the_hybrid_sleeps_does_not_stall_training(
-        tmp_path, ray_address, monkeypatch):
+        tmp_path, ray_address, monkeypatch, fault_preset):
     """The hard case: the only standalone replica dies at the start of a micro-step, with the hybrid
     asleep (a static policy never lends it) and the queue short of a micro-step's samples. Nothing
     else generates, so the trainer would wait until its timeout; instead the hybrid is lent until
     the micro-step's samples are queued, and from the next step on the run is only-hybrid."""
     import flows.training_step as ts
 
+    if fault_preset.hf:
+        pytest.skip("needs a rollout-bound run, so that the queue is short when the replica dies: the simulated "
+                    "engine's decode time gives one on tiny-cpu; tiny-hf's torch engine outpaces its trainer "
+                    "(16 samples queued at the kill, 8 needed)")
     steps = 3
     cfg, plane, run, engine = _start(
-        tmp_path, ray_address, "rollout.n_gpus_per_node=1", f"trainer.total_training_steps={steps}",
-        "async_training.dynamic_schedule_policy=static_fully_async",
-        "sim.decode_step_base_s=0.1",  # rollout-bound: the trainer drains the queue every step
-        lend_hybrid=False)
+        fault_preset, tmp_path, ray_address, "rollout.n_gpus_per_node=1", f"trainer.total_training_steps={steps}",
+        "async_training.dynamic_schedule_policy=static_fully_async", lend_hybrid=False,
+        simulated=[*SIMULATED, "sim.decode_step_base_s=0.1"])  # rollout-bound: the trainer drains the queue every step
     run = run.model_copy(update={"wait_timeout_s": 45.0})  # a stall fails fast
     (rid,) = plane.standalone
     kill_at = (2, 1)  # step 2, second micro-step: the hybrid is asleep, the queue nearly empty

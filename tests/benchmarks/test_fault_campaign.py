@@ -1,0 +1,60 @@
+"""fault_campaign.py's tiny-hf campaign: its files, its own section and JSON (where it is told to
+write them), and run_all's merge of ``faults_hf.*`` with its targets."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import pytest  # noqa: E402
+import results_io  # noqa: E402
+import run_all  # noqa: E402
+
+
+@pytest.mark.slow  # a pytest of its own, which imports Ray and Prefect: ~20 s alone, a minute under load
+def test_the_tiny_hf_campaign_writes_its_own_section_and_json_where_it_is_told(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Benchmark results\n\n<!-- fault_campaign -->\nkept\n<!-- /fault_campaign -->\n")
+    out = tmp_path / "faults_hf.json"
+    # one cheap store fault: the whole script runs, pytest included, on the tiny-hf file list
+    code = subprocess.call(
+        [sys.executable, str(BENCH / "fault_campaign.py"), "--preset", "tiny-hf", "--write", str(results),
+         "--json-out", str(out), "--", "-k", "blocked_by_another_sqlite_writer"],
+        cwd=BENCH.parent, env={**os.environ, "PYTHONPATH": str(BENCH.parent)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert code == 0
+    figures = json.loads(out.read_text())
+    assert (figures["preset"], figures["command"], figures["tests"]) == (
+        "tiny-hf", ".venv/bin/python benchmarks/fault_campaign.py --preset tiny-hf -- -k blocked_by_another_sqlite_writer",
+        {"passed": 1, "failed": 0, "skipped": 0})
+    assert {k: figures[k] for k in ("injected", "survived", "samples_lost", "samples_duplicated")} == {
+        "injected": 1, "survived": 1, "samples_lost": 0, "samples_duplicated": 0}
+    text = results.read_text()
+    assert "<!-- fault_campaign -->\nkept\n<!-- /fault_campaign -->" in text  # the tiny-cpu section untouched
+    section = text.split("<!-- fault_campaign_hf -->\n")[1].split("<!-- /fault_campaign_hf -->")[0]
+    assert section.splitlines()[0] == "## Fault campaign on tiny-hf (`fault_campaign.py --preset tiny-hf`)"
+    assert "`pytest test_fault_replica_kill.py test_fault_driver_kill.py test_fault_store.py " \
+           "test_fault_postgres_run.py` (`TIDAL_FAULT_PRESET=tiny-hf`)" in section
+    assert "| store_fault | 1 | 1 | 1 | 0 | 0 |" in section
+
+
+def test_run_all_merges_the_tiny_hf_campaign_and_checks_its_targets(tmp_path, monkeypatch):
+    monkeypatch.setattr(results_io, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(run_all, "RESULTS_DIR", tmp_path)
+    (tmp_path / "faults_hf.json").write_text(json.dumps(
+        {"injected": 30, "survived": 30, "samples_lost": 0, "samples_duplicated": 1, "records": []}))
+    merged = run_all.merge()
+    assert merged["faults_hf"] == {"injected": 30, "survived": 30, "samples_lost": 0, "samples_duplicated": 1}
+    assert merged["faults"] == {"injected": None, "survived": None, "samples_lost": None, "samples_duplicated": None}
+    assert {k: v for k, v in merged["targets"].items() if k.startswith("faults")} == {
+        "faults.samples_lost": {"value": None, "target": "<= 0", "met": None},
+        "faults.samples_duplicated": {"value": None, "target": "<= 0", "met": None},
+        "faults_hf.samples_lost": {"value": 0, "target": "<= 0", "met": True},
+        "faults_hf.samples_duplicated": {"value": 1, "target": "<= 0", "met": False},
+    }

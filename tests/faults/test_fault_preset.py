@@ -1,0 +1,43 @@
+"""The preset the fault tests run on (``fault_preset.py``): read from ``TIDAL_FAULT_PRESET``, and
+``tiny-hf`` loads from any working directory with the session's files, in process and for a driver."""
+
+from __future__ import annotations
+
+import pytest
+from fault_preset import FaultPreset, build_preset, preset_name
+
+from config import load_config
+
+
+def test_the_preset_is_tiny_cpu_unless_the_variable_names_tiny_hf():
+    assert [preset_name({}), preset_name({"TIDAL_FAULT_PRESET": ""}),
+            preset_name({"TIDAL_FAULT_PRESET": " tiny-hf "})] == ["tiny-cpu", "tiny-cpu", "tiny-hf"]
+
+
+def test_an_unknown_preset_is_a_one_line_usage_error():
+    with pytest.raises(pytest.UsageError) as raised:
+        preset_name({"TIDAL_FAULT_PRESET": "gpu-vllm"})
+    assert str(raised.value) == "TIDAL_FAULT_PRESET='gpu-vllm': choose one of tiny-cpu, tiny-hf"
+
+
+def test_tiny_cpu_keeps_the_tests_own_engine_and_needs_no_overrides(tmp_path):
+    preset = FaultPreset("tiny-cpu")
+    assert (preset.overrides(), preset.rollout_overrides(["engines.rollout=simulated"]),
+            preset.cli_args(tmp_path)) == ([], ["engines.rollout=simulated"], ["tiny-cpu"])
+    assert not (tmp_path / "runs").exists()
+
+
+def test_tiny_hf_loads_its_session_files_from_another_working_directory(tmp_path, tmp_path_factory, monkeypatch):
+    preset = build_preset("tiny-hf", tmp_path_factory)
+    monkeypatch.chdir(tmp_path)  # nothing of tiny-hf here
+    cfg = load_config(preset.name, [*preset.overrides(), *preset.rollout_overrides(["engines.rollout=simulated"])])
+    assert (cfg.actor_rollout_ref.model.path, cfg.data.train_files, cfg.engines.rollout) == (
+        str(preset.files / "model"), [str(preset.files / "data" / "train.parquet")], "torch")
+
+
+def test_a_tiny_hf_driver_finds_the_session_files_in_its_working_directory(tmp_path, tmp_path_factory):
+    preset = build_preset("tiny-hf", tmp_path_factory)
+    args = preset.cli_args(tmp_path)
+    assert args == ["tiny-hf", *(a for o in preset.overrides() for a in ("--set", o))]
+    assert (tmp_path / "runs" / "tiny-hf").resolve() == preset.files
+    assert preset.cli_args(tmp_path) == args  # a second driver in the same folder: the link stays

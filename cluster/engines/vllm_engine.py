@@ -12,6 +12,7 @@ description is in ``docs/engines.md``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -82,10 +83,45 @@ class TidalWorkerExtension:
         folder's own for an HF model); returns seconds spent."""
         from safetensors.torch import load_file
 
+        _quiet_expected_reload_warnings()
         t0 = time.perf_counter()
         weights = load_file(path)  # CPU tensors; reload_weights copies them onto the model's device
         self.model_runner.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
+        self._reprocess_tied_heads()
         return time.perf_counter() - t0
+
+    def _reprocess_tied_heads(self) -> None:
+        """Redo the post-load processing of an LM head tied to the embedding.
+
+        The checkpoint has no weights of its own for it, so the layerwise reload leaves it as it
+        was: its parameter is the embedding's (new values), but what its method derived from it
+        at load stays stale (on CPU, the packed GEMM weight built from the dummy weights).
+        """
+        from vllm.config import set_current_vllm_config
+
+        model = self.model_runner.get_model()
+        modules = list(model.modules())
+        with set_current_vllm_config(self.vllm_config):
+            for head in modules:
+                weight, method = getattr(head, "weight", None), getattr(head, "quant_method", None)
+                if weight is None or method is None:
+                    continue
+                if any(other is not head and getattr(other, "weight", None) is weight for other in modules):
+                    method.process_weights_after_loading(head)
+
+
+@functools.cache
+def _quiet_expected_reload_warnings() -> None:
+    """vLLM's layerwise reload warns, at every sync, about the layers a checkpoint never has
+    weights for: a tied LM head (``_reprocess_tied_heads`` handles it) and the rotary tables
+    (computed, not loaded). Drop those two warnings in the worker; keep every other."""
+    import logging
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights"
+                    and record.args and record.args[0] in ("ParallelLMHead", "RotaryEmbedding"))
+
+    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(keep)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -585,8 +621,9 @@ class VLLMEngine(EngineState):
 
         spec = req.request.sampling
         # Stop strings need vLLM's detokenizer (a host with a tokenizer); without one they are
-        # ignored, as the contract says. vLLM keeps the token that completes one.
-        stop = list(spec.stop) if spec.stop and self.model.tokenizer is not None else None
+        # ignored, as the contract says, and so they are with ignore_eos (the budget alone ends a
+        # response, as on the torch engine). vLLM keeps the token that completes one.
+        stop = list(spec.stop) if spec.stop and not spec.ignore_eos and self.model.tokenizer is not None else None
         params = SamplingParams(
             n=1, max_tokens=req.budget, temperature=spec.temperature, top_p=spec.top_p, seed=spec.seed,
             logprobs=0, ignore_eos=spec.ignore_eos, stop_token_ids=[] if spec.ignore_eos else list(self.model.eos_ids),

@@ -108,7 +108,7 @@ def test_a_stop_string_ends_the_response_at_the_token_that_completes_it_as_on_th
 
     tokens = on_vllm(whole, model.state_dict()).tokens
     stop = next(text for text in (tok.decode([t]) for t in tokens[4:]) if text.strip())
-    stopping = request("s", prompt, budget=16, ignore_eos=True, stop=(stop,))
+    stopping = request("s", prompt, budget=16, stop=(stop,))
 
     async def stopped(engine):
         return await engine.generate(stopping)

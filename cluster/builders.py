@@ -26,7 +26,7 @@ from cluster.actors import (
     replica_name,
 )
 from cluster.model import TinyLMConfig
-from cluster.data_builders import dataset_for, response_length, scorer_factory, tokenizer_for
+from cluster.data_builders import dataset_for, prompt_length, response_length, scorer_factory, tokenizer_for
 from cluster.problems import CharTokenizer, Problem, make_problems
 from cluster.placement import place, release_placement
 from cluster.types import SamplingSpec
@@ -101,6 +101,15 @@ def _vllm_engine(model_cfg: TinyLMConfig, max_batch: int, threads: int, eos: int
     return VLLMEngine(model_cfg, max_batch=max_batch, eos_id=eos, seed=seed, threads=threads)
 
 
+def _vllm_hf_engine(spec: HFModelSpec, max_batch: int, threads: int, seed: int, max_model_len: int) -> Any:
+    """The vLLM engine serving ``spec``'s folder: EOS ids from its tokenizer and generation config."""
+    from cluster.engines.vllm_engine import VLLMEngine, hf_model
+
+    served = hf_model(spec.path, tokenizer_path=spec.tokenizer_path, trust_remote_code=spec.trust_remote_code,
+                      max_model_len=max_model_len, custom_chat_template=spec.custom_chat_template)
+    return VLLMEngine(served, max_batch=max_batch, seed=seed, threads=threads, dtype=spec.dtype)
+
+
 def _simulated_engine(base_s: float, per_seq_s: float, prefill_s_per_token: float, max_batch: int,
                       lengths: dict[str, Any], eos: int, seed: int, vocab: int, costs: dict[str, Any]) -> Any:
     from cluster.engines.base import request_sample_uid
@@ -141,7 +150,8 @@ def engine_factory(cfg: TidalConfig, tokenizer: CharTokenizer, *, hybrid: bool, 
         return functools.partial(_torch_engine, model_config(cfg, tokenizer), requests_per_replica(cfg),
                                  cfg.engines.device, cfg.engines.torch_threads_per_actor, tokenizer.eos_id, seed)
     if kind == "vllm" and hf is not None:
-        raise ValueError("engines.rollout=vllm does not serve actor_rollout_ref.model.path yet: use engines.rollout=torch")
+        return functools.partial(_vllm_hf_engine, hf, requests_per_replica(cfg), cfg.engines.torch_threads_per_actor,
+                                 seed, prompt_length(cfg) + response_length(cfg))
     if kind == "vllm":
         return functools.partial(_vllm_engine, model_config(cfg, tokenizer), requests_per_replica(cfg),
                                  cfg.engines.torch_threads_per_actor, tokenizer.eos_id, seed)

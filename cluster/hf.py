@@ -134,6 +134,11 @@ TINY_HF_PRESET = "tiny-hf"
 TINY_HF_ROOT = "runs/tiny-hf"
 """Where the ``tiny-hf`` preset's paths point (relative to the working directory, beside the
 default ``trainer.default_local_dir``); ``tidal run tiny-hf`` builds it there once when missing."""
+TINY_HF_VLLM_ROOT = "runs/tiny-hf-vllm"
+TINY_PRESETS = {TINY_HF_PRESET: (TINY_HF_ROOT, 4), "tiny-hf-vllm": (TINY_HF_VLLM_ROOT, 2)}
+"""Preset → (its folder, the model's attention heads): ``tidal run`` builds the folder once when
+missing. ``tiny-hf-vllm``'s model has 2 heads of 32 (vLLM's CPU attention needs a head size of at
+least 32; ``tiny-hf``'s 4 heads of 16 have the same weight shapes)."""
 TINY_FILES = ("model/config.json", "model/model.safetensors", "model/tokenizer.json", "data/train.parquet",
               "data/test.parquet")
 """What a complete ``make_tiny`` folder holds (relative paths)."""
@@ -144,15 +149,17 @@ class TinyFolderError(ValueError):
 
 
 def make_tiny(directory: str | os.PathLike[str], *, train: int = 512, val: int = 64, seed: int = 0,
-              arch: str = "qwen2") -> Path:
+              arch: str = "qwen2", n_head: int = 4) -> Path:
     """Write the ``tiny-hf`` files into ``directory`` (which must not exist, or be an empty folder):
-    ``model/`` (``make_tiny_model``: weights, config and tokenizer with its chat template) and
+    ``model/`` (``make_tiny_model`` with ``n_head`` heads: weights, config and tokenizer with its chat template) and
     ``data/train.parquet`` / ``data/test.parquet`` (the built-in ``arith`` task in verl's row
     schema, ``data_source: tidal/arith``; seeds ``seed`` and ``seed + 1``). The same arguments
     write the same bytes. Everything is built in a temporary folder beside ``directory`` and
     renamed into place: a failure leaves nothing behind. Raises ``TinyFolderError`` (one line)."""
     from cluster.datasets import task_rows, write_rows
 
+    if n_head < 1 or 64 % n_head:
+        raise TinyFolderError(f"{n_head} heads do not divide the tiny model's width 64")
     root = Path(directory).expanduser()
     if root.exists() and not root.is_dir():
         raise TinyFolderError(f"{directory}: exists and is not a folder")
@@ -168,7 +175,7 @@ def make_tiny(directory: str | os.PathLike[str], *, train: int = 512, val: int =
         raise TinyFolderError(f"{directory}: cannot create the folder ({exc.strerror or exc})") from None
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would outlive the rename
-        make_tiny_model(tmp / "model", arch, seed=seed)
+        make_tiny_model(tmp / "model", arch, seed=seed, n_head=n_head)
         write_rows(task_rows("arith", train, seed), tmp / "data" / "train.parquet")
         write_rows(task_rows("arith", val, seed + 1), tmp / "data" / "test.parquet")
         if root.is_dir():
@@ -192,14 +199,14 @@ def tiny_complete(directory: str | os.PathLike[str]) -> bool:
     return all((Path(directory) / name).is_file() for name in TINY_FILES)
 
 
-def ensure_tiny(directory: str | os.PathLike[str] = TINY_HF_ROOT) -> bool:
-    """Build the ``tiny-hf`` folder with ``make_tiny``'s defaults unless it is complete already;
+def ensure_tiny(directory: str | os.PathLike[str] = TINY_HF_ROOT, *, n_head: int = 4) -> bool:
+    """Build the ``tiny-hf`` folder with ``make_tiny``'s defaults (and ``n_head``) unless it is complete already;
     returns whether it built it. Another process building it at the same time is fine (the first
     rename wins); a folder with only some of the files is a ``TinyFolderError``."""
     if tiny_complete(directory):
         return False
     try:
-        make_tiny(directory)
+        make_tiny(directory, n_head=n_head)
     except TinyFolderError:
         if tiny_complete(directory):  # built by someone else meanwhile
             return False

@@ -110,6 +110,7 @@ def data_make_tiny(
     train: Annotated[int, typer.Option(min=1, help="Training rows.")] = 512,
     val: Annotated[int, typer.Option(min=1, help="Validation rows.")] = 64,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the model's weights and of the problems.")] = 0,
+    heads: Annotated[int, typer.Option(min=1, help="Attention heads of the model (width 64); 2 for vLLM on CPU.")] = 4,
 ) -> None:
     """The tiny-hf preset's files, built offline: `model/` (a tiny Qwen2 with a byte-level BPE
     tokenizer trained in code, chat template included) and `data/train.parquet`, `data/test.parquet`
@@ -117,7 +118,7 @@ def data_make_tiny(
     from cluster.hf import TinyFolderError, make_tiny
 
     try:
-        root = make_tiny(out_dir, train=train, val=val, seed=seed)
+        root = make_tiny(out_dir, train=train, val=val, seed=seed, n_head=heads)
     except TinyFolderError as exc:
         raise BadInput(str(exc)) from None
     typer.echo(f"wrote {root / 'model'}, {root / 'data' / 'train.parquet'} ({train} rows) and "

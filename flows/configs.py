@@ -12,7 +12,7 @@ from pathlib import Path
 
 from cluster.data_builders import check_data
 from cluster.datasets import DatasetError
-from cluster.hf import TINY_HF_PRESET, TINY_HF_ROOT, TinyFolderError, ensure_tiny
+from cluster.hf import TINY_PRESETS, TinyFolderError, ensure_tiny
 from cluster.reward import RewardConfigError
 from config import ConfigError, TidalConfig, load_config
 from policies import UnknownPolicyError, resolve_policy_class
@@ -20,9 +20,9 @@ from policies import UnknownPolicyError, resolve_policy_class
 
 def load_checked(config: str, overrides: list[str] | None) -> TidalConfig:
     """Load a config and check what the schema alone cannot (the policy name resolves). The
-    ``tiny-hf`` preset first gets its files (``cluster.hf.ensure_tiny``), built once."""
-    if config == TINY_HF_PRESET and not Path(config).exists():
-        _ensure_tiny_hf()
+    ``tiny-hf`` presets first get their files (``cluster.hf.ensure_tiny``), built once."""
+    if config in TINY_PRESETS and not Path(config).exists():
+        _ensure_tiny_hf(*TINY_PRESETS[config])
     cfg = load_config(config, overrides or [])
     name = cfg.async_training.dynamic_schedule_policy
     try:
@@ -36,13 +36,13 @@ def load_checked(config: str, overrides: list[str] | None) -> TidalConfig:
     return cfg
 
 
-def _ensure_tiny_hf() -> None:
+def _ensure_tiny_hf(root: str, n_head: int) -> None:
     try:
-        built = ensure_tiny(TINY_HF_ROOT)
+        built = ensure_tiny(root, n_head=n_head)
     except TinyFolderError as exc:
         raise ConfigError(str(exc)) from None
     if built:
-        print(f"tidal: built the tiny-hf model and data in {TINY_HF_ROOT}/ (once; `tidal data make-tiny DIR` "
+        print(f"tidal: built the tiny-hf model and data in {root}/ (once; `tidal data make-tiny DIR` "
               "builds them anywhere)", file=sys.stderr)
 
 

@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 
 
-def tiny_hf_cwd(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A working directory whose ``runs/tiny-hf`` holds the preset's model and data."""
-    from cluster.hf import TINY_HF_ROOT, ensure_tiny
+def tiny_hf_cwd(tmp_path_factory: pytest.TempPathFactory, preset: str = "tiny-hf") -> Path:
+    """A working directory whose ``runs/tiny-hf`` (or the folder of ``preset``, one of
+    ``cluster.hf.TINY_PRESETS``) holds the preset's model and data."""
+    from cluster.hf import TINY_PRESETS, ensure_tiny
 
+    root, heads = TINY_PRESETS[preset]
     cwd = tmp_path_factory.getbasetemp() / "tiny-hf-cwd"
-    ensure_tiny(cwd / TINY_HF_ROOT)
+    ensure_tiny(cwd / root, n_head=heads)
     return cwd

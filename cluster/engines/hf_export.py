@@ -1,7 +1,7 @@
 """``TinyLM`` as a Hugging Face GPT-2 checkpoint, so vLLM (or ``transformers``) serves the same weights.
 
-Owns the exact TinyLM ↔ GPT-2 mapping (config, weight names, Conv1D transposes) and the
-char-level tokenizer export. Heavy optional packages (``safetensors``, ``tokenizers``,
+Owns the exact TinyLM ↔ GPT-2 mapping (config, weight names, Conv1D transposes), the
+char-level tokenizer export and the safetensors file a vLLM worker reloads weights from. Heavy optional packages (``safetensors``, ``tokenizers``,
 ``transformers``) are imported inside the functions that need them; the mapping only needs torch.
 The mapping table and its reasons are in ``docs/engines.md``.
 """
@@ -82,15 +82,33 @@ def from_gpt2_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 
 def save_weights(state: Mapping[str, torch.Tensor], path: str | os.PathLike, *, dtype: torch.dtype | None = None) -> int:
-    """Write a ``TinyLM`` state dict as a GPT-2 safetensors file; returns its size in bytes.
+    """Write a ``TinyLM`` state dict as a GPT-2 safetensors file; returns its size in bytes."""
+    return save_state_file(to_gpt2_state(state, dtype=dtype), path)
+
+
+def save_state_file(state: Mapping[str, torch.Tensor], path: str | os.PathLike, *, dtype: torch.dtype | None = None,
+                    drop: frozenset[str] = frozenset()) -> int:
+    """Write ``state`` under its own names (a Hugging Face state dict, say) as a safetensors file,
+    without the names in ``drop`` (a tied LM head, which the reader takes from the embedding);
+    returns its size in bytes. Tensors go to CPU in ``dtype`` (default: their own); two names
+    sharing memory are written as two copies (safetensors refuses shared tensors).
 
     Written to ``path + ".tmp"`` then renamed, so a reader never sees half a file.
     """
     from safetensors.torch import save_file
 
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in state.items():
+        if name in drop:
+            continue
+        t = tensor.detach().to("cpu", dtype=dtype or tensor.dtype).contiguous()
+        storage = t.untyped_storage().data_ptr()
+        out[name] = t.clone() if storage in seen else t
+        seen.add(storage)
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    save_file(to_gpt2_state(state, dtype=dtype), str(tmp), metadata={"format": "pt"})
+    save_file(out, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, path)
     return path.stat().st_size
 

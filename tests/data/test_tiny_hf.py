@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 
 import pytest
 
@@ -173,12 +174,31 @@ def test_the_trainer_of_an_hf_config_trains_the_folders_model_and_its_weights_sy
     assert asyncio.run(decode()) == want[0, len(prompt):].tolist()
 
 
-def test_the_vllm_engine_refuses_an_hf_folder_in_one_line_until_it_serves_one(cwd, monkeypatch):
+def test_the_vllm_engine_factory_of_an_hf_config_pickles_and_refuses_a_head_size_vllm_on_cpu_lacks(cwd, monkeypatch):
+    # tiny-hf's 4 heads of 16 (tiny-hf-vllm has 2 of 32); without vLLM installed: why it is needed.
+    import pickle
+
     from cluster.builders import engine_factory
     from cluster.data_builders import tokenizer_for
+    from cluster.engines.vllm_engine import vllm_unavailable_reason
 
     monkeypatch.chdir(cwd)
     cfg = load_config("tiny-hf", ["engines.rollout=vllm"])
-    with pytest.raises(ValueError) as err:
-        engine_factory(cfg, tokenizer_for(cfg), hybrid=False, seed=0)
-    assert str(err.value) == "engines.rollout=vllm does not serve actor_rollout_ref.model.path yet: use engines.rollout=torch"
+    factory = pickle.loads(pickle.dumps(engine_factory(cfg, tokenizer_for(cfg), hybrid=False, seed=0)))
+    reason = vllm_unavailable_reason()
+    with pytest.raises(RuntimeError if reason else ValueError) as err:
+        factory()
+    assert str(err.value) == reason or str(err.value) == (
+        "vLLM on CPU supports head sizes (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512); "
+        f"{cwd / TINY_HF_ROOT / 'model'} (Qwen2ForCausalLM) has head size 16")
+
+
+def test_make_tiny_with_two_heads_writes_the_tiny_hf_vllm_presets_folder_and_refuses_heads_that_do_not_divide(tmp_path):
+    from cluster.hf import make_tiny
+
+    root = make_tiny(tmp_path / "v", train=4, val=2, n_head=2)
+    config = json.loads((root / "model" / "config.json").read_text())
+    assert (config["num_attention_heads"], config["num_key_value_heads"], config["hidden_size"]) == (2, 1, 64)
+    with pytest.raises(TinyFolderError) as err:
+        make_tiny(tmp_path / "w", n_head=3)
+    assert (str(err.value), (tmp_path / "w").exists()) == ("3 heads do not divide the tiny model's width 64", False)

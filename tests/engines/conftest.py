@@ -1,4 +1,4 @@
-"""Start the shared vLLM host (``vllm_shared``) once, before the first test that needs it runs."""
+"""Start the shared vLLM hosts (``vllm_shared``) once, before the first test that needs them runs."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import vllm_shared
 
 
 def pytest_collection_finish(session) -> None:
-    if not any(vllm_shared.wants_vllm(item.nodeid) for item in session.items):
-        return
-    if vllm_shared.skip_reason() is not None:
-        return  # the tests skip with that reason
-    try:
-        vllm_shared.host()
-    except Exception:  # noqa: BLE001 - reported by every test that asks for the host
-        pass
+    wanted = set().union(*(vllm_shared.wanted_hosts(item.nodeid) for item in session.items))
+    if not wanted or vllm_shared.skip_reason() is not None:
+        return  # nothing to start, or the tests skip with that reason
+    for name in sorted(wanted, reverse=True):  # tiny first: its tests run first
+        try:
+            vllm_shared.host(name)
+        except Exception:  # noqa: BLE001 - reported by every test that asks for the host
+            pass
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:

@@ -106,12 +106,25 @@ def _vllm_case() -> EngineCase:
     return EngineCase(vllm_shared.engine(), vllm_shared.weights(0), vllm_shared.weights(1), vllm_shared.TOK.eos_id)
 
 
+def _vllm_hf_case() -> EngineCase:
+    # A tiny Qwen2 folder on vLLM: the trainer's state dicts (HF names, tied LM head) as weights;
+    # the prompts are CharTokenizer ids, all inside its vocabulary; EOS is its tokenizer's.
+    import vllm_shared
+
+    reason = vllm_shared.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    engine = vllm_shared.hf_engine()
+    return EngineCase(engine, vllm_shared.hf_weights(0), vllm_shared.hf_weights(1), engine.eos_id)
+
+
 ENGINES: dict[str, Callable[[], EngineCase]] = {
     "torch": _torch_case,
     "torch-hf-qwen2": lambda: _hf_case("qwen2"),
     "torch-hf-llama": lambda: _hf_case("llama"),
     "simulated": _simulated_case,
     "vllm": _vllm_case,
+    "vllm-hf-qwen2": _vllm_hf_case,
 }
 
 

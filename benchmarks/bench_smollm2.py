@@ -59,6 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workdir", default=None, help="scratch dir (default: a fresh temp dir)")
     p.add_argument("--timeout", type=float, default=1500.0, help="seconds one run may take (default 1500)")
     p.add_argument("--json-out", default=None, help="write the figures as JSON here")
+    p.add_argument("--dtypes", default="float32,bfloat16",
+                   help="first, the torch engine alone on the model in each dtype (comma list; '' = skip)")
     args = p.parse_args(argv)
     if args.steps < 1 or args.val_samples < 1:
         p.error("--steps and --val-samples must be at least 1")
@@ -143,6 +145,43 @@ class PeakRSS:
         return out
 
 
+# -------------------------------------------------------------------------------- engine dtype
+
+
+def engine_dtype_speed(model_dir: Path, dtype: str, concurrency: int = 16, budget: int = 64) -> dict:
+    """The torch engine alone on the converted model in ``dtype``: decode tokens/s with
+    ``concurrency`` GSM8K-like chat prompts in flight, each generating ``budget`` tokens (EOS
+    ignored), after a warm-up; plus the greedy tokens of one prompt (to compare the dtypes)."""
+    import asyncio
+
+    from benchmarks.bench_hf_engine import engine_run
+    from cluster.engines.hf_runner import HFRunner
+    from cluster.engines.torch_engine import TorchEngine
+    from cluster.hf import load_model, load_tokenizer
+    from cluster.types import GenerationRequest, SamplingSpec
+
+    tok = load_tokenizer(model_dir)
+    text = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+            "How many clips did Natalia sell altogether in April and May? Let's think step by step and output "
+            'the final answer after "####".')
+    prompt = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+    model = load_model(model_dir, dtype=dtype)
+    engine = TorchEngine(HFRunner(model), max_batch=concurrency, threads=None, eos_id=tok.eos_token_id)
+
+    async def go() -> tuple[float, list[int]]:
+        await engine.load_weights(model.state_dict(), 1)
+        await engine_run(engine, [(prompt, 8)] * concurrency, concurrency, "warm")
+        wall = await engine_run(engine, [(prompt, budget)] * concurrency, concurrency, "timed")
+        greedy = await engine.generate(GenerationRequest("greedy", prompt, SamplingSpec(32, temperature=0.0)))
+        await engine.shutdown()
+        return wall, list(greedy.tokens)
+
+    wall, greedy = asyncio.run(go())
+    return {"dtype": dtype, "concurrency": concurrency, "tokens": concurrency * budget,
+            "tok_s": round(concurrency * budget / wall, 1), "greedy_32": tok.decode(greedy)}
+
+
 # -------------------------------------------------------------------------------- one run
 
 
@@ -214,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if built:
         print(f"built {', '.join(built)} in {args.files}")
+    dtypes = []
+    for dtype in filter(None, args.dtypes.split(",")):
+        dtypes.append(engine_dtype_speed(Path(args.files) / "model", dtype))
+        print(f"engine alone, {dtype}: {dtypes[-1]['tok_s']} tok/s at {dtypes[-1]['concurrency']} in flight; "
+              f"greedy: {dtypes[-1]['greedy_32']!r}", flush=True)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="tidal-smollm2-")).resolve()
     plan = {"both": [False, True], "off": [False], "on": [True]}[args.gc]
     runs = {}
@@ -221,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         name = "gc_on" if gc else "gc_off"
         runs[name] = one_run(args, workdir / name, gc, validate=not gc or args.validate_both or len(plan) == 1)
         print_run(name, runs[name])
+        sys.stdout.flush()
     out = {"engine": args.engine, "steps": args.steps, "val_samples": args.val_samples, "runs": runs,
+           "engine_dtypes": dtypes,
            "machine": f"{os.cpu_count()}-core {platform.machine()}", "load_average": list(os.getloadavg()),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "command": " ".join(["benchmarks/bench_smollm2.py", *(argv if argv is not None else sys.argv[1:])])}

@@ -114,28 +114,41 @@ def _staging(root: Path, dest: object) -> Path:
 
 
 def _convert_into(source: Path, out: Path, say: Say) -> None:
-    """Load ``source`` through transformers' GGUF reader and save it as safetensors into ``out``."""
+    """Read ``source`` with transformers' GGUF support and save it as safetensors into ``out``.
+
+    The model is built from the GGUF's config and filled with ``load_gguf_checkpoint``'s
+    dequantized tensors rather than through ``from_pretrained(gguf_file=)``, which in
+    transformers 5 also requires ``accelerate``; this way ``gguf`` is the only extra package."""
     try:
         import gguf  # noqa: F401  (transformers needs it to read the file)
     except ImportError:
         raise SmolLM2Error("the gguf package is not installed (pip install gguf): transformers needs it to "
                            "read GGUF files") from None
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     t0 = time.perf_counter()
-    say(f"tidal: reading {source.name} ({source.stat().st_size / 1e6:.0f} MB) and dequantizing it to float32 "
-        "(about half a minute)...")
+    say(f"tidal: reading {source.name} ({source.stat().st_size / 1e6:.0f} MB): config and tokenizer...")
     try:
+        config = AutoConfig.from_pretrained(str(source.parent), gguf_file=source.name)
         tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
-        model = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name, dtype=torch.float32)
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        say(f"tidal: dequantizing {config.model_type} weights to float32 ({time.perf_counter() - t0:.0f} s so far)...")
+        tensors = load_gguf_checkpoint(str(source), return_tensors=True, model_to_load=model)["tensors"]
+        loaded = model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
         raise SmolLM2Error(f"{source}: not a readable GGUF model ({' '.join(str(exc).split())[:200]})") from None
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if set(loaded.missing_keys) - tied or loaded.unexpected_keys:
+        raise SmolLM2Error(f"{source}: the GGUF's tensors do not fit a {config.model_type} model (missing "
+                           f"{sorted(set(loaded.missing_keys) - tied)}, unexpected {sorted(loaded.unexpected_keys)})")
+    model.tie_weights()
+    model.eval()
     n_params = sum(p.numel() for p in model.parameters())
-    say(f"tidal: loaded {model.config.model_type} with {n_params / 1e6:.1f} M parameters in "
-        f"{time.perf_counter() - t0:.0f} s; writing safetensors to {out.name}...")
+    say(f"tidal: {n_params / 1e6:.1f} M parameters read in {time.perf_counter() - t0:.0f} s; writing safetensors...")
     if tokenizer.eos_token_id is not None:
         model.generation_config.eos_token_id = tokenizer.eos_token_id
     if tokenizer.pad_token_id is not None:

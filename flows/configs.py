@@ -14,15 +14,19 @@ from cluster.data_builders import check_data
 from cluster.datasets import DatasetError
 from cluster.hf import TINY_PRESETS, TinyFolderError, ensure_tiny
 from cluster.reward import RewardConfigError
+from cluster.smollm2 import SMOLLM2_PRESET, SMOLLM2_ROOT, SmolLM2Error, ensure_smollm2
 from config import ConfigError, TidalConfig, load_config
 from policies import UnknownPolicyError, resolve_policy_class
 
 
 def load_checked(config: str, overrides: list[str] | None) -> TidalConfig:
     """Load a config and check what the schema alone cannot (the policy name resolves). The
-    ``tiny-hf`` presets first get their files (``cluster.hf.ensure_tiny``), built once."""
+    ``tiny-hf`` presets first get their files (``cluster.hf.ensure_tiny``), built once; so does
+    ``smollm2-gsm8k`` (``cluster.smollm2.ensure_smollm2``)."""
     if config in TINY_PRESETS and not Path(config).exists():
         _ensure_tiny_hf(*TINY_PRESETS[config])
+    if config == SMOLLM2_PRESET and not Path(config).exists():
+        _ensure_smollm2()
     cfg = load_config(config, overrides or [])
     name = cfg.async_training.dynamic_schedule_policy
     try:
@@ -44,6 +48,16 @@ def _ensure_tiny_hf(root: str, n_head: int) -> None:
     if built:
         print(f"tidal: built the tiny-hf model and data in {root}/ (once; `tidal data make-tiny DIR` "
               "builds them anywhere)", file=sys.stderr)
+
+
+def _ensure_smollm2() -> None:
+    try:
+        built = ensure_smollm2(SMOLLM2_ROOT)
+    except SmolLM2Error as exc:
+        raise ConfigError(str(exc)) from None
+    if built:
+        print(f"tidal: built {', '.join(built)} in {SMOLLM2_ROOT}/ (once; `tidal data smollm2 DIR` converts the "
+              "model anywhere)", file=sys.stderr)
 
 
 def summarize_config(cfg: TidalConfig) -> str:

@@ -46,6 +46,7 @@ RESOURCE_UTILIZATION = "dynamic_resource/resource_utilization"
 WAIT_FOR_ENOUGH_SAMPLES_S = "timing_s/wait_for_enough_samples"
 STEP_S = "timing_s/step"
 STEP_GENERATED_SAMPLES = "fully_async/rollouter/step_generated_samples"
+STEP_GENERATED_TOKENS = "fully_async/rollouter/step_generated_tokens"
 
 
 class Rule(StrEnum):
@@ -63,6 +64,7 @@ EXACT_RULES: Mapping[str, Rule] = MappingProxyType(
         TRAIN_ALLOCATED_TIME_S: Rule.SUM,
         MQ_SIZE: Rule.LAST,
         STEP_GENERATED_SAMPLES: Rule.LAST,
+        STEP_GENERATED_TOKENS: Rule.LAST,
     }
 )
 PREFIX_RULES: Sequence[tuple[str, Rule]] = (

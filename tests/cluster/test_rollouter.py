@@ -21,7 +21,7 @@ from cluster.load_balancer import LoadBalancer
 from cluster.message_queue import MessageQueue
 from cluster.rollouter import Rollouter
 from cluster.types import GenerationRequest, GenerationResult, SamplingSpec
-from metrics import ROLLOUT_RESOURCE_UTILIZATION, STEP_GENERATED_SAMPLES
+from metrics import ROLLOUT_RESOURCE_UTILIZATION, STEP_GENERATED_SAMPLES, STEP_GENERATED_TOKENS
 
 PROMPT_LEN = 5
 
@@ -172,7 +172,7 @@ def test_staleness_pauses_after_max_required_starts_and_a_sync_lets_exactly_the_
     first, after_finish, metrics, after_sync, stamped = asyncio.run(scenario())
     assert first == (12, 12, 12)
     assert after_finish == (3, 9, 12)
-    assert metrics[STEP_GENERATED_SAMPLES] == 9
+    assert (metrics[STEP_GENERATED_SAMPLES], metrics[STEP_GENERATED_TOKENS]) == (9, 72)  # 9 × n 1 × 8 tokens
     assert after_sync == (7, 12, 16, 1)
     assert stamped == [0] * 5
 

@@ -1,10 +1,12 @@
 """The preset tests load every shipped preset: ``tiny-hf`` and ``tiny-hf-vllm`` name files that
 ``tidal run`` builds on first use, so their tests run where they were built (``tiny_hf_support``);
-``gpu-hf`` names the user's own model folder, which the tiny Qwen2 stands in for there."""
+``gpu-hf`` names the user's own model folder, which the tiny Qwen2 stands in for there;
+``smollm2-gsm8k`` runs beside a stand-in model folder (``smollm2_support``)."""
 
 from __future__ import annotations
 
 import pytest
+from smollm2_support import smollm2_stub_cwd
 from tiny_hf_support import tiny_hf_cwd
 
 GPU_HF_MODEL = "models/Qwen2.5-0.5B-Instruct"
@@ -24,3 +26,5 @@ def _tiny_hf_files_for_its_preset(request, tmp_path_factory, monkeypatch):
             stand_in.parent.mkdir(parents=True, exist_ok=True)
             stand_in.symlink_to((cwd / "runs" / "tiny-hf" / "model").resolve(), target_is_directory=True)
         monkeypatch.chdir(cwd)
+    elif name == "smollm2-gsm8k.yaml":
+        monkeypatch.chdir(smollm2_stub_cwd(tmp_path_factory))

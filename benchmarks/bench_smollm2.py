@@ -200,6 +200,10 @@ def one_run(args: argparse.Namespace, workdir: Path, gc: bool, validate: bool) -
     run_args = argparse.Namespace(config=SMOLLM2_PRESET, steps=args.steps, overrides=overrides, timeout=args.timeout)
     with PeakRSS() as rss:
         cmd, wall_s, code, log = run_training(run_args, workdir)
+    from flows.lifecycle import end_leftovers
+
+    for records in workdir.glob("**/driver"):  # a run stopped by --timeout leaves its Prefect server up
+        end_leftovers(records.parent)
     result = {"gradient_checkpointing": gc, "command": cmd, "exit_code": code, "wall_s": round(wall_s, 1),
               "peak_rss_mib": {k: round(v) for k, v in sorted(rss.by_role().items())}, "log": str(log)}
     if code != 0:

@@ -31,6 +31,11 @@ from cluster.ports import free_port
 from flows.prefect_app import FACTORY, server_command
 
 
+QUIET_SERVICES = ("LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "TRIGGERS")
+"""Prefect server services a Tidal-started server runs without (the event persister and the
+task-run recorder, which the UI's timelines come from, and cancellation clean-up stay on)."""
+
+
 @dataclass
 class LocalPrefectServer:
     """``with LocalPrefectServer() as server: ...`` — ``server.api_url``, ``server.env()``."""
@@ -78,6 +83,10 @@ class LocalPrefectServer:
                    "--port", str(self.port), *self.extra_args]
         else:  # what --no-ui / --no-scheduler set, for the app served directly
             env.update(PREFECT_UI_ENABLED="false", PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED="false")
+            # and no loops a temporary server has no use for (no schedules, pauses, workers or
+            # automations of its own): each polls the database and takes its write lock, which
+            # the step transitions then wait behind (docs/benchmarks.md, Prefect's SQLite stalls)
+            env.update({f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in QUIET_SERVICES})
             cmd = server_command(self.port, factory=self.factory)
         log = open(self.log_path or Path(self.home) / "server.log", "w")  # noqa: SIM115 - closed with the process
         self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -68,9 +68,12 @@ def test_three_sync_cycles_train_for_real_with_the_hybrid_lent_and_reclaimed(tmp
             assert started == generated + in_flight
         assert trained == 3 * cfg.step_required_samples
         kinds = [[e["kind"] for e in r["switch_events"]] for r in results]
-        # each step took the hybrid back before training (deactivate) and, with fixed_ratio and an
-        # empty backlog after training, lent it again (hybrid_sync, activate, rebalance)
-        assert all(k[0] == "deactivate" for k in kinds), kinds
+        # a step that starts with the hybrid lent (step 1: the warm-up lent it) takes it back before
+        # training (deactivate), and only such a step; with fixed_ratio and an empty backlog after
+        # training, a step lends it again (hybrid_sync, activate, rebalance). Whether the backlog is
+        # empty after a given step depends on the machine's speed, so which steps lend does too.
+        lent_before = [True] + ["activate" in k for k in kinds[:-1]]
+        assert [k[:1] == ["deactivate"] for k in kinds] == lent_before, kinds
         assert any("activate" in k and "hybrid_sync" in k for k in kinds), kinds
         with session_scope(engine) as s:
             prompts = consumed_prompts(s, run.uid)

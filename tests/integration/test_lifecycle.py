@@ -84,6 +84,14 @@ def _checkpoint_shas(run_dir: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((run_dir / "checkpoints").glob("*.pt"))}
 
 
+def _stop(proc: subprocess.Popen, send) -> tuple[int, float]:
+    """``send()`` a stop signal; the driver's exit code and the seconds it took to exit."""
+    send()
+    sent = time.monotonic()
+    code = proc.wait(timeout=60)
+    return code, time.monotonic() - sent
+
+
 def _finish(proc: subprocess.Popen, timeout: float = 900) -> int:
     try:
         return proc.wait(timeout=timeout)
@@ -131,10 +139,7 @@ def test_ctrl_c_stops_cleanly_a_second_driver_is_refused_and_the_resume_complete
         assert {k: v for k, v in _checkpoint_shas(run_dir).items() if k in shas} == shas
 
         # Ctrl-C: the terminal's SIGINT goes to the whole foreground process group
-        os.killpg(proc.pid, signal.SIGINT)
-        sent = time.monotonic()
-        code = proc.wait(timeout=60)
-        stopped_s = time.monotonic() - sent
+        code, stopped_s = _stop(proc, lambda: os.killpg(proc.pid, signal.SIGINT))
     finally:
         end_group(proc)
     text = out.read_text() + err.read_text()
@@ -192,10 +197,7 @@ def test_on_a_real_terminal_the_live_display_shows_stages_and_steps_and_sigterm_
         run_dir = _run_dir(tmp_path, "tty")
         pids = _recorded_pids(_records(run_dir))
         uid = run_dir.name
-        os.kill(proc.pid, signal.SIGTERM)
-        sent = time.monotonic()
-        code = proc.wait(timeout=60)
-        stopped_s = time.monotonic() - sent
+        code, stopped_s = _stop(proc, lambda: os.kill(proc.pid, signal.SIGTERM))
     finally:
         end_group(proc)
         reader.join(timeout=10)

@@ -76,7 +76,7 @@ def training_step(run: RunRef, step: int, final: bool = False) -> dict[str, Any]
             case Commit(step=n, version=version):
                 if run.test_freq > 0 and n % run.test_freq == 0:
                     val.update(run_phase(validate, run, n))
-                result = _commit(run, n, version, started, micro, got, val)
+                result = _commit(run, n, version, started, micro, got, val, final)
         got[type(intent)] = result
     return {**result, "exhausted": any(m.exhausted for m in micro) or len(micro) < run.trigger_parameter_sync_step}
 
@@ -90,15 +90,15 @@ def _next(phases: Any, result: Any) -> Any:
 
 
 def _commit(run: RunRef, step: int, version: int, started: float, micro: list[MicroReport],
-            got: dict[type, Any], val: dict[str, float]) -> dict[str, Any]:
+            got: dict[type, Any], val: dict[str, float], final: bool) -> dict[str, Any]:
     """The step's metrics (with the step's validation, if any) from the phases' reports, then the
-    commit task."""
+    commit task (``final``: the run's last step, kept and exported whatever ``save_freq`` says)."""
     activation = got.get(Lend)
     metrics = step_metrics(run, micro=micro, wait=got.get(WaitAndDeactivate), sync=got[Broadcast],
                            activation=activation, hybrid=got.get(HybridSync), step_s=time.time() - started,
                            version=version) | val
     consumed = [p for m in micro for p in m.prompts]
     summary = {"started_at": started, "outcome": got[EndStep], "metrics": metrics, "prompts": consumed,
-               "consumed_total": run.consumed_before + len(consumed)}
+               "consumed_total": run.consumed_before + len(consumed), "final": final}
     commit = run_phase(commit_step, run, step, version, summary)
     return {**commit, "metrics": metrics, "hybrid_active": activation is not None, "trained": len(consumed)}

@@ -52,7 +52,8 @@ def commit(run: RunRef, step: int, version: int, summary: dict[str, Any], now: f
     controller's ``StepOutcome``: states, decisions, switches) in one transaction."""
     outcome: StepOutcome = summary["outcome"]
     trainer = ray.get_actor(TRAINER, namespace=run.namespace)
-    export_hf = is_kept_step(step, run.save_freq, run.total_steps)
+    last = step if summary.get("final") else run.total_steps  # the run's last step, also when the data ends it
+    export_hf = is_kept_step(step, run.save_freq, last)
     ckpt = ray.get(trainer.save_checkpoint.remote(str(checkpoint_path(run, step)), export_hf))
     decisions = [dataclasses.asdict(d) for d in outcome.decisions]
     switch_events = [dataclasses.asdict(s) for s in outcome.switch_events]
@@ -79,5 +80,5 @@ def commit(run: RunRef, step: int, version: int, summary: dict[str, Any], now: f
             raise RuntimeError(f"run {run.uid} is not in the store")
         record_step(session, db_run.id, record)
     prune_checkpoints(Path(run.output_dir) / "checkpoints", run.max_actor_ckpt_to_keep, save_freq=run.save_freq,
-                      total_steps=run.total_steps, latest=step)
+                      total_steps=last, latest=step)
     return {"step": step, "checkpoint": ckpt["path"], "decisions": decisions, "switch_events": switch_events}

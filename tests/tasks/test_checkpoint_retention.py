@@ -55,3 +55,43 @@ def test_the_run_ref_carries_save_freq_and_the_last_step(tmp_path):
     cfg = load_config("tiny-cpu", ["trainer.save_freq=5", "trainer.total_training_steps=12"])
     run = RunRef.from_config(cfg, uid="u", output_dir=str(tmp_path), ray_address=None)
     assert (run.save_freq, run.total_steps) == (5, 12)
+
+
+def test_the_step_the_data_ends_on_is_exported_and_kept_though_it_is_no_multiple(tmp_path, monkeypatch):
+    """A run of 12 steps whose data ends at step 3: its last step is 3, which the flow marks
+    ``final``. That step is exported to HF like verl's last step; a step before it is not,
+    and the folder of the step before goes once a later one commits."""
+    import types
+    from pathlib import Path
+
+    import tasks.commit as commit_mod
+    from loop import StepOutcome
+    from storage import create_run, make_engine, migrate, session_scope, sqlite_url
+
+    exports = []
+
+    def save(path, export_hf=True):
+        exports.append((Path(path).parent.name, export_hf))
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_bytes(b"w")
+        return {"path": path, "sha256": "0" * 64, "size_bytes": 1}
+
+    trainer = types.SimpleNamespace(save_checkpoint=types.SimpleNamespace(remote=save))
+    monkeypatch.setattr(commit_mod, "ray", types.SimpleNamespace(get_actor=lambda *a, **k: trainer, get=lambda r: r))
+    url = sqlite_url(tmp_path / "store.db")
+    engine = make_engine(url)
+    migrate(engine)
+    with session_scope(engine) as s:
+        create_run(s, uid="u", name="u", project="t", policy="default", seed=0, config={}, output_dir="/o")
+    engine.dispose()
+    cfg = load_config("tiny-cpu", ["trainer.save_freq=5", "trainer.total_training_steps=12", f"storage.url={url}"])
+    run = RunRef.from_config(cfg, uid="u", output_dir=str(tmp_path / "out"), ray_address=None)
+    assert run.total_steps == 12
+    for step, final in ((1, False), (2, False), (3, True)):
+        outcome = StepOutcome(step=step, hybrid_active=False, policy_state={}, controller_state={}, decisions=(),
+                              switch_events=(), replacements={})
+        summary = {"started_at": 1.0, "outcome": outcome, "metrics": {}, "prompts": [(0, step)],
+                   "consumed_total": step, "final": final}
+        commit_mod.commit(run, step, step, summary, now=2.0)
+    assert exports == [("global_step_1", False), ("global_step_2", False), ("global_step_3", True)]
+    assert sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir()) == ["global_step_3"]

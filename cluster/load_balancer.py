@@ -27,10 +27,10 @@ that owns the balancer (the Ray actor that wraps it runs all calls on that loop)
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
 
+from cluster.wakeups import Wakeup
 from loop.balance import least_loaded
 
 __all__ = ["LoadBalancer"]
@@ -58,7 +58,7 @@ class LoadBalancer:
         self._sticky: dict[str, str] = {}  # request key -> replica id
         self._keys_of: dict[str, set[str]] = {}  # replica id -> its sticky keys
         self._listeners: list[ChangeListener] = []
-        self._waiters: list[asyncio.Future[None]] = []
+        self._routable = Wakeup()  # wakes wait_routable
         self._acquired = 0
         self._ignored_releases = 0
         self._held = False  # routing held (a rebalance drains): acquire answers None
@@ -75,7 +75,7 @@ class LoadBalancer:
         for rid in added:
             self._active[rid] = None
             self._load.setdefault(rid, 0)
-        self._wake_waiters()
+        self._routable.notify()
         self._notify()
 
     def remove_replicas(self, ids: Sequence[str]) -> None:
@@ -131,7 +131,7 @@ class LoadBalancer:
     def unhold(self) -> None:
         """Route again; wakes everything waiting in ``wait_routable``."""
         self._held = False
-        self._wake_waiters()
+        self._routable.notify()
 
     @property
     def held(self) -> bool:
@@ -139,14 +139,7 @@ class LoadBalancer:
 
     async def wait_routable(self) -> None:
         """Return once a replica is routable and routing is not held (at once when so)."""
-        while not self._active or self._held:
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiters.append(fut)
-            try:
-                await fut
-            finally:
-                if fut in self._waiters:
-                    self._waiters.remove(fut)
+        await self._routable.wait_until(lambda: bool(self._active) and not self._held)
 
     # --------------------------------------------------------------- routing
 
@@ -237,12 +230,6 @@ class LoadBalancer:
                     del self._keys_of[old]
         self._sticky[key] = rid
         self._keys_of.setdefault(rid, set()).add(key)
-
-    def _wake_waiters(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
 
     def _notify(self) -> None:
         """Call every listener; the first error is raised after all of them ran."""

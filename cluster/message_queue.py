@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from cluster.wakeups import Wakeup
+
 __all__ = ["MessageQueue", "PullRecord", "QueueClosed", "wait_samples"]
 
 log = logging.getLogger(__name__)
@@ -77,7 +79,7 @@ class MessageQueue:
         self._clock = clock
         self._items: deque[Any] = deque()
         self._closed = False
-        self._waiters: list[asyncio.Future[None]] = []
+        self._change = Wakeup()  # wakes waiting puts and gets
         self._getter_lock = asyncio.Lock()
         self._records: list[PullRecord] = []
         self._listeners: list[Callable[[int], None]] = []
@@ -146,15 +148,12 @@ class MessageQueue:
 
         Raises ``QueueClosed`` when the queue is closed (before or while waiting).
         """
-        while True:
-            if self._closed:
-                raise QueueClosed("put on a closed message queue")
-            if len(self._items) < self._capacity:
-                self._items.append(sample)
-                self._total_put += 1
-                self._changed()
-                return
-            await self._wait_change()
+        await self._change.wait_until(lambda: self._closed or len(self._items) < self._capacity)
+        if self._closed:
+            raise QueueClosed("put on a closed message queue")
+        self._items.append(sample)
+        self._total_put += 1
+        self._changed()
 
     def put_back_front(self, samples: Iterable[Any]) -> None:
         """Return ``samples`` to the head of the queue in their order (e.g. an unused batch).
@@ -192,8 +191,7 @@ class MessageQueue:
         try:
             async with asyncio.timeout(timeout_s):
                 async with self._getter_lock:
-                    while len(self._items) < k and not self._closed:
-                        await self._wait_change()
+                    await self._change.wait_until(lambda: len(self._items) >= k or self._closed)
                     take = min(k, len(self._items))
                     batch = [self._items.popleft() for _ in range(take)]
         except TimeoutError:
@@ -254,20 +252,8 @@ class MessageQueue:
             )
         )
 
-    async def _wait_change(self) -> None:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await fut
-        finally:
-            if fut in self._waiters:
-                self._waiters.remove(fut)
-
     def _changed(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
+        self._change.notify()
         size = len(self._items)
         for callback in list(self._listeners):
             try:

@@ -84,6 +84,7 @@ from typing import Any, Protocol
 from cluster.message_queue import QueueClosed
 from cluster.reward import RewardFailed
 from cluster.types import GenerationRequest, GenerationResult, Response, Sample, SamplingSpec
+from cluster.wakeups import Wakeup
 from loop.staleness import StalenessGate, record_change
 from metrics import (
     ROLLOUT_RESOURCE_UTILIZATION,
@@ -142,29 +143,6 @@ def sample_uid(epoch: int, prompt_index: int) -> str:
 def response_request_id(uid: str, j: int) -> str:
     """The request id of response ``j`` of sample ``uid``; the same on every retry."""
     return f"{uid}-r{j}"
-
-
-class _Signal:
-    """Wakes every coroutine waiting in ``wait_until`` whenever ``notify`` is called."""
-
-    def __init__(self) -> None:
-        self._waiters: list[asyncio.Future[None]] = []
-
-    def notify(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
-
-    async def wait_until(self, predicate: Callable[[], bool]) -> None:
-        while not predicate():
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiters.append(fut)
-            try:
-                await fut
-            finally:
-                if fut in self._waiters:
-                    self._waiters.remove(fut)
 
 
 class Rollouter:
@@ -252,7 +230,7 @@ class Rollouter:
         self._error: BaseException | None = None
         self._feeder: asyncio.Task[None] | None = None
         self._lookahead: str | None = None  # prompt taken from the iterator, not started yet
-        self._signal = _Signal()
+        self._signal = Wakeup()
 
         self._unsubscribe = [lb.on_change(self._on_replicas_changed)]
         queue_on_change = getattr(queue, "on_change", None)

@@ -30,6 +30,20 @@ from loop.plans import DeactivatePlan, LendPlan
 
 
 @dataclass(frozen=True)
+class _OfStep:
+    """The fields of an intent about one step."""
+
+    step: int
+
+
+@dataclass(frozen=True)
+class _OfVersion(_OfStep):
+    """The fields of an intent about one step and the param version its weights become."""
+
+    version: int
+
+
+@dataclass(frozen=True)
 class WarmUp:
     """Before step 1: ask the policy for a warm-up lend (only if it wants to be asked)."""
 
@@ -37,10 +51,8 @@ class WarmUp:
 
 
 @dataclass(frozen=True)
-class BeginStep:
+class BeginStep(_OfStep):
     """Ask ``should_deactivate`` (only while the hybrids are active) and how many to wait for."""
-
-    step: int
 
 
 @dataclass(frozen=True)
@@ -51,27 +63,20 @@ class WaitAndDeactivate:
 
 
 @dataclass(frozen=True)
-class Train:
+class Train(_OfStep):
     """Micro-step ``micro`` (0-based) of ``step``: pull one micro-step's samples and update."""
 
-    step: int
     micro: int
 
 
 @dataclass(frozen=True)
-class Broadcast:
+class Broadcast(_OfVersion):
     """Trainer → standalone replicas at ``version``; resets the staleness window."""
-
-    step: int
-    version: int
 
 
 @dataclass(frozen=True)
-class AfterSync:
+class AfterSync(_OfVersion):
     """Ask ``should_activate_after_step``: lend the trainer's GPUs until the next step?"""
-
-    step: int
-    version: int
 
 
 @dataclass(frozen=True)
@@ -90,18 +95,13 @@ class Lend:
 
 
 @dataclass(frozen=True)
-class EndStep:
+class EndStep(_OfStep):
     """``update_after_step``: always asked, hybrids or not."""
-
-    step: int
 
 
 @dataclass(frozen=True)
-class Commit:
+class Commit(_OfVersion):
     """Record the step (checkpoint, then one transaction)."""
-
-    step: int
-    version: int
 
 
 Intent = WarmUp | BeginStep | WaitAndDeactivate | Train | Broadcast | AfterSync | HybridSync | Lend | EndStep | Commit

@@ -6,9 +6,10 @@ from a ``SimSpec`` (so tests vary it with ``dataclasses.replace``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from config import ConfigError, TidalConfig
+from config.schema import SimSection
 
 
 @dataclass(frozen=True)
@@ -119,48 +120,27 @@ def resolve_steps(cfg: TidalConfig, steps: int | None = None) -> int:
     return prompts // cfg.step_required_samples
 
 
+# SimSpec fields that are ``TidalConfig`` properties (the run's sizes) of the same name.
+_RUN_SIZES = (
+    "required_samples", "max_required_samples", "buffer_samples", "standalone_replicas", "hybrid_replicas",
+    "gpus_per_replica", "trainer_gpus", "standalone_gpus", "only_hybrid",
+)
+# SimSpec fields that are ``sim.*`` keys of the same name (the cost model): all but the calibration's.
+_SIM_KEYS = tuple(f.name for f in fields(SimSpec) if f.name in SimSection.model_fields)
+
+
 def spec_from_config(cfg: TidalConfig, steps: int | None = None) -> SimSpec:
     """Flatten a config into a ``SimSpec``; ``steps`` overrides the config's step budget."""
-    a, s, r = cfg.async_training, cfg.sim, cfg.actor_rollout_ref.rollout
+    a, r = cfg.async_training, cfg.actor_rollout_ref.rollout
     return SimSpec(
         steps=resolve_steps(cfg, steps),
         prompts=data_budget(cfg),
-        required_samples=cfg.required_samples,
         trigger_parameter_sync_step=a.trigger_parameter_sync_step,
-        max_required_samples=cfg.max_required_samples,
-        buffer_samples=cfg.buffer_samples,
         n=r.n,
         concurrent_samples_per_replica=a.concurrent_samples_per_replica,
-        standalone_replicas=cfg.standalone_replicas,
-        hybrid_replicas=cfg.hybrid_replicas,
-        gpus_per_replica=cfg.gpus_per_replica,
-        trainer_gpus=cfg.trainer_gpus,
-        standalone_gpus=cfg.standalone_gpus,
         partial_rollout=a.partial_rollout,
         enable_rebalance=a.dynamic_schedule_enable_rebalance,
-        only_hybrid=cfg.only_hybrid,
-        initial_hybrid_active=s.initial_hybrid_active,
-        prompt_tokens=s.prompt_tokens,
         response_length=r.response_length,
-        response_len_mean_start=s.response_len_mean_start,
-        response_len_mean_end=s.response_len_mean_end,
-        response_len_sigma=s.response_len_sigma,
-        prompt_len_sigma=s.prompt_len_sigma,
-        decode_step_base_s=s.decode_step_base_s,
-        decode_step_per_seq_s=s.decode_step_per_seq_s,
-        max_num_seqs=s.max_num_seqs,
-        hybrid_max_num_seqs=s.hybrid_max_num_seqs,
-        speculative_speedup=s.speculative_speedup,
-        prefill_tokens_per_s=s.prefill_tokens_per_s,
-        hybrid_throughput_factor=s.hybrid_throughput_factor,
-        train_tokens_per_gpu_s=s.train_tokens_per_gpu_s,
-        train_step_overhead_s=s.train_step_overhead_s,
-        broadcast_sync_s=s.broadcast_sync_s,
-        hybrid_sync_s=s.hybrid_sync_s,
-        activate_s=s.activate_s,
-        deactivate_s=s.deactivate_s,
-        rebalance_s=s.rebalance_s,
-        step_overhead_s=s.step_overhead_s,
-        task_overhead_s=s.task_overhead_s,
-        sync_aborts=s.sync_aborts,
+        **{name: getattr(cfg, name) for name in _RUN_SIZES},
+        **{name: getattr(cfg.sim, name) for name in _SIM_KEYS},
     )

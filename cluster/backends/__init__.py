@@ -7,6 +7,7 @@ or own the param version (the trainer actor that wraps a backend does all that).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -67,35 +68,36 @@ def warmup_steps(cfg: TidalConfig) -> int:
     return int(optim.lr_warmup_steps_ratio * updates)
 
 
+# Backend keyword arguments that are config keys of the same name, by the section that holds them.
+_SAME_NAMED_KEYS = {
+    "actor_rollout_ref.actor.optim": ("lr", "weight_decay", "betas"),
+    "actor_rollout_ref.actor": (
+        "clip_ratio_c", "loss_agg_mode", "entropy_coeff", "grad_clip", "ppo_epochs",
+        "ppo_micro_batch_size_per_gpu", "use_kl_loss", "kl_loss_coef", "kl_loss_type",
+    ),
+    "algorithm": ("adv_estimator", "norm_adv_by_std_in_grpo"),
+    "algorithm.rollout_correction": ("rollout_is", "rollout_is_threshold"),
+    "async_training": ("use_rollout_log_probs",),
+}
+
+
 def backend_kwargs(cfg: TidalConfig) -> dict[str, Any]:
     """The torch / DeepSpeed backend's keyword arguments from the run's config (algorithm,
     actor, device, threads, seed): everything but the model."""
+    kwargs: dict[str, Any] = {}
+    for path, names in _SAME_NAMED_KEYS.items():
+        section = functools.reduce(getattr, path.split("."), cfg)
+        kwargs.update((name, getattr(section, name)) for name in names)
     actor = cfg.actor_rollout_ref.actor
-    return dict(
-        lr=actor.optim.lr,
-        weight_decay=actor.optim.weight_decay,
-        betas=actor.optim.betas,
+    kwargs.update(
         lr_warmup_steps=warmup_steps(cfg),
         clip_ratio_low=actor.clip_low,
         clip_ratio_high=actor.clip_high,
-        clip_ratio_c=actor.clip_ratio_c,
-        loss_agg_mode=actor.loss_agg_mode,
-        entropy_coeff=actor.entropy_coeff,
-        grad_clip=actor.grad_clip,
-        ppo_epochs=actor.ppo_epochs,
-        ppo_micro_batch_size_per_gpu=actor.ppo_micro_batch_size_per_gpu,
-        use_kl_loss=actor.use_kl_loss,
-        kl_loss_coef=actor.kl_loss_coef,
-        kl_loss_type=actor.kl_loss_type,
-        adv_estimator=cfg.algorithm.adv_estimator,
-        norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
-        rollout_is=cfg.algorithm.rollout_correction.rollout_is,
-        rollout_is_threshold=cfg.algorithm.rollout_correction.rollout_is_threshold,
-        use_rollout_log_probs=cfg.async_training.use_rollout_log_probs,
         device=cfg.engines.device,
         threads=cfg.engines.torch_threads_per_actor,
         seed=cfg.trainer.seed,
     )
+    return kwargs
 
 
 def build_backend(

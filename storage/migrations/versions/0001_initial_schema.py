@@ -54,6 +54,20 @@ def _step_key(table: str) -> sa.ForeignKeyConstraint:
     )
 
 
+def _step_table(
+    table: str, *columns: sa.Column, unique: tuple[str, ...] = (), index: bool = False
+) -> None:
+    """Create a table of per-step records: id, (run_id, step), ``columns``, the timestamps, the
+    primary key, a unique constraint on ``unique`` (if any) and the foreign key to the step; with
+    ``index``, an index on (run_id, step). Constraint names follow the models' naming convention."""
+    constraints: list[sa.Constraint] = [sa.PrimaryKeyConstraint("id", name=f"pk_{table}")]
+    if unique:
+        constraints.append(sa.UniqueConstraint(*unique, name=f"uq_{table}_{'_'.join(unique)}"))
+    op.create_table(table, _id(), *_step_columns(), *columns, *_timestamps(), *constraints, _step_key(table))
+    if index:
+        op.create_index(f"ix_{table}_run_id_step", table, ["run_id", "step"])
+
+
 def upgrade() -> None:
     op.create_table(
         "runs",
@@ -89,82 +103,45 @@ def upgrade() -> None:
             ["run_id"], ["runs.id"], name="fk_steps_run_id_runs", ondelete="CASCADE"
         ),
     )
-    op.create_table(
-        "policy_states",
-        _id(),
-        *_step_columns(),
-        sa.Column("state_json", sa.JSON(), nullable=False),
-        *_timestamps(),
-        sa.PrimaryKeyConstraint("id", name="pk_policy_states"),
-        sa.UniqueConstraint("run_id", "step", name="uq_policy_states_run_id_step"),
-        _step_key("policy_states"),
-    )
-    op.create_table(
+    _step_table("policy_states", sa.Column("state_json", sa.JSON(), nullable=False), unique=("run_id", "step"))
+    _step_table(
         "metrics",
-        _id(),
-        *_step_columns(),
         sa.Column("name", sa.String(200), nullable=False),
         sa.Column("value", sa.Double(), nullable=True),
-        *_timestamps(),
-        sa.PrimaryKeyConstraint("id", name="pk_metrics"),
-        sa.UniqueConstraint("run_id", "step", "name", name="uq_metrics_run_id_step_name"),
-        _step_key("metrics"),
+        unique=("run_id", "step", "name"),
     )
-    op.create_table(
+    _step_table(
         "switch_events",
-        _id(),
-        *_step_columns(),
         sa.Column("kind", sa.String(32), nullable=False),
         sa.Column("started_at", sa.Double(), nullable=False),
         sa.Column("duration_s", sa.Double(), nullable=False),
         sa.Column("phases_json", sa.JSON(), nullable=False),
         sa.Column("aborted", sa.Integer(), nullable=False),
-        *_timestamps(),
-        sa.PrimaryKeyConstraint("id", name="pk_switch_events"),
-        _step_key("switch_events"),
+        index=True,
     )
-    op.create_index("ix_switch_events_run_id_step", "switch_events", ["run_id", "step"])
-    op.create_table(
+    _step_table(
         "decisions",
-        _id(),
-        *_step_columns(),
         sa.Column("hook", sa.String(64), nullable=False),
         sa.Column("answer_json", sa.JSON(), nullable=False),
         sa.Column("reason", sa.Text(), nullable=False),
         sa.Column("inputs_json", sa.JSON(), nullable=False),
         sa.Column("duration_s", sa.Double(), nullable=False),
-        *_timestamps(),
-        sa.PrimaryKeyConstraint("id", name="pk_decisions"),
-        _step_key("decisions"),
+        index=True,
     )
-    op.create_index("ix_decisions_run_id_step", "decisions", ["run_id", "step"])
-    op.create_table(
+    _step_table(
         "checkpoints",
-        _id(),
-        *_step_columns(),
         sa.Column("path", sa.String(1024), nullable=False),
         sa.Column("sha256", sa.String(64), nullable=False),
         sa.Column("size_bytes", sa.BigInteger(), nullable=False),
-        *_timestamps(),
-        sa.PrimaryKeyConstraint("id", name="pk_checkpoints"),
-        sa.UniqueConstraint("run_id", "step", name="uq_checkpoints_run_id_step"),
-        _step_key("checkpoints"),
+        unique=("run_id", "step"),
     )
-    op.create_table(
+    _step_table(
         "consumed_prompts",
-        _id(),
-        *_step_columns(),
         sa.Column("epoch", sa.Integer(), nullable=False),
         sa.Column("prompt_index", sa.Integer(), nullable=False),
-        *_timestamps(),
-        sa.PrimaryKeyConstraint("id", name="pk_consumed_prompts"),
-        sa.UniqueConstraint(
-            "run_id", "epoch", "prompt_index", name="uq_consumed_prompts_run_id_epoch_prompt_index"
-        ),
-        _step_key("consumed_prompts"),
+        unique=("run_id", "epoch", "prompt_index"),
+        index=True,
     )
-    op.create_index("ix_consumed_prompts_run_id_step", "consumed_prompts", ["run_id", "step"])
-
 
 def downgrade() -> None:
     # Dropping a table drops its indexes too.

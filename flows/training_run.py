@@ -237,6 +237,8 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
             while step <= last_step:
                 result = step_flow(run, step, final=step == last_step)
                 committed = step
+                if lost := result.get("store_lost"):  # after the step's commit (tasks.phases.commit_step)
+                    raise StoreUnavailable(lost["message"], url=lost["url"], reason=lost["reason"])
                 trackers.log(step, result["metrics"])  # the committed step, to every tracker once
                 progress.step(step, result)
                 logger.info(step_line(step, last_step, result, progress.eta_s()))  # the UI's log of the run

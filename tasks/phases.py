@@ -142,10 +142,19 @@ def end_step(run: RunRef, step: int, micro: list[MicroSummary]) -> StepOutcome:
 
 @phase("commit_step")
 def commit_step(run: RunRef, step: int, version: int, summary: dict[str, Any]) -> dict[str, Any]:
-    """Checkpoint the trainer, write the step's rows in one transaction, then show the step in the UI."""
+    """Checkpoint the trainer, write the step's rows in one transaction, then show the step in the UI.
+
+    A store lost after the transaction (the UI's step table is read back from it) does not fail
+    the step, which is committed: the result carries the loss under ``store_lost`` (message, url,
+    reason) and the driver stops after this step (``flows.training_run``), saying it is committed.
+    """
+    from storage import StoreUnavailable
     from tasks.artifact import publish_step
     from tasks.commit import commit
 
     result = commit(run, step, version, summary, time.time())
-    publish_step(run, step, result, summary["metrics"])
+    try:
+        publish_step(run, step, result, summary["metrics"])
+    except StoreUnavailable as exc:
+        return {**result, "store_lost": {"message": str(exc), "url": exc.url, "reason": exc.reason}}
     return result

@@ -277,7 +277,14 @@ def test_killed_standalone_replicas_are_replaced_and_rejoin_at_the_current_versi
     step boundaries around it), and none of the results it returns was generated with weights
     older than the version in force when its request was sent; the routable standalone count and
     ``max_concurrent_samples`` come back to the full values, also in the per-step metrics; no
-    sample is lost or duplicated, the accounting holds after every step, and the run finishes."""
+    sample is lost or duplicated, the accounting holds after every step, and the run finishes.
+
+    A step that ends with a replacement still starting is followed by a wait (within ``REJOIN_S``)
+    for it to join before the next step begins. A replacement starts in a fresh Ray worker that
+    imports torch (and on ``tiny-hf`` transformers) and builds its engine, about 10 s of CPU: 35-40 s
+    at a load average of 9-12 on 2 cores, while a ``tiny-hf`` step takes a few seconds. Without the
+    wait all three replacements joined at version 8 of 8, with the run's prompts all generated, so
+    the last kill found no busy replica and nothing showed that a replacement serves (seen twice)."""
     cfg, plane, run, engine = _start(fault_preset, tmp_path, ray_address, "rollout.replace_failed_replicas=true",
                                      f"rollout.max_replacements={KILLS}")  # the bound never bites here
     rng = random.Random(SEED + 1)
@@ -302,6 +309,8 @@ def test_killed_standalone_replicas_are_replaced_and_rejoin_at_the_current_versi
                 stats = _check_accounting(plane, trained)
             per_step.append((step, [k["replica"] for k in killer.killed if k["step"] == step],
                              sorted(stats["standalone_replicas"]), stats["max_concurrent_samples"]))
+            if stats["replacements_in_progress"]:  # the next step starts once they joined (docstring)
+                _settled(plane)
         killer.join(timeout=60 + REJOIN_S)  # a drawn victim may wait for a replacement to join
         assert killer.error is None, (killer.error, per_step)
         assert len(killer.killed) == KILLS, killer.killed

@@ -265,3 +265,30 @@ def test_postgresql_stopped_inside_the_step_transaction_leaves_no_half_step(tmp_
     with session_scope(engine) as s:
         assert latest_step(s, run_id).step == 2
     engine.dispose()
+
+
+def test_postgresql_stopped_just_after_a_step_committed_reports_that_step_as_committed(
+        tmp_path, fake_ray, stoppable_pg, pg_store, monkeypatch):
+    """The server goes away after step 2's transaction, while the commit task shows the step in
+    the UI (its step table is read back from the store). Seen in the tiny-hf campaign: the task
+    failed, so the driver said "the run stopped after step 1" with step 2 committed. Now the task
+    returns the committed step with the loss, for the driver to stop after it. (Prefect's artifact
+    calls are replaced: they need a Prefect server, and the moment between them is the one hit.)"""
+    import prefect.artifacts
+
+    from tasks.phases import commit_step
+
+    url = pg_store
+    run = _run_ref(url, tmp_path)
+    _commit(run, 1)
+    monkeypatch.setattr(prefect.artifacts, "create_markdown_artifact", lambda **_: stoppable_pg.stop())
+    monkeypatch.setattr(prefect.artifacts, "create_table_artifact", lambda **_: None)
+    result = commit_step.fn(run, 2, 2, _summary(2))
+    lost = result.pop("store_lost")
+    shown = url.replace("postgresql://", "postgresql+psycopg://")  # the engine's URL, as the store's errors name it
+    assert (result["step"], lost["url"], lost["message"].startswith(f"the store at {shown} is unreachable")) == (
+        2, shown, True)
+
+    stoppable_pg.start()
+    assert _rows_of_step(url, 2) == FULL
+    assert _resume_step(url) == 2

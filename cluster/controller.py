@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cluster.membership import Membership
+from cluster.readonly import ReadOnly
 from cluster.types import RolloutCounters
 from loop import Decider, DecisionRecord, SwitchDurations
 from loop.plans import DeactivatePlan, LendPlan, MicroSummary, RunSizes, SwitchReport
@@ -239,52 +240,30 @@ class DynamicResourceController:
 
     # ------------------------------------------------------------------ state
 
-    @property
-    def policy(self) -> DynamicSchedulePolicyBase:
-        return self._policy
-
-    @property
-    def decider(self) -> Decider:
-        return self._decider
-
-    @property
-    def membership(self) -> Membership:
-        return self._members
-
-    @property
-    def state(self) -> ControllerState:
-        return self._state
+    policy = ReadOnly["DynamicSchedulePolicyBase"]("_policy")
+    decider = ReadOnly[Decider]("_decider")
+    membership = ReadOnly[Membership]("_members")
+    state = ReadOnly[ControllerState]("_state")
 
     @property
     def is_hybrid_active(self) -> bool:
         return self._state is ControllerState.HYBRID_ACTIVE
 
-    @property
-    def hybrid_ids(self) -> tuple[str, ...]:
-        return self._hybrids
+    hybrid_ids = ReadOnly[tuple[str, ...]]("_hybrids")
 
     @property
     def standalone_ids(self) -> tuple[str, ...]:
         """The routable standalone replicas (membership's view), in slot order."""
         return self._members.routable()
 
-    @property
-    def only_hybrid(self) -> bool:
-        return self._only_hybrid
+    only_hybrid = ReadOnly[bool]("_only_hybrid")
+    lent_ids = ReadOnly[tuple[str, ...]](
+        "_lent", "The hybrids lent to rollout now (the first k of ``hybrid_ids``; empty when none).")
 
-    @property
-    def lent_ids(self) -> tuple[str, ...]:
-        """The hybrids lent to rollout now (the first k of ``hybrid_ids``; empty when none)."""
-        return self._lent
+    synced_version = ReadOnly[int | None](
+        "_synced_version", "Param version the hybrids hold since their last sleep; None when not synced.")
 
-    @property
-    def synced_version(self) -> int | None:
-        """Param version the hybrids hold since their last sleep; None when not synced."""
-        return self._synced_version
-
-    @property
-    def switch_durations(self) -> SwitchDurations:
-        return self._durations
+    switch_durations = ReadOnly[SwitchDurations]("_durations")
 
     @property
     def switch_log(self) -> list[SwitchReport]:

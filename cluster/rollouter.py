@@ -83,6 +83,7 @@ from typing import Any, Protocol
 
 from cluster.message_queue import QueueClosed
 from cluster.reward import RewardFailed
+from cluster.readonly import ReadOnly
 from cluster.types import GenerationRequest, GenerationResult, Response, Sample, SamplingSpec
 from cluster.wakeups import Wakeup
 from loop.staleness import StalenessGate, record_change
@@ -351,27 +352,13 @@ class Rollouter:
     def started_this_version(self) -> int:
         return self._gate.started_this_version
 
-    @property
-    def total_generated_samples(self) -> int:
-        return self._total_generated
+    total_generated_samples = ReadOnly[int]("_total_generated")
+    step_generated_samples = ReadOnly[int]("_step_generated")
+    paused = ReadOnly[bool]("_paused")
+    exhausted = ReadOnly[bool](
+        "_exhausted", "All prompts were started and every sample was queued; the queue is closed.")
 
-    @property
-    def step_generated_samples(self) -> int:
-        return self._step_generated
-
-    @property
-    def paused(self) -> bool:
-        return self._paused
-
-    @property
-    def exhausted(self) -> bool:
-        """All prompts were started and every sample was queued; the queue is closed."""
-        return self._exhausted
-
-    @property
-    def error(self) -> BaseException | None:
-        """The unexpected error that stopped feeding, if any."""
-        return self._error
+    error = ReadOnly[BaseException | None]("_error", "The unexpected error that stopped feeding, if any.")
 
     @property
     def failed_replicas(self) -> list[str]:

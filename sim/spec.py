@@ -6,15 +6,15 @@ from a ``SimSpec`` (so tests vary it with ``dataclasses.replace``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, make_dataclass
 
 from config import ConfigError, TidalConfig
 from config.schema import SimSection
 
 
 @dataclass(frozen=True)
-class SimSpec:
-    """One simulated run: sizes, staleness rules and the cost model (seconds, tokens)."""
+class _RunShape:
+    """Sizes and staleness rules of one simulated run (``SimSpec`` adds the cost model)."""
 
     steps: int
     """Tidal steps (weight syncs) to simulate."""
@@ -41,41 +41,8 @@ class SimSpec:
     partial_rollout: bool = True
     enable_rebalance: bool = True
     only_hybrid: bool = False
-    initial_hybrid_active: bool = False
-    prompt_tokens: int = 256
     response_length: int = 4096
     """Hard cap on response tokens."""
-    response_len_mean_start: float = 1024.0
-    response_len_mean_end: float = 1024.0
-    response_len_sigma: float = 0.6
-    prompt_len_sigma: float = 0.5
-    decode_step_base_s: float = 0.02
-    decode_step_per_seq_s: float = 1e-4
-    max_num_seqs: int = 256
-    hybrid_max_num_seqs: int = 0
-    """A hybrid replica's ``max_num_seqs`` (0 = ``max_num_seqs``)."""
-    speculative_speedup: float = 1.0
-    """Tokens per sequence per decode iteration (MTP); divides both iteration costs."""
-    prefill_tokens_per_s: float = 50000.0
-    hybrid_throughput_factor: float = 0.8
-    train_tokens_per_gpu_s: float = 5000.0
-    train_step_overhead_s: float = 0.0
-    broadcast_sync_s: float = 5.0
-    hybrid_sync_s: float = 3.0
-    activate_s: float = 0.5
-    deactivate_s: float = 3.0
-    rebalance_s: float = 0.5
-    step_overhead_s: float = 0.0
-    task_overhead_s: float = 0.0
-    """Control-plane seconds before each phase of a step (in Tidal one Prefect task per
-    ``loop`` intent: begin, wait-and-deactivate, every train micro-step, broadcast, the lend
-    question, hybrid sync, lend, update); ``step_overhead_s`` is then the rest (flow run, commit).
-    Config key ``sim.task_overhead_s``; ``benchmarks/bench_emulated.py`` measures it."""
-    sync_aborts: bool = True
-    """The broadcast sync aborts what the routable replicas are generating and resumes it after
-    (re-prefilling it), as verl's partial rollout does; False = Tidal's engines: the standalone
-    replicas only stall for ``broadcast_sync_s`` while loading and keep their requests. Config key
-    ``sim.sync_aborts`` (the presets are calibrated with True); ``benchmarks/bench_emulated.py`` uses both."""
     standalone_deaths: tuple[tuple[float, int], ...] = ()
     """``(virtual second, standalone number)``: that standalone replica dies then. It leaves the
     balancer for good (no replacement), and what it was generating is retried elsewhere. Once all
@@ -96,6 +63,21 @@ class SimSpec:
     def total_samples(self) -> int:
         """Prompts the rollouter may start: the data budget, never less than the steps need."""
         return max(self.prompts, self.steps * self.step_required_samples)
+
+
+_CALIBRATION_KEYS = ("calibration", "calibration_weight_gb")
+"""``sim.*`` keys that fill the others when the config loads; the simulator never reads them."""
+
+SimSpec = make_dataclass(
+    "SimSpec",
+    [(name, f.annotation, field(default=f.default))
+     for name, f in SimSection.model_fields.items() if name not in _CALIBRATION_KEYS],
+    bases=(_RunShape,), frozen=True,
+)
+SimSpec.__module__ = __name__  # for pickling (make_dataclass takes ``module=`` only from Python 3.12)
+SimSpec.__doc__ = """One simulated run: the sizes and staleness rules of ``_RunShape``, then the cost model
+(seconds, tokens): every ``sim.*`` key but the calibration's, with the type and default that
+``config.schema.SimSection`` gives it and documents (that class is the one owner of the list)."""
 
 
 def data_budget(cfg: TidalConfig) -> int:
@@ -126,7 +108,7 @@ _RUN_SIZES = (
     "gpus_per_replica", "trainer_gpus", "standalone_gpus", "only_hybrid",
 )
 # SimSpec fields that are ``sim.*`` keys of the same name (the cost model): all but the calibration's.
-_SIM_KEYS = tuple(f.name for f in fields(SimSpec) if f.name in SimSection.model_fields)
+_SIM_KEYS = tuple(name for name in SimSection.model_fields if name not in _CALIBRATION_KEYS)
 
 
 def spec_from_config(cfg: TidalConfig, steps: int | None = None) -> SimSpec:

@@ -12,6 +12,7 @@ import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from cluster.readonly import ReadOnly
 from cluster.types import FinishReason, GenerationRequest, GenerationResult
 
 
@@ -107,21 +108,10 @@ class EngineState:
     _weights_loaded: bool
     _closed: bool
 
-    @property
-    def param_version(self) -> int:
-        return self._version
-
-    @property
-    def is_sleeping(self) -> bool:
-        return self._sleeping
-
-    @property
-    def is_paused(self) -> bool:
-        return self._paused
-
-    @property
-    def weights_loaded(self) -> bool:
-        return self._weights_loaded
+    param_version = ReadOnly[int]("_version")
+    is_sleeping = ReadOnly[bool]("_sleeping")
+    is_paused = ReadOnly[bool]("_paused")
+    weights_loaded = ReadOnly[bool]("_weights_loaded")
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Generate one response; returns when it stops, hits its budget or is aborted."""

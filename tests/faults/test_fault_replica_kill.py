@@ -16,6 +16,7 @@ every step, and the run finishes, with `rollout.replace_failed_replicas` off or 
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -97,13 +98,19 @@ def _start(preset, tmp_path, ray_address, *overrides, lend_hybrid=True, simulate
 class Killer(threading.Thread):
     """Kills the standalone replicas in a seeded order, each in a seeded step after a seeded
     random delay, and only once it has requests in flight (mid-generation); notes what was in
-    flight at that moment. The test sets ``step`` as its steps begin.
+    flight at that moment.
 
     With ``pick_at_kill`` the victim of each kill is drawn (seeded) at that moment among the
     standalone replicas routable and busy then, replacements included, so a slot can die more
     than once. (Drawn among the busy ones: late in a run only some replicas still get requests,
     and on ``tiny-hf`` the rollout runs ahead of the trainer, so a replica drawn while idle could
     stay idle until the run's last prompt was generated.)
+
+    The wait for a busy victim is bounded in time spent inside steps (the test wraps each step
+    in ``in_step``), not in wall time: on ``tiny-hf`` the rollout fills the queue up to the
+    staleness cap, and then no request is in flight while the test waits between steps for a
+    replacement to join (seen: the fourth kill timed out that way). Once the test calls
+    ``run_ended`` a kill still waiting fails at once, naming it.
     """
 
     def __init__(self, plane: DataPlane, rng: random.Random, steps: list[int], delays: list[float],
@@ -120,6 +127,22 @@ class Killer(threading.Thread):
         self.killed: list[dict] = []
         self.error: BaseException | None = None
         self.lock = threading.Lock()  # held by the test while it compares counts with the kills
+        self._stepping = threading.Event()  # set while the test runs a step
+        self._ended = threading.Event()
+
+    @contextlib.contextmanager
+    def in_step(self, step: int):
+        """Wraps the test's step ``step``: the kills planned for it may start, and the time spent
+        in it counts towards a kill's bound."""
+        self.step = step
+        self._stepping.set()
+        try:
+            yield
+        finally:
+            self._stepping.clear()
+
+    def run_ended(self) -> None:
+        self._ended.set()
 
     def _handle(self, rid: str):
         return self.plane.standalone.get(rid) or ray.get_actor(replica_name(rid), namespace=self.plane.namespace)
@@ -127,7 +150,7 @@ class Killer(threading.Thread):
     def run(self) -> None:
         try:
             for planned, step, delay in self.schedule:
-                while self.step < step:
+                while self.step < step and not self._ended.is_set():
                     time.sleep(0.01)
                 time.sleep(delay)
                 self._kill_when_busy(planned)
@@ -141,8 +164,16 @@ class Killer(threading.Thread):
         """Kill ``planned`` (or one drawn among the routable standalone replicas) at a moment it has
         requests in flight (read just before the kill). A drawn victim may have to wait for a
         replacement to join: every routable one may be dead by then."""
-        deadline = time.monotonic() + 60 + (0 if planned else REJOIN_S)
+        budget = 60 + (0 if planned else REJOIN_S)  # seconds inside steps
+        spent, last = 0.0, time.monotonic()
         while True:
+            now = time.monotonic()
+            if self._stepping.is_set():
+                spent += now - last
+            last = now
+            if self._ended.is_set():
+                raise TimeoutError(f"kill {len(self.killed) + 1} ({planned or 'drawn'}): the run ended before a "
+                                   "standalone replica had a request in flight")
             routable = [planned] if planned else sorted(ray.get(self.plane.rollout.stats.remote())["standalone_replicas"])
             if busy := self._busy(routable):
                 rid = planned or self.rng.choice(busy)
@@ -155,8 +186,9 @@ class Killer(threading.Thread):
                                             "wall": time.time(), "requests_on_it": on_replica,
                                             "samples_in_flight": in_flight})
                         return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{planned or 'no routable standalone replica'}: no request in flight in time")
+            if spent > budget:
+                raise TimeoutError(f"{planned or 'no routable standalone replica'}: no request in flight within "
+                                   f"{budget:.0f} s of steps")
             time.sleep(0.005)
 
 
@@ -212,9 +244,9 @@ def test_standalone_replicas_killed_at_random_moments_lose_and_duplicate_no_samp
         trained, per_step = 0, []
         killer.start()
         for step in range(1, cfg.trainer.total_training_steps + 1):
-            killer.step = step
             try:
-                result = training_step(run, step)
+                with killer.in_step(step):
+                    result = training_step(run, step)
             except Exception:
                 print("step", step, "failed; kills so far:", [(k["replica"], k["step"]) for k in killer.killed],
                       "per step:", per_step)
@@ -227,6 +259,7 @@ def test_standalone_replicas_killed_at_random_moments_lose_and_duplicate_no_samp
                 stats = _check_accounting(plane, trained)  # capacity = routable replicas x per replica
             per_step.append((step, sorted(dead), sorted(routable), stats["max_concurrent_samples"]))
             assert routable == set(plane.standalone) - dead, per_step  # the count reflects each loss
+        killer.run_ended()
         killer.join(timeout=60)
         assert killer.error is None, killer.error
         assert len(killer.killed) == STANDALONE, killer.killed
@@ -296,10 +329,10 @@ def test_killed_standalone_replicas_are_replaced_and_rejoin_at_the_current_versi
         trained, per_step, bounds = 0, [], []  # bounds: (step, wall time it started, wall time it ended)
         killer.start()
         for step in range(1, cfg.trainer.total_training_steps + 1):
-            killer.step = step
             started = time.time()
             try:
-                result = training_step(run, step)
+                with killer.in_step(step):
+                    result = training_step(run, step)
             except Exception:
                 print("step", step, "failed; kills so far:", [(k["replica"], k["step"]) for k in killer.killed],
                       "per step:", per_step)
@@ -313,7 +346,8 @@ def test_killed_standalone_replicas_are_replaced_and_rejoin_at_the_current_versi
                              sorted(stats["standalone_replicas"]), stats["max_concurrent_samples"]))
             if stats["replacements_in_progress"]:  # the next step starts once they joined (docstring)
                 _settled(plane)
-        killer.join(timeout=60 + REJOIN_S)  # a drawn victim may wait for a replacement to join
+        killer.run_ended()
+        killer.join(timeout=60)
         assert killer.error is None, (killer.error, per_step)
         assert len(killer.killed) == KILLS, killer.killed
         assert all(k["requests_on_it"] > 0 for k in killer.killed)  # each died mid-generation

@@ -12,21 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storage import (
-    ResumeState,
-    RunStatus,
-    StoreError,
-    StoredCheckpoint,
-    StoredStep,
-    consumed_prompts,
-    create_run,
-    get_run,
-    latest_step,
-    list_runs,
-    load_resume_state,
-    read_step_metrics,
-    record_step,
-    run_summaries,
-    session_scope,
+    ResumeState, RunStatus, StoreError, StoredCheckpoint, StoredStep, consumed_prompts, create_run, get_run,
+    latest_step, list_runs, load_resume_state, read_step_metrics, record_step, run_summaries, session_scope,
     set_run_status,
 )
 

@@ -60,20 +60,26 @@ def step_markdown(step: int, decisions: list[dict[str, Any]], switches: list[dic
 
 def publish_step(run: Any, step: int, result: dict[str, Any], metrics: dict[str, float]) -> None:
     """The step's markdown (a new version of the run's step key) and the run's step table, read
-    back from the store so that a resumed run's table has every step."""
+    back from the store so that a resumed run's table has every step. The two are posted at the
+    same time (the markdown from a helper thread in a copy of this task run's context): a step
+    waits for one API round trip instead of two."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     from storage import open_store, read_step_metrics, session_scope
 
-    create_markdown_artifact(
-        key=artifact_key(run.uid, "step"),
-        markdown=step_markdown(step, result["decisions"], result["switch_events"], metrics),
-        description=f"Tidal run {run.uid}: step {step} decisions, switches and metrics",
-    )
-    with session_scope(open_store(run.storage_url, busy_timeout_ms=run.busy_timeout_ms)) as session:
-        rows = read_step_metrics(session, run.uid)
-    create_table_artifact(key=artifact_key(run.uid, "steps"), table=step_table(rows),
-                          description=f"Tidal run {run.uid}: one row per committed step (policy {run.policy})")
+    markdown = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidal-artifact")
+    try:
+        posted = markdown.submit(contextvars.copy_context().run, create_markdown_artifact, _sync=True,
+                                 key=artifact_key(run.uid, "step"),
+                                 markdown=step_markdown(step, result["decisions"], result["switch_events"], metrics),
+                                 description=f"Tidal run {run.uid}: step {step} decisions, switches and metrics")
+        with session_scope(open_store(run.storage_url, busy_timeout_ms=run.busy_timeout_ms)) as session:
+            rows = read_step_metrics(session, run.uid)
+        create_table_artifact(key=artifact_key(run.uid, "steps"), table=step_table(rows),
+                              description=f"Tidal run {run.uid}: one row per committed step (policy {run.policy})")
+        posted.result()
+    finally:
+        markdown.shutdown(wait=True)
 
 
 class RunProgress:

@@ -63,6 +63,30 @@ def step_flow_settings() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def step_flow_client() -> Iterator[None]:
+    """One async Prefect client for every ``training_step`` flow run this context spans.
+
+    Each subflow run starts with a task run in the parent flow run that stands for it, created
+    by a coroutine on Prefect's run-sync event loop through ``get_client()``. Without an open
+    async client in context that builds a new ``PrefectClient`` per step (an SSL context loaded
+    from the CA bundle, an httpx client, its connection to the API): ~0.1 s of every step
+    boundary on a loaded 2-core machine (py-spy). Here the client is started once on that loop
+    and put in context, where ``get_client()`` finds it (it matches the loop) and every step
+    reuses it and its connection. Enter it inside the ``training_run`` flow run.
+    """
+    from prefect.context import AsyncClientContext
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    context = AsyncClientContext()
+    run_coro_as_sync(context.client.__aenter__())  # started on the run-sync loop: its client's loop
+    try:
+        with context:
+            yield
+    finally:
+        run_coro_as_sync(context.client.__aexit__(None, None, None))
+
+
 def runner_kind(cfg: TidalConfig) -> str:
     """``"ray"`` or ``"thread"``: what ``prefect.task_runner`` resolves to in this environment."""
     choice = cfg.prefect.task_runner

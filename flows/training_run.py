@@ -21,10 +21,10 @@ from flows.configs import load_checked  # the same validation as the CLI
 from flows.errors import CheckpointRefused, StoreLost, actor_lost, reward_failure, store_lost_message
 from flows.progress import current, step_line
 from flows.report import write_report
-from flows.runners import step_flow_settings, task_runner_for
+from flows.runners import step_flow_client, step_flow_settings, task_runner_for
 from flows.trackers import StepTrackers
 from flows.training_step import training_step
-from tasks.artifact import run_progress
+from tasks.artifact import RunProgress
 from loop import HybridSync, Lend, WarmUp, run_start
 from storage import (
     RunStatus,
@@ -231,9 +231,10 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
         step_flow = training_step.with_options(task_runner=task_runner_for(cfg, run.ray_address))
         logger.info("run %s: %s steps from step %d", uid, cfg.trainer.total_training_steps or "all", next_step)
         progress.begin(next_step, last_step)
-        shown = run_progress(uid, committed, last_step)
         step = next_step
-        with step_flow_settings():  # entered once: building Prefect's settings costs ~0.25 s a time
+        # entered once: building Prefect's settings costs ~0.25 s a time, a client ~0.1 s
+        with step_flow_settings(), step_flow_client(), RunProgress(uid, last_step) as shown:
+            shown.show(committed)
             while step <= last_step:
                 result = step_flow(run, step, final=step == last_step)
                 committed = step
@@ -242,7 +243,7 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
                 trackers.log(step, result["metrics"])  # the committed step, to every tracker once
                 progress.step(step, result)
                 logger.info(step_line(step, last_step, result, progress.eta_s()))  # the UI's log of the run
-                shown = run_progress(uid, committed, last_step, shown)
+                shown.show(committed)
                 consumed += result["trained"]
                 run = run.model_copy(update={"consumed_before": consumed})
                 if result["trained"] == 0:

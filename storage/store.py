@@ -340,11 +340,12 @@ def load_resume_state(session: Session, uid: str) -> ResumeState | None:
     )
 
 
-def read_step_metrics(session: Session, uid: str) -> list[dict[str, Any]]:
+def read_step_metrics(session: Session, uid: str, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """One dict per committed step, in step order, for reports and plots: the step's own
     columns (step, param_version, started_at, finished_at, wall_s, hybrid_active_after) plus
-    every metric by name (NaN where it was stored as NULL). A metric named like a step column
-    does not override it."""
+    every metric by name (NaN where it was stored as NULL), or only those in ``names`` (what a
+    per-step reader, the UI's step table, needs of a run that has every step's metrics). A
+    metric named like a step column does not override it."""
     run = _require_run(session, uid)
     steps = session.scalars(sa.select(Step).where(Step.run_id == run.id).order_by(Step.step))
     out: dict[int, dict[str, Any]] = {}
@@ -357,11 +358,10 @@ def read_step_metrics(session: Session, uid: str) -> list[dict[str, Any]]:
             "wall_s": step.wall_s,
             "hybrid_active_after": step.hybrid_active_after,
         }
-    metrics = session.execute(
-        sa.select(Metric.step, Metric.name, Metric.value)
-        .where(Metric.run_id == run.id)
-        .order_by(Metric.step, Metric.name)
-    )
+    query = sa.select(Metric.step, Metric.name, Metric.value).where(Metric.run_id == run.id)
+    if names is not None:
+        query = query.where(Metric.name.in_(list(names)))
+    metrics = session.execute(query.order_by(Metric.step, Metric.name))
     for step_number, name, value in metrics:
         out[step_number].setdefault(name, math.nan if value is None else value)
     return list(out.values())

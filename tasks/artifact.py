@@ -4,7 +4,10 @@ and the step's metrics, markdown: one key per run, a version per step) and the r
 
 from __future__ import annotations
 
+import contextvars
+import logging
 import re
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 SHOWN_METRICS = (
@@ -57,30 +60,72 @@ def step_markdown(step: int, decisions: list[dict[str, Any]], switches: list[dic
 
 def publish_step(run: Any, step: int, result: dict[str, Any], metrics: dict[str, float]) -> None:
     """The step's markdown (a new version of the run's step key) and the run's step table, read
-    back from the store so that a resumed run's table has every step."""
+    back from the store so that a resumed run's table has every step. The two are posted at the
+    same time (the markdown from a helper thread in a copy of this task run's context): a step
+    waits for one API round trip instead of two."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     from storage import open_store, read_step_metrics, session_scope
 
-    create_markdown_artifact(
-        key=artifact_key(run.uid, "step"),
-        markdown=step_markdown(step, result["decisions"], result["switch_events"], metrics),
-        description=f"Tidal run {run.uid}: step {step} decisions, switches and metrics",
-    )
-    with session_scope(open_store(run.storage_url, busy_timeout_ms=run.busy_timeout_ms)) as session:
-        rows = read_step_metrics(session, run.uid)
-    create_table_artifact(key=artifact_key(run.uid, "steps"), table=step_table(rows),
-                          description=f"Tidal run {run.uid}: one row per committed step (policy {run.policy})")
+    markdown = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidal-artifact")
+    try:
+        posted = markdown.submit(contextvars.copy_context().run, create_markdown_artifact, _sync=True,
+                                 key=artifact_key(run.uid, "step"),
+                                 markdown=step_markdown(step, result["decisions"], result["switch_events"], metrics),
+                                 description=f"Tidal run {run.uid}: step {step} decisions, switches and metrics")
+        with session_scope(open_store(run.storage_url, busy_timeout_ms=run.busy_timeout_ms)) as session:
+            rows = read_step_metrics(session, run.uid, [metric for metric, _ in TABLE_COLUMNS])
+        create_table_artifact(key=artifact_key(run.uid, "steps"), table=step_table(rows),
+                              description=f"Tidal run {run.uid}: one row per committed step (policy {run.policy})")
+        posted.result()
+    finally:
+        markdown.shutdown(wait=True)
 
 
-def run_progress(uid: str, done: int, total: int, artifact_id: Any = None) -> Any:
-    """The run's progress artifact (``<run>-progress``): created on the first call, then updated;
-    returns its id for the next call. ``done`` of ``total`` steps."""
-    from prefect.artifacts import create_progress_artifact, update_progress_artifact
+class RunProgress:
+    """The run's progress artifact (``<run>-progress``), posted off the step loop's path.
 
-    percent = 100.0 * done / total if total else 100.0
-    description = f"Tidal run {uid}: {done} of {total} steps committed"
-    if artifact_id is None:
-        return create_progress_artifact(progress=percent, key=artifact_key(uid, "progress"), description=description)
-    update_progress_artifact(artifact_id=artifact_id, progress=percent, description=description)
-    return artifact_id
+    ``show(done)`` queues the update and returns at once; one background thread posts the updates
+    in call order (created on the first, updated after), each in a copy of the caller's context
+    (its flow run and Prefect client), so the driver starts the next step without waiting for the
+    API's answer (a round trip per step boundary, ~0.05-0.08 s on a loaded 2-core machine).
+    ``close()`` (the ``with`` block's end) waits up to ``drain_s`` for what is queued. A failed
+    post is logged as a warning and the later ones still go: the progress bar is not worth a run.
+    ``create``/``update``: Prefect's progress-artifact functions (tests pass recorders).
+    """
+
+    def __init__(self, uid: str, total: int, *, create: Any = None, update: Any = None, drain_s: float = 10.0):
+        from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+        self.uid, self.total, self.drain_s = uid, total, drain_s
+        self._create, self._update = create or create_progress_artifact, update or update_progress_artifact
+        self._artifact_id: Any = None
+        self._pending: list[Future] = []
+        self._poster = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidal-progress")
+
+    def show(self, done: int) -> None:
+        """Queue ``done`` of ``total`` steps committed."""
+        self._pending = [f for f in self._pending if not f.done()]
+        self._pending.append(self._poster.submit(contextvars.copy_context().run, self._post, done))
+
+    def _post(self, done: int) -> None:
+        percent = 100.0 * done / self.total if self.total else 100.0
+        description = f"Tidal run {self.uid}: {done} of {self.total} steps committed"
+        try:
+            if self._artifact_id is None:
+                self._artifact_id = self._create(progress=percent, key=artifact_key(self.uid, "progress"),
+                                                 description=description)
+            else:
+                self._update(artifact_id=self._artifact_id, progress=percent, description=description)
+        except Exception as exc:  # noqa: BLE001 - see the class docstring
+            logging.getLogger("tidal.artifact").warning("progress artifact of run %s not updated: %s", self.uid, exc)
+
+    def close(self, drain_s: float | None = None) -> None:
+        wait(self._pending, timeout=self.drain_s if drain_s is None else drain_s)
+        self._poster.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> RunProgress:
+        return self
+
+    def __exit__(self, kind: Any, *_: Any) -> None:
+        self.close(None if kind is None else min(self.drain_s, 1.0))  # a failing run does not wait long

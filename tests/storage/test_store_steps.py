@@ -270,3 +270,16 @@ def test_any_json_state_round_trips_exactly(engine, policy_state, controller_sta
     with session_scope(engine) as session:
         state = load_resume_state(session, uid)
     assert (state.policy_state, state.controller_state) == (policy_state, controller_state)
+
+
+def test_step_metrics_read_for_some_names_keep_every_step_and_only_those_metrics(engine):
+    run_id = new_run(engine)
+    for step in (1, 2):
+        record = StoredStep(step=step, param_version=step, started_at=1.0, finished_at=4.0,
+                            metrics={"reward": 0.25 * step, "loss": 1.0, "mq_size": 3.0})
+        with session_scope(engine) as session:
+            record_step(session, run_id, record)
+    with session_scope(engine) as session:
+        rows = read_step_metrics(session, "run-1", ["reward", "mq_size", "absent"])
+    assert rows == [{"step": s, "param_version": s, "started_at": 1.0, "finished_at": 4.0, "wall_s": 3.0,
+                     "hybrid_active_after": False, "mq_size": 3.0, "reward": 0.25 * s} for s in (1, 2)]

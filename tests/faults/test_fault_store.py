@@ -273,15 +273,25 @@ def test_postgresql_stopped_just_after_a_step_committed_reports_that_step_as_com
     the UI (its step table is read back from the store). Seen in the tiny-hf campaign: the task
     failed, so the driver said "the run stopped after step 1" with step 2 committed. Now the task
     returns the committed step with the loss, for the driver to stop after it. (Prefect's artifact
-    calls are replaced: they need a Prefect server, and the moment between them is the one hit.)"""
+    calls are replaced: they need a Prefect server. The server is stopped as the step table is
+    read back, the moment hit: the step's markdown is posted at the same time from another thread,
+    so stopping it there would race with the read.)"""
     import prefect.artifacts
 
+    import storage
     from tasks.phases import commit_step
 
     url = pg_store
     run = _run_ref(url, tmp_path)
     _commit(run, 1)
-    monkeypatch.setattr(prefect.artifacts, "create_markdown_artifact", lambda **_: stoppable_pg.stop())
+    read_step_metrics = storage.read_step_metrics
+
+    def read_after_the_server_stopped(*args, **kwargs):
+        stoppable_pg.stop()
+        return read_step_metrics(*args, **kwargs)
+
+    monkeypatch.setattr(storage, "read_step_metrics", read_after_the_server_stopped)
+    monkeypatch.setattr(prefect.artifacts, "create_markdown_artifact", lambda **_: None)
     monkeypatch.setattr(prefect.artifacts, "create_table_artifact", lambda **_: None)
     result = commit_step.fn(run, 2, 2, _summary(2))
     lost = result.pop("store_lost")

@@ -65,13 +65,14 @@ class _RunShape:
         return max(self.prompts, self.steps * self.step_required_samples)
 
 
-_CALIBRATION_KEYS = ("calibration", "calibration_weight_gb")
-"""``sim.*`` keys that fill the others when the config loads; the simulator never reads them."""
+_SIM_KEYS = tuple(name for name in SimSection.model_fields if name not in ("calibration", "calibration_weight_gb"))
+"""SimSpec's cost model: the ``sim.*`` keys, but the calibration's (they fill the others when the
+config loads; the simulator never reads them). Same names in the config and in SimSpec."""
 
 SimSpec = make_dataclass(
     "SimSpec",
-    [(name, f.annotation, field(default=f.default))
-     for name, f in SimSection.model_fields.items() if name not in _CALIBRATION_KEYS],
+    [(name, SimSection.model_fields[name].annotation, field(default=SimSection.model_fields[name].default))
+     for name in _SIM_KEYS],
     bases=(_RunShape,), frozen=True,
 )
 SimSpec.__module__ = __name__  # for pickling (make_dataclass takes ``module=`` only from Python 3.12)
@@ -107,8 +108,6 @@ _RUN_SIZES = (
     "required_samples", "max_required_samples", "buffer_samples", "standalone_replicas", "hybrid_replicas",
     "gpus_per_replica", "trainer_gpus", "standalone_gpus", "only_hybrid",
 )
-# SimSpec fields that are ``sim.*`` keys of the same name (the cost model): all but the calibration's.
-_SIM_KEYS = tuple(name for name in SimSection.model_fields if name not in _CALIBRATION_KEYS)
 
 
 def spec_from_config(cfg: TidalConfig, steps: int | None = None) -> SimSpec:

@@ -6,7 +6,7 @@ the split and the policy (same samples, seeds, machine). Setups, order and bound
 
 Usage:
     .venv/bin/python benchmarks/bench_compare.py [--presets rollout-bound,training-bound]
-        [--seeds 0,1,2,3,4] [--setups static,default,fixed_ratio,colocated,static_again] [--steps N]
+        [--seeds 0,1,2,3,4] [--setups static,default,predictive,fixed_ratio,colocated,static_again] [--steps N]
         [--workdir DIR] [--no-write]
 """
 
@@ -41,19 +41,20 @@ from results_io import write_json, write_section  # noqa: E402
 SETUPS: dict[str, list[str]] = {
     "static": ["async_training.dynamic_schedule_policy=static_fully_async"],
     "default": ["async_training.dynamic_schedule_policy=default"],
+    "predictive": ["async_training.dynamic_schedule_policy=predictive"],
     "fixed_ratio": ["async_training.dynamic_schedule_policy=fixed_ratio"],
     "colocated": ["rollout.nnodes=0", "trainer.n_gpus_per_node=2", "async_training.dynamic_schedule_policy=default"],
     # static once more, the same seed: how far two identical runs land apart on this machine
     "static_again": ["async_training.dynamic_schedule_policy=static_fully_async"],
 }
 PRESET_SETUPS = {
-    "rollout-bound": ["static", "default", "fixed_ratio", "colocated"],
+    "rollout-bound": ["static", "default", "predictive", "fixed_ratio", "colocated"],
     # the training-bound target (within 2 % of static) is finer than run-to-run noise here: more
     # seeds, and the static run repeated to show how far apart two identical runs land
-    "training-bound": ["static", "default", "fixed_ratio", "colocated", "static_again"],
+    "training-bound": ["static", "default", "predictive", "fixed_ratio", "colocated", "static_again"],
 }
 PRESET_SEEDS = {"rollout-bound": [0, 1, 2, 3, 4], "training-bound": [0, 1, 2, 3, 4]}
-DYNAMIC = ("default", "fixed_ratio")
+DYNAMIC = ("default", "predictive", "fixed_ratio")
 REWARD = "train/reward_mean"
 
 
@@ -468,7 +469,7 @@ def plot(preset: str, results: dict[str, dict[int, dict]], plot_dir: Path) -> li
     import matplotlib.pyplot as plt
 
     colors = {"static": "tab:grey", "default": "tab:blue", "fixed_ratio": "tab:orange", "colocated": "tab:green",
-              "static_again": "black"}
+              "static_again": "black", "predictive": "tab:red"}
     plot_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
@@ -765,6 +766,10 @@ def main(argv: list[str] | None = None) -> int:
                 block["fraction_of_in_system_bound"] = b["fraction_of_in_system_bound_median"]
                 block["slowdown_vs_static"] = 1.0 / b["speedup_vs_static_median"] - 1.0
                 block["slowdown_vs_static_speed_adjusted"] = 1.0 / b["speedup_speed_adjusted_median"] - 1.0
+            if "predictive" in summ["setups"]:  # the recommended policy, beside the reference's
+                b = summ["setups"]["predictive"]
+                block["predictive_speedup_vs_static"] = b["speedup_vs_static_median"]
+                block["predictive_slowdown_vs_static"] = 1.0 / b["speedup_vs_static_median"] - 1.0
             if "static_again" in summ["setups"]:  # two identical static runs, same seed: the noise floor
                 block["static_vs_static_spread"] = statistics.median(
                     abs(x - 1.0) for x in summ["setups"]["static_again"]["speedup_vs_static_per_seed"])

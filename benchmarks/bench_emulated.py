@@ -6,7 +6,7 @@ Must not: tune the simulator to the run it is compared with. Per-step accounting
 predictions: ``docs/benchmarks.md``.
 
 Usage:
-    .venv/bin/python benchmarks/bench_emulated.py [--setups static-8-24,static-16-16,dynamic]
+    .venv/bin/python benchmarks/bench_emulated.py [--setups static-8-24,static-16-16,dynamic,tp8-static-8-24,...]
         [--steps N] [--seed 0] [--workdir DIR] [--plot PATH] [--no-write] [--reuse]
 """
 
@@ -42,9 +42,16 @@ SETUPS = {
     "static-8-24": "static 8+24",
     "static-16-16": "static 16+16",
     "dynamic": "dynamic 16+16 default, no rebalance",
+    # the faithful seed shape (TP 8, n = 16; issue 16), where lending pays, with `predictive`
+    "tp8-static-8-24": "TP 8 static 8+24",
+    "tp8-static-16-16": "TP 8 static 16+16",
+    "tp8-dynamic": "TP 8 dynamic 16+16 predictive, no rebalance",
 }
 PRESET = "sim/qwen35-35b-emulated-{}"
-OVERRIDES = {"dynamic": ["async_training.dynamic_schedule_enable_rebalance=false"]}
+DEFAULT_SETUPS = "static-8-24,static-16-16,dynamic"
+"""What a bare run measures (the old shape); ``--setups tp8-static-8-24,tp8-static-16-16,tp8-dynamic``
+measures the faithful one into a section and JSON of its own (``emulated_tp8``)."""
+OVERRIDES = {key: ["async_training.dynamic_schedule_enable_rebalance=false"] for key in ("dynamic", "tp8-dynamic")}
 """Applied to the emulated run and the simulation alike. The seed experiment rebalances, but
 Tidal's rebalance cannot drain at this scale: it waits until the balancer counts nothing in
 flight, while the rollouter keeps re-sending the aborted requests (hundreds of them) to the paused
@@ -488,7 +495,8 @@ def markdown(results: list[dict[str, Any]], command: str, plot_path: Path) -> st
         "",
         "Each setup runs the real system (`tidal run`: a Prefect flow per step, the Ray actors, controller and policy) "
         "with the simulated engine and backend spending the cost model's time, on the seed experiment scaled down 20× "
-        "in tokens (`config/presets/sim/qwen35-35b-emulated-*.yaml`: 32 emulated GPUs, TP 4, ~3 s of data-plane work "
+        "in tokens (`config/presets/sim/qwen35-35b-emulated-*.yaml`: 32 emulated GPUs, TP 4 and n = 8 as the old "
+        "seed shape, or TP 8 and n = 16 as the faithful one (`-tp8-`, with `predictive`), ~3 s of data-plane work "
         "per step), then the simulator (`tidal simulate`'s) on the same preset, steps and seed: as the preset stands "
         "(*no overhead*), with `sim.step_overhead_s` = the control-plane overhead measured in that run (*with "
         "overhead*: mean over its complete cycles of cycle − data-plane seconds, median alongside; see the module "
@@ -559,11 +567,12 @@ def markdown(results: list[dict[str, Any]], command: str, plot_path: Path) -> st
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated subset of {', '.join(SETUPS)}")
+    p.add_argument("--setups", default=DEFAULT_SETUPS, help=f"comma-separated subset of {', '.join(SETUPS)}")
     p.add_argument("--steps", type=int, default=None, help="steps per setup (default: the presets' 30)")
     p.add_argument("--seed", type=int, default=0, help="simulator seed (default 0)")
     p.add_argument("--workdir", default=None, help="scratch dir (default: a fresh temp dir, removed at the end)")
-    p.add_argument("--plot", default=str(ROOT / "benchmarks" / "plots" / "emulated_vs_sim.png"))
+    p.add_argument("--plot", default=None, help="PNG path (default: benchmarks/plots/emulated_vs_sim.png, "
+                   "emulated_tp8_vs_sim.png for the TP 8 setups)")
     p.add_argument("--timeout", type=float, default=900.0, help="kill a run after this many seconds")
     p.add_argument("--no-write", action="store_true", help="do not write RESULTS.md / results/emulated.json")
     p.add_argument("--reuse", action="store_true",
@@ -572,6 +581,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [s for s in args.setups.split(",") if s not in SETUPS]
     if unknown:
         p.error(f"unknown setups {unknown}; known: {', '.join(SETUPS)}")
+    if args.plot is None:
+        tp8 = all(k.startswith("tp8-") for k in args.setups.split(","))
+        args.plot = str(ROOT / "benchmarks" / "plots" / ("emulated_tp8_vs_sim.png" if tp8 else "emulated_vs_sim.png"))
     if args.steps is not None and args.steps < 4:
         p.error("--steps must be at least 4")
     return args
@@ -580,13 +592,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.reuse:
-        return rerender(Path(args.plot))
+        tp8 = all(k.startswith("tp8-") for k in args.setups.split(","))
+        return rerender(Path(args.plot), "emulated_tp8" if tp8 else "emulated")
     import ray
 
     from cluster.ray_cluster import LocalRayCluster
 
     own = ["benchmarks/bench_emulated.py"]
-    if args.setups != ",".join(SETUPS):
+    if args.setups != DEFAULT_SETUPS:
         own += ["--setups", args.setups]
     if args.steps is not None:
         own += ["--steps", str(args.steps)]
@@ -628,9 +641,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def results_name(results: list[dict[str, Any]]) -> str:
+    """``emulated_tp8`` when every setup is of the faithful shape, else ``emulated``."""
+    return "emulated_tp8" if all(r["label"].startswith("TP 8") for r in results) else "emulated"
+
+
 def write(results: list[dict[str, Any]], command: str, section: str) -> None:
-    write_section("bench_emulated", section)
-    write_json("emulated", {
+    name = results_name(results)
+    write_section(f"bench_{name}", section)
+    dynamic = [r for r in results if "dynamic" in r["label"]]
+    write_json(name, {
+        "dynamic_relative_error_vs_sim": max((abs(r["relative_error_tidal_model"]) for r in dynamic), default=None),
         "command": command,
         "relative_error_vs_sim": max(abs(r["relative_error_tidal_model"]) for r in results),
         "relative_error_vs_sim_step_end_overhead": max(abs(r["relative_error"]) for r in results),
@@ -641,11 +662,11 @@ def write(results: list[dict[str, Any]], command: str, section: str) -> None:
     print("wrote benchmarks/RESULTS.md (bench_emulated) and benchmarks/results/emulated.json")
 
 
-def rerender(plot_path: Path) -> int:
-    """``--reuse``: render the section, JSON and plot again from ``benchmarks/results/emulated.json``."""
-    saved = read_json("emulated")
+def rerender(plot_path: Path, name: str) -> int:
+    """``--reuse``: render the section, JSON and plot again from ``benchmarks/results/NAME.json``."""
+    saved = read_json(name)
     if not saved or not saved.get("setups"):
-        print("error: --reuse needs benchmarks/results/emulated.json from an earlier run", file=sys.stderr)
+        print(f"error: --reuse needs benchmarks/results/{name}.json from an earlier run", file=sys.stderr)
         return 2
     results = list(saved["setups"].values())
     plot(results, plot_path)

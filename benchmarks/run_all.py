@@ -5,7 +5,7 @@ Owns: the order of the benchmarks (one after the other, never in parallel), the 
 itself. The figures and what they mean: ``docs/benchmarks.md``.
 
 Usage:
-    .venv/bin/python benchmarks/run_all.py [--only sim,sweep,overhead,compare,emulated,faults,faults_hf] [--merge]
+    .venv/bin/python benchmarks/run_all.py [--only sim,sweep,overhead,compare,emulated,emulated_tp8,faults,faults_hf] [--merge]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ STEPS: dict[str, list[str]] = {
     "overhead": [PY, "benchmarks/bench_control_plane.py", "--write", "benchmarks/RESULTS.md"],
     "compare": [PY, "benchmarks/bench_compare.py"],
     "emulated": [PY, "benchmarks/bench_emulated.py"],
+    "emulated_tp8": [PY, "benchmarks/bench_emulated.py", "--setups", "tp8-static-8-24,tp8-static-16-16,tp8-dynamic"],
     "faults": [PY, "benchmarks/fault_campaign.py"],
     "faults_hf": [PY, "benchmarks/fault_campaign.py", "--preset", "tiny-hf"],
 }
@@ -38,6 +39,7 @@ TARGETS = {
     "cpu_rollout_bound.fraction_of_fluid_bound": (">=", 0.90),
     "cpu_training_bound.slowdown_vs_static": ("<=", 0.02),
     "emulated.relative_error_vs_sim": ("<=", 0.10),
+    "emulated_tp8.dynamic_relative_error_vs_sim": ("<=", 0.10),
     "overhead.fraction_at_60s_step": ("<=", 0.02),
     "overhead.ray_calls_per_step": ("<=", 10),
     "overhead.seconds_per_step_in_process": ("<=", 0.15),
@@ -59,6 +61,7 @@ FAULT_FIGURES = ("injected", "survived", "samples_lost", "samples_duplicated")
 def merge() -> dict:
     compare = read_json("compare") or {}
     emulated = read_json("emulated") or {}
+    emulated_tp8 = read_json("emulated_tp8") or {}
     overhead = read_json("overhead") or {}
     speed = read_json("sim_speed") or {}
     sweep = read_json("sim_sweep") or {}
@@ -73,6 +76,7 @@ def merge() -> dict:
         "cpu_training_bound": {k: tb.get(k) for k in ("slowdown_vs_static", "slowdown_vs_static_speed_adjusted",
                                                      "static_vs_static_spread", "headline_setup")},
         "emulated": {"relative_error_vs_sim": emulated.get("relative_error_vs_sim")},
+        "emulated_tp8": {k: emulated_tp8.get(k) for k in ("relative_error_vs_sim", "dynamic_relative_error_vs_sim")},
         "overhead": {k: overhead.get(k) for k in ("fraction_at_60s_step", "worst_fraction_at_60s_step",
                                                   "ray_calls_per_step", "seconds_per_step_in_process",
                                                   "seconds_per_step_ray_runner")},

@@ -67,6 +67,11 @@ class AsyncTraining(_Section):
     dynamic_schedule_enable_rebalance: bool = True
     """After activation, abort and re-route in-flight requests so the new replicas fill up."""
 
+    dynamic_schedule_prior_switch_s: float | None = Field(None, gt=0.0, le=3600.0)
+    """Switch seconds of one lend cycle a policy assumes until it has measured one (null = the
+    policy's own: `predictive` 6 s); only for policies with a `prior_switch_s` argument. The
+    emulated presets, whose fixed costs are scaled down, scale it too."""
+
     dynamic_schedule_min_dwell_s: float = Field(0.0, ge=0.0)
     """Guard rail: no re-activation sooner than this many seconds after the last switch
     (0 = off, the reference behaviour)."""

@@ -16,7 +16,7 @@ from cluster.hf import TINY_PRESETS, TinyFolderError, ensure_tiny
 from cluster.reward import RewardConfigError
 from cluster.smollm2 import SMOLLM2_PRESET, SMOLLM2_ROOT, SmolLM2Error, ensure_smollm2
 from config import ConfigError, TidalConfig, load_config
-from policies import UnknownPolicyError, resolve_policy_class
+from policies import UnknownPolicyError, policy_from_config, resolve_policy_class
 
 
 def load_checked(config: str, overrides: list[str] | None) -> TidalConfig:
@@ -33,6 +33,10 @@ def load_checked(config: str, overrides: list[str] | None) -> TidalConfig:
         resolve_policy_class(name)
     except UnknownPolicyError as exc:
         raise ConfigError(f"async_training.dynamic_schedule_policy: {exc}") from None
+    try:
+        policy_from_config(cfg)
+    except UnknownPolicyError as exc:
+        raise ConfigError(str(exc)) from None
     try:
         check_data(cfg)
     except (DatasetError, RewardConfigError) as exc:

@@ -9,6 +9,7 @@ Must not: import Ray, torch or anything of ours but `config`; read the clock (ti
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING
 
 from policies.base import DynamicScheduleContext, DynamicSchedulePolicyBase
@@ -35,9 +36,19 @@ if TYPE_CHECKING:
 def policy_from_config(cfg: TidalConfig) -> DynamicSchedulePolicyBase:
     """Build the configured policy, wrapped in guard rails only when some are switched on."""
     a = cfg.async_training
-    policy = build_policy(
-        a.dynamic_schedule_policy, deactivate_ratio=a.dynamic_schedule_deactivate_ratio, only_hybrid=cfg.only_hybrid
-    )
+    options: dict[str, object] = {
+        "deactivate_ratio": a.dynamic_schedule_deactivate_ratio,
+        "only_hybrid": cfg.only_hybrid,
+    }
+    if a.dynamic_schedule_prior_switch_s is not None:
+        cls = resolve_policy_class(a.dynamic_schedule_policy)
+        if "prior_switch_s" not in inspect.signature(cls).parameters:
+            raise UnknownPolicyError(
+                f"async_training.dynamic_schedule_prior_switch_s: policy {a.dynamic_schedule_policy!r} takes no "
+                "switch-cost prior (`predictive` does); unset it"
+            )
+        options["prior_switch_s"] = a.dynamic_schedule_prior_switch_s
+    policy = build_policy(a.dynamic_schedule_policy, **options)
     if a.dynamic_schedule_min_dwell_s > 0:
         policy = GuardedPolicy(policy, min_dwell_s=a.dynamic_schedule_min_dwell_s)
     return policy

@@ -34,7 +34,8 @@ re-prefilled work at the switches, the long tail of a sample's responses)."""
 TREND_BETA = 0.2
 """Share of a no-lend cycle's surprise that goes into the per-step slope."""
 PRIOR_SWITCH_S = 6.0
-"""Switch seconds per lend cycle (sync + activate + rebalance + deactivate) before one is measured."""
+"""Switch seconds per lend cycle (sync + activate + rebalance + deactivate) before one is measured
+(``prior_switch_s``, config key ``async_training.dynamic_schedule_prior_switch_s``)."""
 RATIO_UP_MIN, RATIO_UP_MAX, RATIO_DOWN = 0.02, 0.1, 0.02
 """Queue-share adaptation after a lend cycle: up by the waited-for share of the cycle (clipped),
 down by a fixed step when the trainer did not wait after the take-back (as `default` adapts)."""
@@ -113,9 +114,14 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     the share of a cycle to queue before taking the hybrids back comes from the model (``ratio``).
     """
 
-    def __init__(self, deactivate_ratio: float = 0.0, only_hybrid: bool = False):
+    def __init__(self, deactivate_ratio: float = 0.0, only_hybrid: bool = False,
+                 prior_switch_s: float = PRIOR_SWITCH_S):
         self.deactivate_ratio = 1.0 if only_hybrid else check_ratio(deactivate_ratio)
         self.only_hybrid = bool(only_hybrid)
+        if not prior_switch_s > 0:
+            raise ValueError(f"prior_switch_s: must be > 0 (got {prior_switch_s})")
+        self.prior_switch_s = float(prior_switch_s)
+        """Switch seconds of a lend cycle assumed until one is measured (half for each part)."""
         self.last_end_at: float | None = None
         """``ctx.now`` at the previous ``update_after_step`` (a cycle runs from one to the next)."""
         self.last_lent = 0
@@ -149,7 +155,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
 
     def switch_s(self, k: int | None = None) -> float:
         """``C_k``: the switch seconds of one lending cycle (half the prior for a part not measured)."""
-        return sum(p["mean"] if p["n"] else PRIOR_SWITCH_S / 2 for p in self.switch_parts(k))
+        return sum(p["mean"] if p["n"] else self.prior_switch_s / 2 for p in self.switch_parts(k))
 
     def gain_s(self, k: int, ctx: DynamicScheduleContext) -> tuple[float, float]:
         """(seconds lending k shortens the next cycle by, its standard error): ρ_k (W − C_k) / (1 + ρ_k)."""

@@ -176,3 +176,30 @@ def test_it_rebalances_only_when_the_lent_hybrids_hold_less_than_a_filled_standa
     answers = [policy.request_rebalance(5, replace(lent, in_flight_samples=n)) for n in (32, 20)]
 
     assert (fresh, answers) == (True, [False, True])
+
+
+def test_the_switch_cost_prior_decides_whether_the_first_lend_is_tried():
+    # W 5 s: against the 6 s prior the gain is negative and nothing is ever measured, so it never
+    # lends; with a 2 s prior (a run whose fixed costs are smaller) the gain (5 − 2) / 2 = 1.5 s
+    # clears 2 % of T0, and from then on the measured switch (3 s) gives (5 − 3) / 2 = 1 s, which
+    # no longer clears 1.2 s: it lends once, measures, and stops
+    assert drive(build_policy("predictive"), [60.0] * 8, wait=5.0)[0] == [0] * 8
+    primed = build_policy("predictive", prior_switch_s=2.0)
+
+    answers, _ = drive(primed, [60.0] * 8, wait=5.0)
+
+    assert answers == [0, 0, 0, 0, True, 0, 0, 0]
+    assert primed.state_dict()["prior_switch_s"] == 2.0
+    with pytest.raises(ValueError, match="prior_switch_s"):
+        build_policy("predictive", prior_switch_s=0.0)
+
+
+def test_the_prior_is_a_config_key_only_for_policies_that_take_one():
+    from config import ConfigError
+    from flows.configs import load_checked
+    from policies import policy_from_config
+
+    cfg = load_checked("sim/qwen35-35b-emulated-tp8-dynamic", [])
+    assert (cfg.async_training.dynamic_schedule_policy, policy_from_config(cfg).prior_switch_s) == ("predictive", 0.3)
+    with pytest.raises(ConfigError, match="policy 'default' takes no switch-cost prior"):
+        load_checked("sim/qwen35-35b-emulated-tp8-dynamic", ["async_training.dynamic_schedule_policy=default"])

@@ -46,18 +46,22 @@ SETUPS = {
     "tp8-static-8-24": "TP 8 static 8+24",
     "tp8-static-16-16": "TP 8 static 16+16",
     "tp8-dynamic": "TP 8 dynamic 16+16 predictive, no rebalance",
+    # issue 16 item 6: the rebalance drains now (routing is held while it does); predictive asks for it
+    "tp8-dynamic-rebalance": "TP 8 dynamic 16+16 predictive, rebalance when it asks",
 }
+PRESETS = {"tp8-dynamic-rebalance": "tp8-dynamic"}
+"""Setups that run another setup's preset (with other overrides)."""
 PRESET = "sim/qwen35-35b-emulated-{}"
 DEFAULT_SETUPS = "static-8-24,static-16-16,dynamic"
-"""What a bare run measures (the old shape); ``--setups tp8-static-8-24,tp8-static-16-16,tp8-dynamic``
-measures the faithful one into a section and JSON of its own (``emulated_tp8``)."""
+"""What a bare run measures (the old shape); ``--setups`` with only ``tp8-*`` setups measures the
+faithful one into a section and JSON of their own (``emulated_tp8``)."""
 OVERRIDES = {key: ["async_training.dynamic_schedule_enable_rebalance=false"] for key in ("dynamic", "tp8-dynamic")}
-"""Applied to the emulated run and the simulation alike. The seed experiment rebalances, but
-Tidal's rebalance cannot drain at this scale: it waits until the balancer counts nothing in
-flight, while the rollouter keeps re-sending the aborted requests (hundreds of them) to the paused
-replicas, each of them in flight for a round trip every ≤ 100 ms of back-off; measured drains grew
-5.7 → 22 → 21 → 44 s over the first steps and then hit the controller's 60 s timeout, failing the
-step. Until that is fixed the dynamic setup runs without rebalance (a supported setting) on both sides."""
+"""Applied to the emulated run and the simulation alike. The seed experiment rebalances; the old
+shape's dynamic setup runs without (a supported setting), as it was measured when Tidal's drain
+could not finish at this scale (the rollouter re-sent the aborted requests to the paused
+replicas, drains grew 5.7 → 44 s, then hit the 60 s timeout). Routing is now held while a
+rebalance drains (``LoadBalancer.hold``); ``tp8-dynamic-rebalance`` measures it, beside
+``tp8-dynamic`` without."""
 TARGET = 0.10
 MQ_SIZE = "dynamic_resource/mq_size"
 
@@ -504,8 +508,7 @@ def markdown(results: list[dict[str, Any]], command: str, plot_path: Path) -> st
         "phase, the rest between flow runs) and Tidal's weight sync (the standalones stall while loading instead "
         "of verl's abort + re-prefill of everything in flight, which the presets are calibrated with). Final wall "
         "clock = first step's start → last step's commit. "
-        + (f"Overrides on both sides — {'; '.join(overridden)} (see `OVERRIDES` in the script: Tidal's rebalance "
-           "does not drain at this scale). " if overridden else "")
+        + (f"Overrides on both sides — {'; '.join(overridden)} (see `OVERRIDES` in the script). " if overridden else "")
         + f"{platform.machine()}, {os.cpu_count()} CPUs shared with other jobs; {time.strftime('%Y-%m-%d')}.",
         "",
         f"**Worst |relative error| of the final wall clock: {worst_tidal:.1%}** against the Tidal model (`tidal "
@@ -615,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False, namespace="bench-emulated")
         assert cluster._proc is not None
         for key in args.setups.split(","):
-            preset = PRESET.format(key)
+            preset = PRESET.format(PRESETS.get(key, key))
             print(f"{SETUPS[key]}: {preset}", flush=True)
             overrides = OVERRIDES.get(key, [])
             emu = run_emulated(preset, overrides, args.steps, work / key, cluster.address, cluster._proc.pid,

@@ -30,7 +30,8 @@ STEPS: dict[str, list[str]] = {
     "overhead": [PY, "benchmarks/bench_control_plane.py", "--write", "benchmarks/RESULTS.md"],
     "compare": [PY, "benchmarks/bench_compare.py"],
     "emulated": [PY, "benchmarks/bench_emulated.py"],
-    "emulated_tp8": [PY, "benchmarks/bench_emulated.py", "--setups", "tp8-static-8-24,tp8-static-16-16,tp8-dynamic"],
+    "emulated_tp8": [PY, "benchmarks/bench_emulated.py", "--setups",
+                     "tp8-static-8-24,tp8-static-16-16,tp8-dynamic,tp8-dynamic-rebalance"],
     "faults": [PY, "benchmarks/fault_campaign.py"],
     "faults_hf": [PY, "benchmarks/fault_campaign.py", "--preset", "tiny-hf"],
 }

@@ -32,6 +32,7 @@ from cluster.placement import place, release_placement
 from cluster.types import SamplingSpec
 from config import TidalConfig
 from loop.plans import RunSizes
+from loop.workload import replica_costs
 
 
 def tokenizer_and_problems(cfg: TidalConfig) -> tuple[Any, list[Problem]]:
@@ -159,16 +160,16 @@ def engine_factory(cfg: TidalConfig, tokenizer: CharTokenizer, *, hybrid: bool, 
         # The simulator's replica and workload: up to max_num_seqs running, lengths drifting over
         # the run's steps; one token seed for every replica (a retry elsewhere continues its response).
         s = cfg.sim
-        slow = 1.0 / s.hybrid_throughput_factor if hybrid else 1.0
+        costs = replica_costs(s, hybrid=hybrid)  # the simulator's rule: MTP, hybrid speed and batch cap
         prompts = cfg.rollout.total_rollout_steps or cfg.task.num_prompts * cfg.rollout.total_epochs
         steps = cfg.trainer.total_training_steps or prompts // cfg.step_required_samples  # as the simulator
         lengths = dict(mean_start=s.response_len_mean_start, mean_end=s.response_len_mean_end,
                        response_sigma=s.response_len_sigma, prompt_sigma=s.prompt_len_sigma,
                        max_len=cfg.actor_rollout_ref.rollout.response_length, last_version=max(0, steps - 1))
         return functools.partial(
-            _simulated_engine, s.decode_step_base_s * slow, s.decode_step_per_seq_s * slow,
-            slow / s.prefill_tokens_per_s, s.max_num_seqs, lengths, tokenizer.eos_id, cfg.trainer.seed,
-            tokenizer.vocab_size, simulated_engine_costs(cfg, hybrid=hybrid),
+            _simulated_engine, costs.base_s / costs.speed, costs.per_seq_s / costs.speed,
+            1.0 / (s.prefill_tokens_per_s * costs.speed), costs.max_num_seqs, lengths, tokenizer.eos_id,
+            cfg.trainer.seed, tokenizer.vocab_size, simulated_engine_costs(cfg, hybrid=hybrid),
         )
     raise ValueError(f"engines.rollout={kind!r} is not available in this build")
 

@@ -1,6 +1,8 @@
-"""The response-length workload: long-tailed, correlated within a prompt, drifting over training.
+"""The rollout workload: response lengths (long-tailed, correlated within a prompt, drifting over
+training) and what a replica's decode costs.
 
-Owns the one length model of the simulator and the emulated cluster's simulated engine; the
+Owns the one length model and the one replica cost rule of the simulator and the emulated
+cluster's simulated engine; the
 formula is in ``docs/simulator.md`` ("Workload"). Must not hold a random stream of its own: the
 simulator draws from its seeded ``random.Random`` in event order, the engine from generators keyed
 by ``(seed, request id)`` (``SeededLengths``), so the same model serves both.
@@ -12,6 +14,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -77,3 +80,25 @@ class SeededLengths(LengthModel):
         if sr:
             mu += random.Random(f"{self.seed}:{request_id}:response").gauss(0.0, sr)
         return self.clip(math.exp(mu))
+
+
+@dataclass(frozen=True)
+class ReplicaCosts:
+    """One replica's decode costs: an iteration over ``b`` running sequences takes
+    ``(base_s + per_seq_s × b) / speed`` s, prefill ``tokens / (prefill_tokens_per_s × speed)``."""
+
+    base_s: float
+    per_seq_s: float
+    speed: float
+    max_num_seqs: int
+
+
+def replica_costs(sim: Any, *, hybrid: bool) -> ReplicaCosts:
+    """The costs of a standalone or hybrid replica from a cost model with the ``sim.*`` names
+    (``config.SimSection`` or ``sim.SimSpec``): speculative decoding (``speculative_speedup``
+    tokens per sequence and iteration) divides both iteration terms, and a hybrid runs at
+    ``hybrid_throughput_factor`` with ``hybrid_max_num_seqs`` (0 = ``max_num_seqs``)."""
+    mtp = sim.speculative_speedup
+    seqs = (sim.hybrid_max_num_seqs or sim.max_num_seqs) if hybrid else sim.max_num_seqs
+    return ReplicaCosts(base_s=sim.decode_step_base_s / mtp, per_seq_s=sim.decode_step_per_seq_s / mtp,
+                        speed=sim.hybrid_throughput_factor if hybrid else 1.0, max_num_seqs=seqs)

@@ -16,7 +16,7 @@ import random
 
 from loop.balance import least_loaded
 from loop.staleness import StalenessGate, record_change
-from loop.workload import LengthModel
+from loop.workload import LengthModel, replica_costs
 from sim.events import DATA_PLANE, Event
 from sim.replica import Replica, Sample
 from sim.spec import SimSpec
@@ -45,16 +45,15 @@ class SimRollouter:
         self._rng = rng
         self._clock = clock
         self._trace = trace
-        speed_h, mtp = spec.hybrid_throughput_factor, spec.speculative_speedup
-        seqs_h = spec.hybrid_max_num_seqs or spec.max_num_seqs
+        costs = {hybrid: replica_costs(spec, hybrid=hybrid) for hybrid in (False, True)}
         self.replicas = [
             Replica(
                 i,
                 hybrid=i >= spec.standalone_replicas,
-                base_s=spec.decode_step_base_s / mtp,
-                per_seq_s=spec.decode_step_per_seq_s / mtp,
-                speed=speed_h if i >= spec.standalone_replicas else 1.0,
-                max_num_seqs=seqs_h if i >= spec.standalone_replicas else spec.max_num_seqs,
+                base_s=costs[i >= spec.standalone_replicas].base_s,
+                per_seq_s=costs[i >= spec.standalone_replicas].per_seq_s,
+                speed=costs[i >= spec.standalone_replicas].speed,
+                max_num_seqs=costs[i >= spec.standalone_replicas].max_num_seqs,
                 prefill_tokens_per_s=spec.prefill_tokens_per_s,
                 prompt_tokens=spec.prompt_tokens,
                 name=f"hybrid-{i - spec.standalone_replicas}" if i >= spec.standalone_replicas else "",

@@ -91,3 +91,26 @@ def test_a_fully_emulated_hybrid_pays_the_simulators_sync_and_deactivation_secon
     synced, slept = asyncio.run(main())
     assert s.hybrid_sync_s + s.activate_s <= synced < s.hybrid_sync_s + s.activate_s + 0.15
     assert s.deactivate_s <= slept < s.deactivate_s + 0.15
+
+
+def test_the_faithful_shapes_engines_decode_with_mtp_and_the_hybrid_batch_cap_like_the_simulators_replicas():
+    """The TP 8 shape sets ``speculative_speedup`` 2 and ``hybrid_max_num_seqs``: the emulated
+    engine divides both iteration terms by the speed-up and caps a hybrid's batch at its own
+    maximum, as the simulator's replica does (one rule, ``loop.workload.replica_costs``)."""
+    from sim import Simulator, spec_from_config
+    from policies import policy_from_config
+
+    overrides = ["sim.speculative_speedup=2.5", "sim.hybrid_max_num_seqs=96", "sim.hybrid_throughput_factor=0.8"]
+    cfg = load_config("sim/qwen35-35b-emulated-tp8-dynamic", overrides)
+    s = cfg.sim
+    standalone, hybrid = build(cfg, hybrid=False), build(cfg, hybrid=True)
+    assert (standalone.max_batch, hybrid.max_batch) == (s.max_num_seqs, 96)
+    replicas = Simulator(spec_from_config(cfg), policy_from_config(cfg)).rollouter.replicas
+    twin = {r.hybrid: r for r in replicas}
+    for engine, replica in ((standalone, twin[False]), (hybrid, twin[True])):
+        assert engine.max_batch == replica.max_num_seqs
+        for batch in (1, 64, 128):
+            iteration = (s.decode_step_base_s + s.decode_step_per_seq_s * batch) / 2.5
+            assert engine._decode_step_s(batch) == pytest.approx(iteration / replica.speed)
+            twin_iteration = (replica.base_s + replica.per_seq_s * batch) / replica.speed
+            assert engine._decode_step_s(batch) == pytest.approx(twin_iteration)

@@ -498,10 +498,10 @@ def markdown(results: list[dict[str, Any]], command: str, plot_path: Path) -> st
         f"Command: `{command}`",
         "",
         "Each setup runs the real system (`tidal run`: a Prefect flow per step, the Ray actors, controller and policy) "
-        "with the simulated engine and backend spending the cost model's time, on the seed experiment scaled down 20× "
-        "in tokens (`config/presets/sim/qwen35-35b-emulated-*.yaml`: 32 emulated GPUs, TP 4 and n = 8 as the old "
-        "seed shape, or TP 8 and n = 16 as the faithful one (`-tp8-`, with `predictive`), ~3 s of data-plane work "
-        "per step), then the simulator (`tidal simulate`'s) on the same preset, steps and seed: as the preset stands "
+        "with the simulated engine and backend spending the cost model's time, on the seed experiment scaled down in "
+        "tokens (`config/presets/sim/qwen35-35b-emulated-*.yaml`: 32 emulated GPUs; TP 4 and n = 8 as the old seed "
+        "shape ÷ 20, ~3 s of data-plane work per step, or TP 8 and n = 16 as the faithful one ÷ 10 (`-tp8-`, with "
+        "`predictive`), ~4 s), then the simulator (`tidal simulate`'s) on the same preset, steps and seed: as the preset stands "
         "(*no overhead*), with `sim.step_overhead_s` = the control-plane overhead measured in that run (*with "
         "overhead*: mean over its complete cycles of cycle − data-plane seconds, median alongside; see the module "
         "docstring), and as the *Tidal model*: that overhead where Tidal spends it (per Prefect task before each "

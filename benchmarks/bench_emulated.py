@@ -662,7 +662,8 @@ def write(results: list[dict[str, Any]], command: str, section: str) -> None:
         "target": TARGET,
         "setups": {r["label"]: r for r in results},
     })
-    print("wrote benchmarks/RESULTS.md (bench_emulated) and benchmarks/results/emulated.json")
+    name = results_name(results)
+    print(f"wrote benchmarks/RESULTS.md (bench_{name}) and benchmarks/results/{name}.json")
 
 
 def rerender(plot_path: Path, name: str) -> int:

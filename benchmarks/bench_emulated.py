@@ -493,7 +493,8 @@ def markdown(results: list[dict[str, Any]], command: str, plot_path: Path) -> st
         rel_plot = plot_path
     overridden = [f"{r['label']}: `{'`, `'.join(r['overrides'])}`" for r in results if r["overrides"]]
     lines = [
-        "## Emulated cluster vs the simulator (`bench_emulated.py`)",
+        "## Emulated cluster vs the simulator (`bench_emulated.py`)"
+        + (", the faithful seed shape (TP 8)" if results_name(results) == "emulated_tp8" else ""),
         "",
         f"Command: `{command}`",
         "",
@@ -672,7 +673,8 @@ def rerender(plot_path: Path, name: str) -> int:
     if not saved or not saved.get("setups"):
         print(f"error: --reuse needs benchmarks/results/{name}.json from an earlier run", file=sys.stderr)
         return 2
-    results = list(saved["setups"].values())
+    order = list(SETUPS.values())  # the JSON's keys are sorted; the section keeps the setups' order
+    results = sorted(saved["setups"].values(), key=lambda r: order.index(r["label"]) if r["label"] in order else len(order))
     plot(results, plot_path)
     write(results, saved["command"], markdown(results, saved["command"], plot_path))
     return 0

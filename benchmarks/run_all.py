@@ -95,8 +95,10 @@ def merge() -> dict:
         out["cpu_training_bound"]["setups"] = {k: {"speedup_vs_static_median": v["speedup_vs_static_median"]}
                                                for k, v in tb["setups"].items()}
     # written by bench_sim.py seed / grid --write, gpu_check.py --write-results, and by hand from the
-    # runs RESULTS.md quotes (prefect_stalls, multinode, hf_engine, smollm2: each with its command there)
-    for name in ("sim_seed", "sim_grid", "gpu", "prefect_stalls", "multinode", "hf_engine", "smollm2"):
+    # runs RESULTS.md quotes (prefect_stalls, multinode, hf_engine, smollm2, compare_predictive: each with its
+    # command there)
+    for name in ("sim_seed", "sim_grid", "gpu", "prefect_stalls", "multinode", "hf_engine", "smollm2",
+                 "compare_predictive"):
         figures = read_json(name)
         if figures:
             out[name] = {k: v for k, v in figures.items() if k != "load_average"}

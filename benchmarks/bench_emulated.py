@@ -585,9 +585,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [s for s in args.setups.split(",") if s not in SETUPS]
     if unknown:
         p.error(f"unknown setups {unknown}; known: {', '.join(SETUPS)}")
+    # only TP 8 setups: a section, JSON and plot of their own
+    args.results_name = "emulated_tp8" if all(k.startswith("tp8-") for k in args.setups.split(",")) else "emulated"
     if args.plot is None:
-        tp8 = all(k.startswith("tp8-") for k in args.setups.split(","))
-        args.plot = str(ROOT / "benchmarks" / "plots" / ("emulated_tp8_vs_sim.png" if tp8 else "emulated_vs_sim.png"))
+        args.plot = str(ROOT / "benchmarks" / "plots" / f"{args.results_name}_vs_sim.png")
     if args.steps is not None and args.steps < 4:
         p.error("--steps must be at least 4")
     return args
@@ -596,8 +597,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.reuse:
-        tp8 = all(k.startswith("tp8-") for k in args.setups.split(","))
-        return rerender(Path(args.plot), "emulated_tp8" if tp8 else "emulated")
+        return rerender(Path(args.plot), args.results_name)
     import ray
 
     from cluster.ray_cluster import LocalRayCluster
@@ -663,7 +663,6 @@ def write(results: list[dict[str, Any]], command: str, section: str) -> None:
         "target": TARGET,
         "setups": {r["label"]: r for r in results},
     })
-    name = results_name(results)
     print(f"wrote benchmarks/RESULTS.md (bench_{name}) and benchmarks/results/{name}.json")
 
 

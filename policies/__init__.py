@@ -40,15 +40,15 @@ def policy_from_config(cfg: TidalConfig) -> DynamicSchedulePolicyBase:
         "deactivate_ratio": a.dynamic_schedule_deactivate_ratio,
         "only_hybrid": cfg.only_hybrid,
     }
+    cls = resolve_policy_class(a.dynamic_schedule_policy)
     if a.dynamic_schedule_prior_switch_s is not None:
-        cls = resolve_policy_class(a.dynamic_schedule_policy)
         if "prior_switch_s" not in inspect.signature(cls).parameters:
             raise UnknownPolicyError(
                 f"async_training.dynamic_schedule_prior_switch_s: policy {a.dynamic_schedule_policy!r} takes no "
                 "switch-cost prior (`predictive` does); unset it"
             )
         options["prior_switch_s"] = a.dynamic_schedule_prior_switch_s
-    policy = build_policy(a.dynamic_schedule_policy, **options)
+    policy = cls(**options)
     if a.dynamic_schedule_min_dwell_s > 0:
         policy = GuardedPolicy(policy, min_dwell_s=a.dynamic_schedule_min_dwell_s)
     return policy

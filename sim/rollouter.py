@@ -46,20 +46,15 @@ class SimRollouter:
         self._clock = clock
         self._trace = trace
         costs = {hybrid: replica_costs(spec, hybrid=hybrid) for hybrid in (False, True)}
-        self.replicas = [
-            Replica(
-                i,
-                hybrid=i >= spec.standalone_replicas,
-                base_s=costs[i >= spec.standalone_replicas].base_s,
-                per_seq_s=costs[i >= spec.standalone_replicas].per_seq_s,
-                speed=costs[i >= spec.standalone_replicas].speed,
-                max_num_seqs=costs[i >= spec.standalone_replicas].max_num_seqs,
-                prefill_tokens_per_s=spec.prefill_tokens_per_s,
-                prompt_tokens=spec.prompt_tokens,
-                name=f"hybrid-{i - spec.standalone_replicas}" if i >= spec.standalone_replicas else "",
-            )
-            for i in range(spec.standalone_replicas + spec.hybrid_replicas)
-        ]
+        self.replicas = []
+        for i in range(spec.standalone_replicas + spec.hybrid_replicas):
+            hybrid = i >= spec.standalone_replicas
+            c = costs[hybrid]
+            self.replicas.append(Replica(
+                i, hybrid=hybrid, base_s=c.base_s, per_seq_s=c.per_seq_s, speed=c.speed,
+                max_num_seqs=c.max_num_seqs, prefill_tokens_per_s=spec.prefill_tokens_per_s,
+                prompt_tokens=spec.prompt_tokens, name=f"hybrid-{i - spec.standalone_replicas}" if hybrid else "",
+            ))
         self.standalones = [r for r in self.replicas if not r.hybrid]
         self.hybrids = [r for r in self.replicas if r.hybrid]
         self.routable: list[Replica] = list(self.standalones)

@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import platform
-import re
 import shutil
 import signal
 import statistics
@@ -347,7 +346,6 @@ def markdown(results: dict[str, dict[str, Any]], command: str) -> str:
     steps = current["steps"]
     setups = current["setups"]
     lines = [
-        f"<!-- {MARK} -->",
         "## Control-plane overhead per step (Prefect + policy + controller)",
         "",
         f"Command: `{command}`",
@@ -382,20 +380,8 @@ def markdown(results: dict[str, dict[str, Any]], command: str) -> str:
         f"DESIGN's 60 s step it comes to {setups[IN_PROCESS.key]['control'] / TARGET_STEP_S:.1%} in-process and "
         f"{ray['control'] / TARGET_STEP_S:.1%} with the Ray runner (target ≤ 2 %); the Ray runner costs "
         f"{dispatch_ms:+.0f} ms per phase against the in-process runner on the same server.",
-        f"<!-- /{MARK} -->",
     ]
     return "\n".join(lines) + "\n"
-
-
-def write_section(path: Path, section: str) -> None:
-    """Replace this benchmark's marked section in RESULTS.md (read fresh: others write there too), or append it."""
-    text = path.read_text(encoding="utf-8") if path.exists() else ""
-    pattern = re.compile(rf"<!-- {MARK} -->.*?<!-- /{MARK} -->\n?", re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section, text)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text, encoding="utf-8")
 
 
 def write_figures(results: dict[str, dict[str, Any]], command: str) -> None:
@@ -442,7 +428,10 @@ def main(argv: list[str] | None = None) -> int:
     section = markdown(results, command)
     print(section)
     if args.write:
-        write_section(args.write, section)
+        sys.path.insert(0, str(BENCH))
+        from results_io import write_section
+
+        write_section(MARK, section, args.write)
         print(f"wrote {args.write}")
         write_figures(results, command)
     return 0

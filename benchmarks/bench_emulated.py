@@ -652,7 +652,7 @@ def results_name(results: list[dict[str, Any]]) -> str:
 
 def write(results: list[dict[str, Any]], command: str, section: str) -> None:
     name = results_name(results)
-    write_section(f"bench_{name}", section)
+    write_section(f"bench_{name}", section, after="bench_emulated" if name != "emulated" else None)
     dynamic = [r for r in results if "dynamic" in r["label"]]
     write_json(name, {
         "dynamic_relative_error_vs_sim": max((abs(r["relative_error_tidal_model"]) for r in dynamic), default=None),

@@ -22,7 +22,6 @@ import itertools
 import json
 import multiprocessing
 import os
-import re
 import statistics
 import time
 from collections.abc import Callable
@@ -472,21 +471,13 @@ SECTIONS: dict[str, tuple[str, Callable[[argparse.Namespace], str]]] = {
         lambda args: bench_sensitivity(),
     ),
 }
-HEADER = "# Benchmark results\n\nEach section says the command that produced it; rerun it to refresh that section.\n"
-
-
 def write_section(path: Path, name: str, body: str) -> None:
-    """Replace (or append) the ``name`` section of ``path`` between its markers."""
+    """Replace (or append) the ``name`` section of ``path`` (``results_io``'s markers)."""
+    from results_io import write_section as write_block
+
     title, _ = SECTIONS[name]
-    block = (
-        f"<!-- bench_sim:{name} -->\n## {title}\n\n"
-        f"Command: `python benchmarks/bench_sim.py {name} --write {path.as_posix()}`\n\n{body}\n"
-        f"<!-- /bench_sim:{name} -->"
-    )
-    text = path.read_text(encoding="utf-8") if path.exists() else HEADER
-    pattern = re.compile(rf"<!-- bench_sim:{name} -->.*?<!-- /bench_sim:{name} -->", re.S)
-    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(text, encoding="utf-8")
+    write_block(f"bench_sim:{name}", f"## {title}\n\nCommand: `python benchmarks/bench_sim.py {name} --write "
+                f"{path.as_posix()}`\n\n{body}", path)
 
 
 def main() -> None:

@@ -34,12 +34,24 @@ def _atomic_write(path: Path, text: str) -> None:
         raise
 
 
-def write_section(name: str, body: str, path: Path = RESULTS_MD) -> None:
-    """Replace (or append) the ``name`` block of ``path``; ``body`` is the markdown inside it."""
+def _block(name: str) -> re.Pattern[str]:
+    return re.compile(rf"<!-- {re.escape(name)} -->.*?<!-- /{re.escape(name)} -->", re.S)
+
+
+def write_section(name: str, body: str, path: Path = RESULTS_MD, after: str | None = None) -> None:
+    """Replace the ``name`` block of ``path``; ``body`` is the markdown inside it.
+
+    A new block goes right after the ``after`` block when there is one (related sections stay
+    together), else at the end.
+    """
     block = f"<!-- {name} -->\n{body.rstrip()}\n<!-- /{name} -->"
     text = path.read_text(encoding="utf-8") if path.exists() else HEADER
-    pattern = re.compile(rf"<!-- {re.escape(name)} -->.*?<!-- /{re.escape(name)} -->", re.S)
-    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + block + "\n"
+    if (found := _block(name).search(text)) is not None:
+        text = text[:found.start()] + block + text[found.end():]
+    elif after and (anchor := _block(after).search(text)) is not None:
+        text = text[:anchor.end()] + "\n\n" + block + text[anchor.end():]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
     _atomic_write(path, text)
 
 

@@ -263,8 +263,6 @@ class DynamicResourceController:
     synced_version = ReadOnly[int | None](
         "_synced_version", "Param version the hybrids hold since their last sleep; None when not synced.")
 
-    switch_durations = ReadOnly[SwitchDurations]("_durations")
-
     @property
     def switch_log(self) -> list[SwitchReport]:
         """Every completed switch (activate, deactivate, hybrid_sync, rebalance), oldest first."""

@@ -439,6 +439,7 @@ def compare(label: str, preset: str, overrides: list[str], emu: Emulated, seed: 
         "switches_no_overhead": bare.switches,
         "mq_size_mean": (_mean([float(r.get(MQ_SIZE, math.nan)) for r in rows]), _mean([s.mq_size for s in with_oh.steps])),
         "phases": phases,
+        "phase_order": list(phases),
         "cpu_cores": emu.cpu_cores,
         "cpu_cores_by_process": emu.cpu_by_role,
         "machine_busy": emu.machine_busy,
@@ -548,10 +549,11 @@ def markdown(results: list[dict[str, Any]], command: str, plot_path: Path) -> st
     lines += ["", "`mq_size`: the queue right after the update, in Tidal's trainer as in the simulator and the "
               "reference (§4.4)."]
     lines += ["", "Per phase, mean per step, emulated / simulated (with overhead):", "",
-              "| setup | " + " | ".join(results[0]["phases"]) + " |",
-              "|---|" + "---:|" * len(results[0]["phases"])]
+              "| setup | " + " | ".join(phases := phase_order(results[0])) + " |",
+              "|---|" + "---:|" * len(phases)]
     for r in results:
-        lines.append(f"| {r['label']} | " + " | ".join(f"{_f(e)} / {_f(s)}" for e, s in r["phases"].values()) + " |")
+        lines.append(f"| {r['label']} | " + " | ".join(f"{_f(r['phases'][p][0])} / {_f(r['phases'][p][1])}"
+                                                    for p in phases) + " |")
     lines += ["", "Faithfulness of the emulation (does Python keep up with the emulated clocks?):", "",
               "| setup | CPU cores used by the run | of which (cores) | machine busy (all users) | "
               "engines' modelled busy s | engines' stretch s (clock ran slow) | whole `tidal run` process s |",
@@ -664,6 +666,12 @@ def write(results: list[dict[str, Any]], command: str, section: str) -> None:
         "setups": {r["label"]: r for r in results},
     })
     print(f"wrote benchmarks/RESULTS.md (bench_{name}) and benchmarks/results/{name}.json")
+
+
+def phase_order(result: dict[str, Any]) -> list[str]:
+    """The per-phase table's columns in the order ``summarize`` built them (a reread JSON has its keys
+    sorted; ``phase_order`` keeps the order, and results saved before it have the sorted one)."""
+    return list(result.get("phase_order") or result["phases"])
 
 
 def rerender(plot_path: Path, name: str) -> int:

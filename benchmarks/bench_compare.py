@@ -38,10 +38,17 @@ sys.path.insert(0, str(BENCH))
 from config import ConfigError, load_config  # noqa: E402
 from results_io import write_json, write_section  # noqa: E402
 
+CPU_PRIOR_SWITCH_S = 0.3
+"""The switch cost per lend cycle that `default` and `predictive` assume here until they have
+measured one. Their own priors (10 s, 6 s) are ~3× and ~2× the ≈ 3.5 s a lend cycle costs on a GPU
+node; a lend cycle costs ≈ 0.1 s on these CPUs (the last compare's `switch s` over its 15 lends),
+so ~3× that. With the GPU priors neither policy ever lends here (a step's whole wait is 2–4 s),
+so it never measures a switch, and the compare would test nothing."""
+PRIOR = f"async_training.dynamic_schedule_prior_switch_s={CPU_PRIOR_SWITCH_S}"
 SETUPS: dict[str, list[str]] = {
     "static": ["async_training.dynamic_schedule_policy=static_fully_async"],
-    "default": ["async_training.dynamic_schedule_policy=default"],
-    "predictive": ["async_training.dynamic_schedule_policy=predictive"],
+    "default": ["async_training.dynamic_schedule_policy=default", PRIOR],
+    "predictive": ["async_training.dynamic_schedule_policy=predictive", PRIOR],
     "fixed_ratio": ["async_training.dynamic_schedule_policy=fixed_ratio"],
     "colocated": ["rollout.nnodes=0", "trainer.n_gpus_per_node=2", "async_training.dynamic_schedule_policy=default"],
     # static once more, the same seed: how far two identical runs land apart on this machine

@@ -69,8 +69,9 @@ class AsyncTraining(_Section):
 
     dynamic_schedule_prior_switch_s: float | None = Field(None, gt=0.0, le=3600.0)
     """Switch seconds of one lend cycle a policy assumes until it has measured one (null = the
-    policy's own: `predictive` 6 s); only for policies with a `prior_switch_s` argument. The
-    emulated presets, whose fixed costs are scaled down, scale it too."""
+    policy's own: `default` 10 s, the reference's; `predictive` 6 s); only for policies with a
+    `prior_switch_s` argument. Set it near the switch cost of your hardware: the emulated presets
+    and the CPU compare, whose switches are 10–100× cheaper than a GPU node's, scale it down."""
 
     dynamic_schedule_min_dwell_s: float = Field(0.0, ge=0.0)
     """Guard rail: no re-activation sooner than this many seconds after the last switch

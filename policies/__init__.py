@@ -45,7 +45,7 @@ def policy_from_config(cfg: TidalConfig) -> DynamicSchedulePolicyBase:
         if "prior_switch_s" not in inspect.signature(cls).parameters:
             raise UnknownPolicyError(
                 f"async_training.dynamic_schedule_prior_switch_s: policy {a.dynamic_schedule_policy!r} takes no "
-                "switch-cost prior (`predictive` does); unset it"
+                "switch-cost prior (`default` and `predictive` do); unset it"
             )
         options["prior_switch_s"] = a.dynamic_schedule_prior_switch_s
     policy = cls(**options)

@@ -13,7 +13,8 @@ from policies.base import DynamicScheduleContext, DynamicSchedulePolicyBase
 from policies.registry import register_policy
 
 DEFAULT_SWITCH_COST_S = 10.0
-"""Assumed activate + deactivate cost before any switch has been measured."""
+"""`default`'s assumed activate + deactivate cost before any switch has been measured (the
+reference's constant; ``prior_switch_s`` overrides it)."""
 SWITCH_COST_WINDOW = 3
 """Switch cost = mean of the last this-many measured activate + deactivate durations."""
 RATIO_INCREASE_MIN = 0.02
@@ -87,20 +88,24 @@ class DefaultDynamicSchedulePolicy(_GapPolicy):
     GPUs back later); otherwise it falls by 0.02 (training is the bottleneck). Clamped to [0, 1].
 
     Activation needs a positive gap and gap × per-sample time > switch cost, where the switch
-    cost is the mean of the last 3 measured activate + deactivate durations (10 s before any) and
-    the per-sample time is this cycle's wait seconds / wait samples, else the last such estimate,
-    else a pessimistic 1000 s.
+    cost is the mean of the last 3 measured activate + deactivate durations (``prior_switch_s``
+    before any: the reference's 10 s) and the per-sample time is this cycle's wait seconds / wait
+    samples, else the last such estimate, else a pessimistic 1000 s.
     """
 
-    def __init__(self, deactivate_ratio: float = 0.3, only_hybrid: bool = False):
+    def __init__(self, deactivate_ratio: float = 0.3, only_hybrid: bool = False,
+                 prior_switch_s: float = DEFAULT_SWITCH_COST_S):
         super().__init__(deactivate_ratio, only_hybrid)
+        if not prior_switch_s > 0:
+            raise ValueError(f"prior_switch_s: must be > 0 (got {prior_switch_s})")
+        self.prior_switch_s = float(prior_switch_s)
         self.recent_switch_costs_s: list[float] = []
         self.per_sample_time_s: float = INITIAL_PER_SAMPLE_TIME_S
         self.last_ratio_delta: float = 0.0
 
     def switch_cost_s(self) -> float:
         recent = self.recent_switch_costs_s[-SWITCH_COST_WINDOW:]
-        return sum(recent) / len(recent) if recent else DEFAULT_SWITCH_COST_S
+        return sum(recent) / len(recent) if recent else self.prior_switch_s
 
     def estimate_per_sample_time_s(self, ctx: DynamicScheduleContext) -> float:
         wait_s, wait_samples = _wait_signal(ctx)

@@ -210,6 +210,19 @@ def test_the_current_cycles_signal_beats_the_remembered_estimate() -> None:
                                                                     step_wait_samples=[2])) is True
 
 
+def test_the_switch_cost_prior_decides_whether_an_unmeasured_lend_pays_until_one_is_measured() -> None:
+    signal = {"step_wait_times": [1.0], "step_wait_samples": [4]}  # 0.25 s per sample
+    ctx = with_surplus(20, **signal)  # gap 0.5 × 64 − 20 = 12 → 3 s
+    assert build_policy("default", deactivate_ratio=0.5).should_activate_after_step(1, False, ctx) is False  # 10 s
+    primed = build_policy("default", deactivate_ratio=0.5, prior_switch_s=1.0)
+    assert primed.should_activate_after_step(1, False, ctx) is True  # 3 s > 1 s
+    primed.update_after_step(1, replace(CTX, last_activate_duration_s=2.0, last_deactivate_duration_s=2.0))
+    assert primed.switch_cost_s() == 4.0  # the measurement replaces the prior
+    assert primed.state_dict()["prior_switch_s"] == 1.0
+    with pytest.raises(ValueError, match="prior_switch_s"):
+        build_policy("default", prior_switch_s=0.0)
+
+
 def test_switch_cost_is_the_mean_of_the_last_three_measured_switches() -> None:
     policy = build_policy("default", deactivate_ratio=0.5)
     assert policy.switch_cost_s() == 10.0  # nothing measured yet

@@ -201,5 +201,7 @@ def test_the_prior_is_a_config_key_only_for_policies_that_take_one():
 
     cfg = load_checked("sim/qwen35-35b-emulated-tp8-dynamic", [])
     assert (cfg.async_training.dynamic_schedule_policy, policy_from_config(cfg).prior_switch_s) == ("predictive", 0.6)
-    with pytest.raises(ConfigError, match="policy 'default' takes no switch-cost prior"):
-        load_checked("sim/qwen35-35b-emulated-tp8-dynamic", ["async_training.dynamic_schedule_policy=default"])
+    default = load_checked("sim/qwen35-35b-emulated-tp8-dynamic", ["async_training.dynamic_schedule_policy=default"])
+    assert policy_from_config(default).prior_switch_s == 0.6
+    with pytest.raises(ConfigError, match="policy 'fixed_ratio' takes no switch-cost prior"):
+        load_checked("sim/qwen35-35b-emulated-tp8-dynamic", ["async_training.dynamic_schedule_policy=fixed_ratio"])

@@ -55,6 +55,7 @@ __all__ = [
 DRAIN_POLL_INTERVAL_S = 0.01
 
 STRANDED_REFILL = "refill_if_stranded"
+ONLY_HYBRID_START = "only_hybrid_start"
 """The guard decision recorded when the hybrids are lent because nothing else can generate."""
 
 
@@ -350,6 +351,15 @@ class DynamicResourceController:
         self._decider.record_guard(0, "relend_after_resume", plan.count,
                                    f"the hybrids were lent when the run stopped (param version {version})",
                                    self.is_hybrid_active, self.context())
+        return plan
+
+    def lend_only_hybrids(self, version: int) -> LendPlan:
+        """Only-hybrid mode: the hybrids are the only replicas, so a fresh run lends them all before
+        step 1 (a guard decision); nothing else would generate step 1's samples."""
+        plan = LendPlan(step=0, count=len(self._hybrids), of=len(self._hybrids))
+        self._decider.record_guard(0, ONLY_HYBRID_START, plan.count,
+                                   f"only-hybrid mode: no standalone replica, so the hybrids generate "
+                                   f"from the start (param version {version})", self.is_hybrid_active, self.context())
         return plan
 
     def lend(self, step: int, micro: Sequence[MicroSummary], count: int | None = None) -> tuple[SwitchReport, ...]:

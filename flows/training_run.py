@@ -131,13 +131,15 @@ def _restore(plane: DataPlane, cfg: TidalConfig, state: Any) -> tuple[int, int]:
 def _warm_up(plane: DataPlane, run: RunRef, version: int, was_active: bool, prompts: list) -> None:
     """Load the weights everywhere and start generating; then ``loop.run_start``: no policy
     question unless the policy sets ``warm_up_lend`` (a recorded decision). A resumed run whose
-    hybrids were lent when it stopped lends them again (a recorded guard decision)."""
+    hybrids were lent when it stopped lends them again, and an only-hybrid run lends them from the
+    start (nothing else generates): each a recorded guard decision."""
     ray.get(call(plane.controller, ControllerHost.broadcast, version, False))
     ray.get(plane.rollout.start.remote(prompts))
     if not run.hybrid_replicas:
         return
-    if was_active:
-        plan = ray.get(call(plane.controller, ControllerHost.relend_after_resume, version))
+    if was_active or run.only_hybrid:
+        start = ControllerHost.relend_after_resume if was_active else ControllerHost.lend_only_hybrids
+        plan = ray.get(call(plane.controller, start, version))
         ray.get(call(plane.controller, ControllerHost.hybrid_sync, plan, version))
         ray.get(call(plane.controller, ControllerHost.lend, plan, []))
         return

@@ -221,6 +221,10 @@ class ControllerHost:
         """The resumed run's hybrids were lent when it stopped: lend them again (guard decision)."""
         return self.ctl.relend_after_resume(version)
 
+    def lend_only_hybrids(self, version: int) -> LendPlan:
+        """Only-hybrid mode, before step 1: lend every hybrid (guard decision)."""
+        return self.ctl.lend_only_hybrids(version)
+
     def hybrid_sync(self, plan: LendPlan, version: int) -> SwitchReport:
         """Wake the hybrids and load ``version`` in the trainer's process (only when ``plan`` lends)."""
         assert plan.lends, f"hybrid_sync for a plan that lends nothing: {plan}"

@@ -740,6 +740,17 @@ def test_a_resumed_run_relends_its_hybrids_as_a_recorded_guard_decision():
     ]
 
 
+def test_an_only_hybrid_run_lends_every_hybrid_before_step_1_as_a_recorded_guard_decision():
+    rig = make_rig(hybrid_ids=THREE)
+
+    assert rig.controller.lend_only_hybrids(0) == LendPlan(step=0, count=3, of=3)
+    assert rig.controller.decisions == [
+        record(0, "only_hybrid_start", 3, now=START, active=False, duration_s=0.0,
+               reason="only-hybrid mode: no standalone replica, so the hybrids generate from the start "
+                      "(param version 0)"),
+    ]
+
+
 def test_with_every_standalone_dead_the_guard_forces_the_lend_and_the_record_says_so():
     members = Membership(STANDALONES, HYBRIDS)
     rig = make_rig(membership=members, answers={"should_activate_after_step": False})

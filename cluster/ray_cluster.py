@@ -25,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,22 +168,41 @@ def init_ray(*, address: str | None, num_cpus: int | None, gpus: int, memory_gb:
     if address:
         if is_loopback_address(address):
             use_loopback_ray()
-        ray.init(address=address, **common)
+        with _keeping_sigterm_handler():
+            ray.init(address=address, **common)
         return None
     use_loopback_ray()
     os.environ[AUTOSCALER_PORT_ENV] = str(free_port())  # read by the monitor this init starts
     owned = temp_dir or tempfile.mkdtemp(prefix="tidal-ray-", dir="/tmp")
-    ray.init(
-        address="local",  # a new cluster even where /tmp/ray/ray_current_cluster names another (or a dead) one
-        num_cpus=num_cpus,
-        resources={GPU_RESOURCE: gpus},
-        _temp_dir=owned,
-        _memory=int(memory_gb * 2**30),
-        object_store_memory=int(object_store_memory_gb * 2**30),
-        include_dashboard=False,
-        **common,
-    )
+    with _keeping_sigterm_handler():
+        ray.init(
+            address="local",  # a new cluster even where /tmp/ray/ray_current_cluster names another (or a dead) one
+            num_cpus=num_cpus,
+            resources={GPU_RESOURCE: gpus},
+            _temp_dir=owned,
+            _memory=int(memory_gb * 2**30),
+            object_store_memory=int(object_store_memory_gb * 2**30),
+            include_dashboard=False,
+            **common,
+        )
     return None if temp_dir else owned
+
+
+@contextmanager
+def _keeping_sigterm_handler() -> Iterator[None]:
+    """``ray.init`` in the main thread replaces the SIGTERM handler with ``sys.exit(15)``. Where a
+    handler of ours or Prefect's was installed (the driver's stop handling: exit 143 and a resume
+    line), put it back; a SIGTERM landing between two step flows otherwise exited with 15."""
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if callable(previous):
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _forget_current_cluster(address: str | None) -> None:

@@ -5,7 +5,7 @@ Owns: the order of the benchmarks (one after the other, never in parallel), the 
 itself. The figures and what they mean: ``docs/benchmarks.md``.
 
 Usage:
-    .venv/bin/python benchmarks/run_all.py [--only sim,sweep,overhead,compare,emulated,emulated_tp8,faults,faults_hf] [--merge]
+    .venv/bin/python benchmarks/run_all.py [--only sim,sweep,overhead,prefect_server,compare,emulated,emulated_tp8,faults,faults_hf] [--merge]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ STEPS: dict[str, list[str]] = {
     "sim": [PY, "benchmarks/bench_sim.py", "speed", "--write", "benchmarks/RESULTS.md"],
     "sweep": [PY, "benchmarks/bench_sim.py", "sweep", "--write", "benchmarks/RESULTS.md"],
     "overhead": [PY, "benchmarks/bench_control_plane.py", "--write", "benchmarks/RESULTS.md"],
+    "prefect_server": [PY, "benchmarks/bench_prefect_server.py", "--write", "benchmarks/RESULTS.md"],
     "compare": [PY, "benchmarks/bench_compare.py"],
     "emulated": [PY, "benchmarks/bench_emulated.py"],
     "emulated_tp8": [PY, "benchmarks/bench_emulated.py", "--setups",

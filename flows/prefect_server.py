@@ -35,6 +35,17 @@ QUIET_SERVICES = ("LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "TRIGGERS")
 """Prefect server services a Tidal-started server runs without (the event persister and the
 task-run recorder, which the UI's timelines come from, and cancellation clean-up stay on)."""
 
+BATCHED_WRITES = {
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "200",
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",  # whole seconds (Prefect int()s it)
+    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE": "200",
+    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "2",
+}
+"""How a Tidal-started server writes task runs and events: in batches, flushed at least every 1 s
+(task runs) and 2 s (events) and at shutdown. Prefect's defaults write each task-run event in a
+transaction of its own, the largest share of the server's CPU on a step (docs/control-plane-overhead.md);
+the UI's task runs then lag by up to a second. A value already in the environment wins."""
+
 
 @dataclass
 class LocalPrefectServer:
@@ -69,25 +80,31 @@ class LocalPrefectServer:
         env.pop("PREFECT_PROFILE", None)
         return env
 
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        """The server's command line and environment (``home`` set)."""
+        env = self.env()
+        env.pop("PREFECT_API_URL")  # the server itself is not a client of anything
+        # the home's own SQLite, unless the caller chose a database (PostgreSQL: README, Prefect server)
+        env.setdefault("PREFECT_API_DATABASE_CONNECTION_URL", f"sqlite+aiosqlite:///{Path(str(self.home)) / 'prefect.db'}")
+        if self.factory is None:
+            return [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                    "--port", str(self.port), *self.extra_args], env
+        # what --no-ui / --no-scheduler set, for the app served directly
+        env.update(PREFECT_UI_ENABLED="false", PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED="false")
+        # and no loops a temporary server has no use for (no schedules, pauses, workers or
+        # automations of its own): each polls the database and takes its write lock, which
+        # the step transitions then wait behind (docs/benchmarks.md, Prefect's SQLite stalls)
+        env.update({f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in QUIET_SERVICES})
+        for key, value in BATCHED_WRITES.items():
+            env.setdefault(key, value)
+        return server_command(self.port, factory=self.factory), env
+
     def start(self, timeout_s: float = 120.0) -> LocalPrefectServer:
         if self.home is None:
             self.home = tempfile.mkdtemp(prefix="tidal-prefect-")
             self._owns_home = True
         Path(self.home).mkdir(parents=True, exist_ok=True)
-        env = self.env()
-        env.pop("PREFECT_API_URL")  # the server itself is not a client of anything
-        # the home's own SQLite, unless the caller chose a database (PostgreSQL: README, Prefect server)
-        env.setdefault("PREFECT_API_DATABASE_CONNECTION_URL", f"sqlite+aiosqlite:///{Path(self.home) / 'prefect.db'}")
-        if self.factory is None:
-            cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                   "--port", str(self.port), *self.extra_args]
-        else:  # what --no-ui / --no-scheduler set, for the app served directly
-            env.update(PREFECT_UI_ENABLED="false", PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED="false")
-            # and no loops a temporary server has no use for (no schedules, pauses, workers or
-            # automations of its own): each polls the database and takes its write lock, which
-            # the step transitions then wait behind (docs/benchmarks.md, Prefect's SQLite stalls)
-            env.update({f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in QUIET_SERVICES})
-            cmd = server_command(self.port, factory=self.factory)
+        cmd, env = self.command()
         log = open(self.log_path or Path(self.home) / "server.log", "w")  # noqa: SIM115 - closed with the process
         self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         if self.on_spawn is not None:

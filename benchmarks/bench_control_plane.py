@@ -124,7 +124,10 @@ def tidal_run(setup: Setup, steps: int, tree: Path, work: Path, env: dict[str, s
 def base_env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_PROFILE")}
     env.update(PREFECT_HOME=str(home), PREFECT_LOGGING_LEVEL="WARNING", RAY_AUTH_MODE="disabled",
-               RAY_USAGE_STATS_ENABLED="0", PREFECT_SERVER_ANALYTICS_ENABLED="false")
+               RAY_USAGE_STATS_ENABLED="0", PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               # the baseline's Prefect-started temporary server migrates a fresh home first: 20 s is
+               # Prefect's default, too short on a slow 2-core host
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
     return env
 
 

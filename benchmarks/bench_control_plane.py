@@ -33,7 +33,9 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(1, str(BENCH))
 
+from as_before import hide, prefect_default_writes  # noqa: E402
 from flows.prefect_server import LocalPrefectServer  # noqa: E402
 
 # Task names of this tree and of the baseline before the typed step API (f691818), which the
@@ -44,18 +46,9 @@ STORE = {"commit_step"}
 MARK = "bench_control_plane"
 TARGET_STEP_S = 60.0
 BASELINE = "f691818"  # main before issue 14's restructuring
-NEW_SINCE_BASELINE = ("uvloop", "httptools")
-"""Packages this tree's Prefect server runs on that the baseline did not depend on: an import of
-them fails in the baseline's runs (``HIDE_ENV``), so its server runs as it did then."""
-HIDE_ENV = "TIDAL_BCP_HIDE_DIR"  # a folder of modules that raise ImportError, first on the runs' PYTHONPATH
-PREFECT_DEFAULT_WRITES = {
-    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "1",
-    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "5",
-    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE": "20",
-    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "5",
-}
-"""Prefect's own write batching (3.9), which the baseline's private server keeps: this tree's
-``flows.prefect_server.BATCHED_WRITES`` is what is measured against it."""
+HIDE_ENV = "TIDAL_BCP_HIDE_DIR"
+"""The baseline's: a folder (``as_before.hide``) first on its runs' PYTHONPATH, so that the packages
+this tree's Prefect server runs on and the baseline did not depend on fail to import there."""
 COUNTER = BENCH / "ray_call_counter.py"
 CALLS_FILE = "ray-calls.json"
 
@@ -260,7 +253,7 @@ def measure(tree: Path, steps: int, timeout_s: float) -> dict[str, Any]:
     if os.environ.get(HIDE_ENV):  # the baseline: the private server (this tree's harness) as it ran then too
         os.environ["PYTHONPATH"] = os.pathsep.join((os.environ[HIDE_ENV], os.environ.get("PYTHONPATH", "")))
         sys.path.insert(0, os.environ[HIDE_ENV])  # and its command line, built here (flows.prefect_app)
-        os.environ.update(PREFECT_DEFAULT_WRITES)
+        os.environ.update(prefect_default_writes())  # and Prefect's own write batching
     server = LocalPrefectServer(home=str(home))
     try:
         embedded, served = [s for s in SETUPS if not s.server], [s for s in SETUPS if s.server]
@@ -310,17 +303,14 @@ def this_tree_label() -> str:
     return f"this tree ({git('rev-parse', '--short', 'HEAD')}{' + changes' if dirty else ''})"
 
 
-def measure_in_child(tree: Path, steps: int, timeout_s: float, hide: tuple[str, ...] = ()) -> dict[str, Any]:
-    """``measure(tree)`` in a subprocess with ``tree`` on PYTHONPATH (its runs import only its code),
-    the modules ``hide`` failing to import in its runs."""
+def measure_in_child(tree: Path, steps: int, timeout_s: float, as_before: bool = False) -> dict[str, Any]:
+    """``measure(tree)`` in a subprocess with ``tree`` on PYTHONPATH (its runs import only its code);
+    ``as_before``: with Prefect's server as it ran before it was tuned (``benchmarks/as_before.py``)."""
     with tempfile.NamedTemporaryFile(suffix=".json", prefix="tidal-bcp-") as out, \
             tempfile.TemporaryDirectory(prefix="tidal-bcp-hide-") as hidden:
-        for name in hide:
-            Path(hidden, f"{name}.py").write_text(
-                f"raise ImportError('{name} is hidden from this run by bench_control_plane')\n", encoding="utf-8")
         cmd = [sys.executable, __file__, "--measure", str(tree), "--json-out", out.name, "--steps", str(steps),
                "--timeout", str(timeout_s)]
-        env = {**os.environ, "PYTHONPATH": str(tree), **({HIDE_ENV: hidden} if hide else {})}
+        env = {**os.environ, "PYTHONPATH": str(tree), **({HIDE_ENV: hide(hidden, MARK)} if as_before else {})}
         subprocess.run(cmd, check=True, env=env)
         return json.loads(Path(out.name).read_text(encoding="utf-8"))
 
@@ -335,7 +325,7 @@ def before_and_after(baseline: str | None, steps: int, timeout_s: float) -> dict
         git("worktree", "add", "--detach", str(tree), rev)
         try:
             print(f"measuring baseline {rev} in {tree}", flush=True)
-            results[f"baseline {rev}"] = measure_in_child(tree, steps, timeout_s, hide=NEW_SINCE_BASELINE)
+            results[f"baseline {rev}"] = measure_in_child(tree, steps, timeout_s, as_before=True)
         finally:
             git("worktree", "remove", "--force", str(tree))
             shutil.rmtree(scratch, ignore_errors=True)
@@ -412,7 +402,6 @@ def markdown(results: dict[str, dict[str, Any]], command: str) -> str:
 
 def write_figures(results: dict[str, dict[str, Any]], command: str) -> None:
     """``benchmarks/results/overhead.json``, then ``benchmarks/results.json`` merged from all results."""
-    sys.path.insert(0, str(BENCH))
     from results_io import write_json
     from run_all import write_summary
 
@@ -454,7 +443,6 @@ def main(argv: list[str] | None = None) -> int:
     section = markdown(results, command)
     print(section)
     if args.write:
-        sys.path.insert(0, str(BENCH))
         from results_io import write_section
 
         write_section(MARK, section, args.write)

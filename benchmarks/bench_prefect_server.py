@@ -33,14 +33,11 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+
+from as_before import hide, prefect_default_writes  # noqa: E402
+
 MARK = "bench_prefect_server"
-PREFECT_DEFAULTS = {  # Prefect 3.9's own values of what flows.prefect_server.BATCHED_WRITES sets
-    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "1",
-    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "5",
-    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE": "20",
-    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "5",
-}
-HIDDEN = ("uvloop", "httptools")
 
 
 def child(steps: int, tasks: int) -> dict[str, Any]:
@@ -100,9 +97,7 @@ def run_variant(variant: str, steps: int, tasks: int) -> dict[str, Any]:
         env.update(PREFECT_HOME=home, PREFECT_LOGGING_LEVEL="WARNING", PREFECT_SERVER_ANALYTICS_ENABLED="false",
                    PYTHONPATH=str(ROOT))
         if variant == "prefect":
-            for name in HIDDEN:
-                Path(hidden, f"{name}.py").write_text(f"raise ImportError('{name} hidden by {MARK}')\n")
-            env.update(PREFECT_DEFAULTS, PYTHONPATH=os.pathsep.join((hidden, str(ROOT))))
+            env.update(prefect_default_writes(), PYTHONPATH=os.pathsep.join((hide(hidden, MARK), str(ROOT))))
         cmd = [sys.executable, __file__, "--child", out.name, "--steps", str(steps), "--tasks", str(tasks)]
         subprocess.run(cmd, check=True, env=env, cwd=ROOT, timeout=1800)
         return json.loads(Path(out.name).read_text(encoding="utf-8"))
@@ -154,7 +149,6 @@ def main(argv: list[str] | None = None) -> int:
     section = markdown(rows, command + (f" --write {args.write}" if args.write else ""), args.tasks, args.steps)
     print(section)
     if args.write:
-        sys.path.insert(0, str(BENCH))
         from results_io import write_json, write_section
 
         write_section(MARK, section, args.write, after="bench_control_plane")

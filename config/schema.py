@@ -67,6 +67,11 @@ class AsyncTraining(_Section):
     dynamic_schedule_enable_rebalance: bool = True
     """After activation, abort and re-route in-flight requests so the new replicas fill up."""
 
+    dynamic_schedule_overlap_hybrid_sync: bool = False
+    """Ask the lend question before the weight broadcast and, on a step that lends, wake the
+    hybrids and load the new weights while the standalones load theirs, so the hybrid sync is off
+    the critical path (one task fewer, too). Off: the reference's order (broadcast, ask, sync)."""
+
     dynamic_schedule_prior_switch_s: float | None = Field(None, gt=0.0, le=3600.0)
     """Switch seconds of one lend cycle a policy assumes until it has measured one (null = the
     policy's own: `default` 10 s, the reference's; `predictive` 6 s); only for policies with a

@@ -51,7 +51,7 @@ def training_step(run: RunRef, step: int, final: bool = False) -> dict[str, Any]
     got: dict[type, Any] = {}  # the last result of each kind of intent
     val = run_phase(validate, run, step, True) if step == 1 and run.val_before_train else {}
     phases = step_sequence(step, micro_steps=run.trigger_parameter_sync_step, final=final,
-                           has_hybrids=run.hybrid_replicas > 0)
+                           has_hybrids=run.hybrid_replicas > 0, overlap_sync=run.overlap_hybrid_sync)
     result: Any = None
     while (intent := _next(phases, result)) is not None:
         match intent:
@@ -63,8 +63,8 @@ def training_step(run: RunRef, step: int, final: bool = False) -> dict[str, Any]
                 result = run_phase(train, run, n, i)
                 if result.samples:
                     micro.append(result)
-            case Broadcast(step=n, version=version):
-                result = run_phase(broadcast_sync, run, n, version)
+            case Broadcast(step=n, version=version, lend=plan):
+                result = run_phase(broadcast_sync, run, n, version, plan)
             case AfterSync(step=n):
                 result = run_phase(after_sync, run, n, summaries(micro))
             case HybridSync(plan=plan, version=version):
@@ -95,7 +95,7 @@ def _commit(run: RunRef, step: int, version: int, started: float, micro: list[Mi
     commit task (``final``: the run's last step, kept and exported whatever ``save_freq`` says)."""
     activation = got.get(Lend)
     metrics = step_metrics(run, micro=micro, wait=got.get(WaitAndDeactivate), sync=got[Broadcast],
-                           activation=activation, hybrid=got.get(HybridSync), step_s=time.time() - started,
+                           activation=activation, hybrid=got.get(HybridSync) or got[Broadcast].hybrid, step_s=time.time() - started,
                            version=version) | val
     consumed = [p for m in micro for p in m.prompts]
     summary = {"started_at": started, "outcome": got[EndStep], "metrics": metrics, "prompts": consumed,

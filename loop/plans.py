@@ -90,13 +90,15 @@ class MicroSummary:
 
 @dataclass(frozen=True)
 class BroadcastReport:
-    """The trainer → standalone weight sync at ``version``, and the rollouter's window metrics."""
+    """The trainer → standalone weight sync at ``version``, and the rollouter's window metrics;
+    ``hybrid``: the hybrid sync that ran during it (``dynamic_schedule_overlap_hybrid_sync``)."""
 
     version: int
     broadcast_s: float
     max_replica_load_s: float = 0.0
     replicas: int = 0
     window: dict[str, float] = field(default_factory=dict)
+    hybrid: SwitchReport | None = None
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,18 @@ intent                 what the caller sends back
 ``BeginStep``          a ``DeactivatePlan``
 ``WaitAndDeactivate``  a ``WaitReport``
 ``Train``              the micro-step's report (anything with ``exhausted``)
-``Broadcast``          the sync's timings (anything)
+``Broadcast``          the sync's timings (anything; with a ``lend``, the hybrid sync's too)
 ``AfterSync``          a ``LendPlan``
 ``HybridSync``         a ``SwitchReport``
 ``Lend``               the activation's switch reports (anything)
 ``EndStep``            anything (the policy has adapted)
 ``Commit``             anything (the step is recorded)
 =====================  =======================================================
+
+With ``overlap_sync`` (config ``async_training.dynamic_schedule_overlap_hybrid_sync``) the lend
+question comes before the broadcast, and a step that lends syncs its hybrids *during* the
+broadcast (``Broadcast.lend``: no ``HybridSync`` of its own), so the hybrid sync leaves the
+critical path: the trainer's GPUs load the new weights while the standalones do.
 """
 
 from __future__ import annotations
@@ -71,7 +76,10 @@ class Train(_OfStep):
 
 @dataclass(frozen=True)
 class Broadcast(_OfVersion):
-    """Trainer → standalone replicas at ``version``; resets the staleness window."""
+    """Trainer → standalone replicas at ``version``; resets the staleness window. With ``lend``
+    (``overlap_sync`` on a step that lends), the lent hybrids wake and load ``version`` meanwhile."""
+
+    lend: LendPlan | None = None
 
 
 @dataclass(frozen=True)
@@ -122,9 +130,10 @@ def run_start(version: int, *, has_hybrids: bool, asks_warm_up: bool) -> Generat
 
 
 def step_sequence(
-    step: int, *, micro_steps: int, final: bool, has_hybrids: bool
+    step: int, *, micro_steps: int, final: bool, has_hybrids: bool, overlap_sync: bool = False
 ) -> Generator[Intent, Any, None]:
-    """One step. ``final``: the run's last step, after which nothing trains, so nothing is lent."""
+    """One step. ``final``: the run's last step, after which nothing trains, so nothing is lent.
+    ``overlap_sync``: ask the lend question before the broadcast and sync the lent hybrids during it."""
     plan: DeactivatePlan = yield BeginStep(step)
     if plan.deactivate:
         yield WaitAndDeactivate(plan)
@@ -133,11 +142,16 @@ def step_sequence(
         if getattr(report, "exhausted", False):
             break
     version = step  # the weights after step N are param version N
-    yield Broadcast(step, version)
-    if has_hybrids and not final:
+    asks = has_hybrids and not final
+    if overlap_sync and asks:
         lend: LendPlan = yield AfterSync(step, version)
+        yield Broadcast(step, version, lend if lend.lends else None)
+    else:
+        yield Broadcast(step, version)
+        lend = (yield AfterSync(step, version)) if asks else LendPlan(step)
         if lend.lends:
             yield HybridSync(lend, version)
-            yield Lend(lend)
+    if lend.lends:
+        yield Lend(lend)
     yield EndStep(step)
     yield Commit(step, version)

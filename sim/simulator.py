@@ -236,7 +236,8 @@ class Simulator:
             self._log = _StepLog(step=step, start=self.loop.now, waste0=self._waste())
             self._wait_sums = ([], [])
             yield from self._drive(step_sequence(step, micro_steps=spec.trigger_parameter_sync_step,
-                                                 final=step == spec.steps, has_hybrids=bool(r.hybrids)))
+                                                 final=step == spec.steps, has_hybrids=bool(r.hybrids),
+                                                 overlap_sync=spec.overlap_hybrid_sync))
 
     def _drive(self, intents: Generator[Intent, Any, None]) -> Iterator[Wait]:
         """Execute each intent and send its result back, until the sequence ends."""
@@ -308,7 +309,8 @@ class Simulator:
 
     def _broadcast(self, intent: Broadcast) -> Iterator[Wait]:
         """Sync the routable replicas; generation pauses (partial rollout) or drains first (without
-        it); then a new version and a reset staleness count."""
+        it); then a new version and a reset staleness count. With ``intent.lend``, the lent hybrids
+        sync meanwhile, on the trainer's GPUs: the phase lasts the longer of the two."""
         spec, r, log = self.spec, self.rollouter, self._log
         if not spec.partial_rollout:
             r.accepting = False
@@ -319,13 +321,20 @@ class Simulator:
         else:
             paused_reps, aborted = [], []
             r.stall([rep for rep in r.routable if not rep.hybrid], spec.broadcast_sync_s)
-        yield Delay(spec.broadcast_sync_s)
+        began, hybrid_s = self.loop.now, spec.hybrid_sync_s if intent.lend else 0.0
+        if intent.lend and hybrid_s <= spec.broadcast_sync_s:
+            yield Delay(hybrid_s)
+            self._hybrid_synced(intent.lend, began)
+        yield Delay(spec.broadcast_sync_s - (self.loop.now - began))
         r.accepting = True
         log.step_generated, log.window_end = r.step_generated, self.loop.now
         log.history, r.history = r.history, [(self.loop.now, r.in_flight, r.capacity())]
         r.resume(paused_reps, aborted, sticky=True)
         r.reset_staleness()
         self._record_trace("sync", r.version)
+        if intent.lend and hybrid_s > spec.broadcast_sync_s:
+            yield Delay(hybrid_s - (self.loop.now - began))
+            self._hybrid_synced(intent.lend, began)
 
     def _after_sync(self, intent: AfterSync) -> LendPlan:
         return self.decider.after_sync(intent.step, self.hybrid_active, self.context(intent.step),
@@ -334,7 +343,10 @@ class Simulator:
     def _hybrid_sync(self, intent: HybridSync) -> Iterator[Wait]:
         t = self.loop.now
         yield Delay(self.spec.hybrid_sync_s)
-        return self._switched(intent.plan.step, "hybrid_sync", t, self.rollouter.hybrids[: intent.plan.count])
+        return self._hybrid_synced(intent.plan, t)
+
+    def _hybrid_synced(self, plan: LendPlan, began: float) -> SwitchReport:
+        return self._switched(plan.step, "hybrid_sync", began, self.rollouter.hybrids[: plan.count])
 
     def _lend(self, intent: Lend) -> Iterator[Wait]:
         """Activate the synced hybrids, then rebalance if the policy asks (and it is enabled)."""

@@ -40,6 +40,8 @@ class _RunShape:
     standalone_gpus: int = 1
     partial_rollout: bool = True
     enable_rebalance: bool = True
+    overlap_hybrid_sync: bool = False
+    """Sync the lent hybrids during the broadcast (``dynamic_schedule_overlap_hybrid_sync``)."""
     only_hybrid: bool = False
     response_length: int = 4096
     """Hard cap on response tokens."""
@@ -121,6 +123,7 @@ def spec_from_config(cfg: TidalConfig, steps: int | None = None) -> SimSpec:
         concurrent_samples_per_replica=a.concurrent_samples_per_replica,
         partial_rollout=a.partial_rollout,
         enable_rebalance=a.dynamic_schedule_enable_rebalance,
+        overlap_hybrid_sync=a.dynamic_schedule_overlap_hybrid_sync,
         response_length=r.response_length,
         **{name: getattr(cfg, name) for name in _RUN_SIZES},
         **{name: getattr(cfg.sim, name) for name in _SIM_KEYS},

@@ -109,9 +109,10 @@ def train(run: RunRef, step: int, micro_step: int) -> MicroReport:
 
 
 @phase("broadcast_sync")
-def broadcast_sync(run: RunRef, step: int, version: int) -> BroadcastReport:
-    """Trainer → standalone replicas at ``version``; closes the rollouter's staleness window."""
-    report = _controller(run, ControllerHost.broadcast, version)
+def broadcast_sync(run: RunRef, step: int, version: int, lend: LendPlan | None = None) -> BroadcastReport:
+    """Trainer → standalone replicas at ``version``; closes the rollouter's staleness window. With
+    ``lend``, the lent hybrids wake and load ``version`` meanwhile (``overlap_hybrid_sync``)."""
+    report = _controller(run, ControllerHost.broadcast, version, *(() if lend is None else (True, lend)))
     crash_point("broadcast_sync", step)
     return report
 

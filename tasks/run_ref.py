@@ -32,6 +32,8 @@ class RunRef(BaseModel):
     trainer_gpus: int
     standalone_gpus: int
     policy: str
+    overlap_hybrid_sync: bool = False
+    """`async_training.dynamic_schedule_overlap_hybrid_sync`: sync the lent hybrids during the broadcast."""
     consumed_before: int = 0
     """Samples trained on before this step (expected_samples = this + this step's)."""
     generated_before: int = 0
@@ -65,6 +67,7 @@ class RunRef(BaseModel):
             standalone_replicas=cfg.standalone_replicas, hybrid_replicas=cfg.hybrid_replicas,
             trainer_gpus=cfg.trainer_gpus, standalone_gpus=cfg.standalone_gpus,
             policy=cfg.async_training.dynamic_schedule_policy,
+            overlap_hybrid_sync=cfg.async_training.dynamic_schedule_overlap_hybrid_sync,
             consumed_before=consumed_before, generated_before=consumed_before,
             test_freq=cfg.trainer.test_freq if cfg.data.val_files else -1,
             val_before_train=bool(cfg.data.val_files) and cfg.trainer.val_before_train,

@@ -46,7 +46,8 @@ def step_metrics(
     compute = [m.compute_s for m in micro]
     allocated = [m.allocated_s for m in micro]
     if allocated:  # the reference counts param sync and activation inside the training turn
-        allocated[-1] += sync.broadcast_s + lent_s
+        overlapped = sync.hybrid.duration_s if sync.hybrid else 0.0  # already inside broadcast_s
+        allocated[-1] += sync.broadcast_s + lent_s - overlapped
     u_train = train_resource_utilization(compute, allocated) if compute else 0.0
     wait_s = wait.waited_s if wait else 0.0
     u_rollout = sync.window.get(ROLLOUT_RESOURCE_UTILIZATION, 0.0)

@@ -131,6 +131,25 @@ def final_state(url: str) -> tuple[Any, Any, list[dict[str, Any]], list[tuple[in
     return summary, state, rows, prompts
 
 
+def switch_kinds(url: str) -> dict[int, list[str]]:
+    """The kinds of the switches the store at ``url`` recorded, per step, in start order."""
+    import sqlalchemy as sa
+
+    from storage import make_engine
+    from storage.models import SwitchEvent
+
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.select(SwitchEvent.step, SwitchEvent.kind).order_by(SwitchEvent.started_at)).all()
+    finally:
+        engine.dispose()
+    out: dict[int, list[str]] = {}
+    for step, kind in rows:
+        out.setdefault(step, []).append(kind)
+    return out
+
+
 def live_group_members(pgids: Iterable[int], wait_s: float = 10.0) -> list[str]:
     """Processes still alive (not zombies) in any of the process groups ``pgids``, or in the
     sessions they lead (a child that moved to a group of its own stays in its session), as

@@ -2,7 +2,7 @@
 
 Each step phase is one method returning a frozen plan or report of ``loop.plans``
 (``begin_step`` → ``DeactivatePlan``, ``wait_and_deactivate`` → ``WaitReport``, ``broadcast`` →
-``BroadcastReport``, ``after_sync`` → ``LendPlan``, ``hybrid_sync`` → ``SwitchReport``, ``lend`` →
+``BroadcastReport`` (with the hybrid sync, when it overlaps), ``after_sync`` → ``LendPlan``, ``hybrid_sync`` → ``SwitchReport``, ``lend`` →
 its ``SwitchReport``s, ``end_step`` → ``StepOutcome``), so a Prefect task is one call. It owns the
 run's standalone membership (``cluster.membership``): the rollout service reports deaths and
 replacements to it, and a failed call or ping of its own counts too.
@@ -188,14 +188,20 @@ class ControllerHost:
         return self.ctl.refill_if_stranded(
             step, version, lambda k: ray.get(self.service.wait_for_queue.remote(k, timeout_s)))
 
-    def broadcast(self, version: int, window: bool = True) -> BroadcastReport:
+    def broadcast(self, version: int, window: bool = True, lend: LendPlan | None = None) -> BroadcastReport:
         """Trainer → every routable standalone replica at ``version``; with ``window``, then the
-        rollouter's staleness window closes at it (the warm-up broadcast has none yet)."""
+        rollouter's staleness window closes at it (the warm-up broadcast has none yet). With
+        ``lend`` (a plan that lends), the lent hybrids wake and load ``version`` in the trainer's
+        process while the standalones' loads are in flight (``overlap_hybrid_sync``)."""
         t0 = time.perf_counter()
         weights = self.trainer.weights.remote()
         routable = self.members.routable()
-        per_replica = self.pool.get_alive({rid: self.standalone[rid].load_weights.remote(weights, version)
-                                           for rid in routable})
+        loads = {rid: self.standalone[rid].load_weights.remote(weights, version) for rid in routable}
+        hybrid = None
+        if lend is not None:
+            assert lend.lends, f"a broadcast that syncs the hybrids for a plan that lends nothing: {lend}"
+            hybrid = self.ctl.hybrid_sync(version, lend.count)
+        per_replica = self.pool.get_alive(loads)
         self._version = int(version)
         if self._keep_weights:
             self._last_broadcast = (weights, int(version))
@@ -203,7 +209,7 @@ class ControllerHost:
         metrics = ray.get(self.service.on_weight_sync.remote(version)) if window else {}
         return BroadcastReport(version=int(version), broadcast_s=broadcast_s,
                                max_replica_load_s=max(per_replica.values(), default=0.0),
-                               replicas=len(per_replica), window=dict(metrics))
+                               replicas=len(per_replica), window=dict(metrics), hybrid=hybrid)
 
     def after_sync(self, step: int, micro: Sequence[MicroSummary]) -> LendPlan:
         """Lend the trainer's GPUs to rollout until the next step?"""

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from e2e_support import EMBEDDED_STEPS, TIDAL, client_env, kill_processes_mentioning, run_cmd, run_overrides
+from e2e_support import EMBEDDED_OVERLAP, EMBEDDED_STEPS, TIDAL, client_env, kill_processes_mentioning, run_cmd, run_overrides
+
+from driver_support import pythonpath
 
 from flows.prefect_server import LocalPrefectServer
 
@@ -43,13 +45,16 @@ def short_tmp() -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def embedded_run(tmp_path_factory, short_tmp) -> EmbeddedRun:
-    """`tidal run tiny-cpu` for a few steps with no Prefect server, in its own PREFECT_HOME."""
+    """`tidal run tiny-cpu` for a few steps with no Prefect server, in its own PREFECT_HOME, with
+    the hybrid sync overlapped with the broadcast (the deployed run keeps the reference's order)
+    and the step-counting policy, which lends after odd steps whatever the machine's speed."""
     home = tmp_path_factory.mktemp("prefect-home")
     out = short_tmp / "embedded"
     out.mkdir()
-    sets = [arg for o in run_overrides(out, EMBEDDED_STEPS) for arg in ("--set", o)]
+    sets = [arg for o in [*run_overrides(out, EMBEDDED_STEPS), *EMBEDDED_OVERLAP] for arg in ("--set", o)]
+    env = {**client_env(None, home=home), "PYTHONPATH": pythonpath()}  # the step-counting policy
     try:
-        done = run_cmd([*TIDAL, "run", "tiny-cpu", *sets], client_env(None, home=home), 240)
+        done = run_cmd([*TIDAL, "run", "tiny-cpu", *sets], env, 240)
     finally:
         kill_processes_mentioning(str(out))  # its Ray cluster, if it died holding it
     return EmbeddedRun(home, out, done)

@@ -23,6 +23,10 @@ from flows.prefect_server import LocalPrefectServer
 
 ROOT = Path(__file__).resolve().parents[2]
 EMBEDDED_STEPS = 3
+EMBEDDED_OVERLAP = ("async_training.dynamic_schedule_overlap_hybrid_sync=true",
+                    "async_training.dynamic_schedule_policy=step_counting_policy:StepCountingPolicy")
+"""The embedded run syncs its hybrids during the broadcast (the deployed run keeps the reference's
+order), under a policy that lends after odd steps (``tests/integration/step_counting_policy.py``)."""
 """Steps of the session's embedded-Prefect run (conftest ``embedded_run``)."""
 PREFECT = [sys.executable, "-m", "prefect"]
 TIDAL = [sys.executable, "-m", "flows.cli"]
@@ -115,6 +119,7 @@ class FlowRunView:
     state: str
     phases: tuple[str, ...]  # task names (``train-6b3`` → ``train``) in start order
     parameters: dict[str, Any]
+    spans: tuple[tuple[float, float], ...] = ()  # each phase's (start, end), epoch seconds
 
 
 def on_server(api_url: str, coro_fn: Any, *args: Any) -> Any:
@@ -133,7 +138,9 @@ async def _views(client: Any, flow_runs: list[Any]) -> list[FlowRunView]:
         tasks = await client.read_task_runs(task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[fr.id])))
         ordered = sorted(tasks, key=lambda t: (t.start_time or t.expected_start_time, t.created))
         phases = tuple(t.name.rsplit("-", 1)[0] for t in ordered)
-        views.append(FlowRunView(fr.id, fr.name, fr.state_name, phases, dict(fr.parameters)))
+        spans = tuple((t.start_time.timestamp() if t.start_time else float("nan"),
+                       t.end_time.timestamp() if t.end_time else float("nan")) for t in ordered)
+        views.append(FlowRunView(fr.id, fr.name, fr.state_name, phases, dict(fr.parameters), spans))
     return views
 
 
@@ -213,11 +220,15 @@ def store_decisions(db: Path) -> tuple[dict[int, bool], dict[int, bool], dict[in
     return active, activate, deactivate
 
 
-def expected_phases(trigger: int, deactivated: bool, activated: bool, final: bool = False) -> tuple[str, ...]:
-    """DESIGN §2's order for one step; the run's last step asks no lend (nothing trains after it)."""
-    return (("begin_step",) + (("wait_and_deactivate",) if deactivated else ())
-            + ("train",) * trigger + ("broadcast_sync",) + (() if final else ("after_sync",))
-            + (("hybrid_sync", "lend") if activated else ()) + ("end_step", "commit_step"))
+def expected_phases(trigger: int, deactivated: bool, activated: bool, final: bool = False,
+                    overlap: bool = False) -> tuple[str, ...]:
+    """DESIGN §2's order for one step; the run's last step asks no lend (nothing trains after it).
+    ``overlap`` (``dynamic_schedule_overlap_hybrid_sync``): the lend is asked before the broadcast,
+    which syncs the hybrids itself (no ``hybrid_sync`` task)."""
+    ask = () if final else ("after_sync",)
+    sync = ask + ("broadcast_sync",) if overlap else ("broadcast_sync",) + ask + (("hybrid_sync",) if activated else ())
+    return (("begin_step",) + (("wait_and_deactivate",) if deactivated else ()) + ("train",) * trigger
+            + sync + (("lend",) if activated else ()) + ("end_step", "commit_step"))
 
 
 def step_run_names(db: Path, steps: int) -> list[str]:

@@ -54,12 +54,38 @@ def test_a_server_started_later_shows_every_step_with_its_phases_in_the_document
     active_after, should_activate, deactivated = store_decisions(embedded["store"])
     assert [(s.name, s.state) for s in steps] == [(name, "Completed") for name in step_run_names(embedded["store"], STEPS)]
     assert [s.phases for s in steps] == [
-        expected_phases(TRIGGER, deactivated.get(i, False), active_after[i], final=i == STEPS)
+        expected_phases(TRIGGER, deactivated.get(i, False), active_after[i], final=i == STEPS, overlap=True)
         for i in range(1, STEPS + 1)
     ]
-    # the last step asks no lend: no decision, no hybrid sync
-    assert {i: "hybrid_sync" in s.phases for i, s in enumerate(steps, 1)} == {**should_activate, STEPS: False}
+    # the last step asks no lend: no decision, no lend
+    assert {i: "lend" in s.phases for i, s in enumerate(steps, 1)} == {**should_activate, STEPS: False}
     assert STEPS not in should_activate and not active_after[STEPS]
+
+
+def test_with_overlap_each_lend_syncs_the_hybrid_inside_its_broadcast_task(embedded):
+    """``dynamic_schedule_overlap_hybrid_sync``: no ``hybrid_sync`` task; a step that lends records
+    a hybrid sync whose time lies inside its ``broadcast_sync`` task, then activates it."""
+    import sqlalchemy as sa
+
+    from storage import make_engine
+    from storage.models import SwitchEvent
+
+    _, should_activate, _ = store_decisions(embedded["store"])
+    lent = sorted(s for s, yes in should_activate.items() if yes)
+    assert lent, f"the embedded run never lent its hybrid: {should_activate}"
+    engine = make_engine(f"sqlite:///{embedded['store']}")
+    with engine.connect() as conn:
+        events = conn.execute(sa.select(SwitchEvent.step, SwitchEvent.kind, SwitchEvent.started_at,
+                                        SwitchEvent.duration_s).order_by(SwitchEvent.started_at)).all()
+    engine.dispose()
+    for step in lent:
+        run = embedded["steps"][step - 1]
+        assert "hybrid_sync" not in run.phases
+        start, end = run.spans[run.phases.index("broadcast_sync")]
+        [(began, took)] = [(e.started_at, e.duration_s) for e in events if (e.step, e.kind) == (step, "hybrid_sync")]
+        assert start <= began and began + took <= end, (start, began, took, end)
+        assert [e.kind for e in events if e.step == step and e.started_at >= began][:2] == [
+            "hybrid_sync", "activate"], events
 
 
 def test_the_ui_has_one_step_artifact_key_with_a_version_per_step_and_a_step_table(embedded, prefect_server):

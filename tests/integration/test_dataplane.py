@@ -114,3 +114,39 @@ def test_killing_the_standalone_replica_mid_generation_loses_no_sample(tmp_path,
         assert len(prompts) == len(set(prompts)) == trained
     finally:
         plane.shutdown()
+
+
+def test_with_overlap_the_broadcast_syncs_the_lent_hybrid_which_then_serves_the_new_weights(tmp_path, ray_address):
+    """``dynamic_schedule_overlap_hybrid_sync``: the step that lends syncs the hybrid inside its
+    broadcast (the flow runs no hybrid-sync task), then activates it, and the hybrid returns
+    results made with the weights of that step; every sample is still accounted for."""
+    from driver_support import POLICY
+
+    cfg, plane, run, engine = _start(tmp_path, ray_address, f"async_training.dynamic_schedule_policy={POLICY}",
+                                     "async_training.dynamic_schedule_overlap_hybrid_sync=true")
+    try:
+        assert run.overlap_hybrid_sync
+        trained, kinds = 0, []
+        for step in (1, 2, 3):
+            result = training_step(run, step)
+            trained += result["trained"]
+            run = run.model_copy(update={"consumed_before": trained})
+            kinds.append([e["kind"] for e in result["switch_events"]])
+        # the warm-up lent the hybrid; the step-counting policy takes it back before every step
+        # that starts with it lent and lends it after odd steps
+        lend = ["hybrid_sync", "activate", "rebalance"]
+        assert kinds == [["deactivate", *lend], ["deactivate"], lend], kinds
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            served = ray.get(plane.rollout.stats.remote())["replica_versions"].get("hybrid-0", {})
+            if served.get("max_version", -1) >= 3:
+                break
+            time.sleep(0.05)
+        assert served.get("max_version") == 3, served  # it loaded step 3's weights during the broadcast
+        started, generated, in_flight, queued = _accounting(plane)
+        assert generated == trained + queued and started == generated + in_flight
+        with session_scope(engine) as s:
+            rows = read_step_metrics(s, run.uid)
+        assert [r["step"] for r in rows] == [1, 2, 3]
+    finally:
+        plane.shutdown()

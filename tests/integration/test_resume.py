@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 
 import pytest
-from driver_support import config_args, final_state, run_tidal, store_url
+from driver_support import config_args, final_state, run_tidal, store_url, switch_kinds
 
 pytestmark = pytest.mark.slow
 STEPS = 5
@@ -36,6 +36,37 @@ def test_a_run_killed_at_every_phase_resumes_to_the_uninterrupted_result(tmp_pat
     assert got_state.policy_state["steps_seen"] == list(range(1, STEPS + 1))
     assert sorted(got_prompts) == sorted(want_prompts)
     assert len(got_prompts) == len(set(got_prompts))
+
+
+def test_a_run_with_overlap_killed_after_its_combined_broadcast_resumes_to_the_uninterrupted_result(
+        tmp_path, ray_address):
+    """``dynamic_schedule_overlap_hybrid_sync``: killed right after step 3's broadcast, which
+    synced the hybrid it was about to lend (not yet activated, nothing committed), the resumed
+    run redoes step 3 from the last commit and ends where an uninterrupted run ends."""
+    steps, overlap = 4, ["--set", "async_training.dynamic_schedule_overlap_hybrid_sync=true"]
+    code, log = run_tidal(["run", "tiny-cpu", *config_args(tmp_path, ray_address, "straight", steps), *overlap],
+                          tmp_path)
+    assert code == 0, log[-3000:]
+    lend, take_back = ["hybrid_sync", "activate", "rebalance"], ["deactivate"]
+    # the step-counting policy lends after odd steps; the last step asks nothing
+    assert switch_kinds(store_url(tmp_path, "straight")) == {1: lend, 2: take_back, 3: lend, 4: take_back}
+
+    code, log = run_tidal(["run", "tiny-cpu", *config_args(tmp_path, ray_address, "crashed", steps), *overlap],
+                          tmp_path, crash="broadcast_sync:3")
+    assert code == -signal.SIGKILL, log[-3000:]
+    crashed = store_url(tmp_path, "crashed")
+    summary, state, *_ = final_state(crashed)
+    assert state.step == 2
+    code, log = run_tidal(["resume", summary.uid, "--storage", crashed], tmp_path)
+    assert code == 0, log[-3000:]
+
+    want_summary, want_state, want_rows, want_prompts = final_state(store_url(tmp_path, "straight"))
+    got_summary, got_state, got_rows, got_prompts = final_state(crashed)
+    assert got_summary.status == want_summary.status == "finished"
+    assert [r["step"] for r in got_rows] == list(range(1, steps + 1))
+    assert got_state.policy_state == want_state.policy_state
+    assert sorted(got_prompts) == sorted(want_prompts) and len(got_prompts) == len(set(got_prompts))
+    assert switch_kinds(crashed) == {1: lend, 2: take_back, 3: lend, 4: take_back}
 
 
 def test_a_resume_continues_the_committed_replacement_state(tmp_path, ray_address):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import signal
 
 import pytest
-from driver_support import config_args, final_state, run_tidal, store_url
+from driver_support import config_args, final_state, run_tidal, store_url, switch_kinds
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3 * 600 + 120)]
 STEPS = 4
@@ -20,24 +20,6 @@ TIMEOUT_S = 600  # one process: the first builds the files, then Prefect and Ray
 def hf_args(tmp_path, ray_address, name):
     return [*config_args(tmp_path, ray_address, name, STEPS), "--set", "trainer.test_freq=2",
             "--set", "actor_rollout_ref.rollout.n=4"]
-
-
-def switch_kinds(url: str) -> dict[int, list[str]]:
-    import sqlalchemy as sa
-
-    from storage import make_engine
-    from storage.models import SwitchEvent
-
-    engine = make_engine(url)
-    try:
-        with engine.connect() as conn:
-            rows = conn.execute(sa.select(SwitchEvent.step, SwitchEvent.kind).order_by(SwitchEvent.started_at)).all()
-    finally:
-        engine.dispose()
-    out: dict[int, list[str]] = {}
-    for step, kind in rows:
-        out.setdefault(step, []).append(kind)
-    return out
 
 
 def greedy_pair(run_dir, step: int) -> tuple[list[int], list[int]]:

@@ -80,6 +80,23 @@ def test_an_exhausted_micro_step_ends_training_early():
     assert seen == [BeginStep(1), Train(1, 0), Broadcast(1, 1), EndStep(1), Commit(1, 1)]
 
 
+def test_overlap_sync_asks_before_the_broadcast_and_syncs_the_hybrids_during_it():
+    seen = drive(step_sequence(3, micro_steps=1, final=False, has_hybrids=True, overlap_sync=True),
+                 answers_for(lend=1))
+    lend = LendPlan(3, 1, 1)
+    assert seen == [BeginStep(3), Train(3, 0), AfterSync(3, 3), Broadcast(3, 3, lend), Lend(lend),
+                    EndStep(3), Commit(3, 3)]
+    skipped = drive(step_sequence(3, micro_steps=1, final=False, has_hybrids=True, overlap_sync=True),
+                    answers_for())
+    assert skipped == [BeginStep(3), Train(3, 0), AfterSync(3, 3), Broadcast(3, 3), EndStep(3), Commit(3, 3)]
+
+
+def test_overlap_sync_changes_nothing_on_steps_that_cannot_lend():
+    for kwargs in ({"final": True, "has_hybrids": True}, {"final": False, "has_hybrids": False}):
+        seen = drive(step_sequence(1, micro_steps=1, overlap_sync=True, **kwargs), answers_for(lend=1))
+        assert seen == [BeginStep(1), Train(1, 0), Broadcast(1, 1), EndStep(1), Commit(1, 1)]
+
+
 def test_the_run_start_asks_nothing_unless_the_policy_wants_a_warm_up_lend():
     assert drive(run_start(0, has_hybrids=True, asks_warm_up=False), answers_for(lend=1)) == []
     assert drive(run_start(0, has_hybrids=False, asks_warm_up=True), answers_for(lend=1)) == []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from config import load_config
 from policies import DynamicScheduleContext, DynamicSchedulePolicyBase, build_policy
 from sim import Simulator, simulate, spec_from_config
@@ -228,3 +230,26 @@ def test_one_dead_standalone_is_not_a_lost_standalone_and_gets_no_more_work():
     assert deaths == [(10.0, "death", "standalone-1")]
     assert routed_after == {"standalone-0", "standalone-2", "standalone-3"}
     assert not any(d.inputs["standalone_lost"] for d in result.decisions)
+
+
+def test_with_overlap_the_twin_syncs_the_hybrids_inside_the_broadcast_and_activates_after_it():
+    """``dynamic_schedule_overlap_hybrid_sync``: each hybrid sync starts with its step's broadcast
+    and ends within it, and the activation comes after the broadcast; off, the hybrid sync starts
+    one task after the broadcast ends."""
+    cfg = load_config("sim/qwen35-35b-tp4-dynamic")
+    for overlap in (False, True):
+        spec = dataclasses.replace(spec_from_config(cfg, steps=4), overlap_hybrid_sync=overlap, task_overhead_s=0.25)
+        sim = Simulator(spec, build_policy("fixed_ratio", deactivate_ratio=0.6), trace=True)
+        result = sim.run()
+        syncs = [t for t, kind, *_ in sim.trace if kind == "sync"]  # each broadcast's end
+        hybrid = [t.report for t in result.transitions if t.kind == "hybrid_sync" and t.step > 0]
+        activate = [t.report for t in result.transitions if t.kind == "activate" and t.step > 0]
+        assert hybrid and len(hybrid) == len(activate)
+        for sync, act in zip(hybrid, activate):
+            if overlap:
+                end = min(t for t in syncs if t > sync.started_at)
+                assert sync.started_at == pytest.approx(end - spec.broadcast_sync_s)
+                assert sync.started_at + sync.duration_s <= end + 1e-9 and end <= act.started_at
+            else:
+                broadcast_end = max(t for t in syncs if t <= sync.started_at)
+                assert sync.started_at == pytest.approx(broadcast_end + 2 * spec.task_overhead_s)

@@ -148,6 +148,42 @@ def test_a_lent_hybrid_is_waited_for_deactivated_trained_synced_and_lent_again_i
         assert latest_step(session, get_run(session, "unit").id).step == 7
 
 
+def test_with_overlap_the_lend_is_asked_first_and_the_broadcast_syncs_the_hybrid_one_call_fewer(fake, run):
+    """``dynamic_schedule_overlap_hybrid_sync``: after_sync before the broadcast, which gets the
+    plan (and syncs the hybrid itself); no hybrid_sync call."""
+    cluster = fake(active=True, deactivate=True, activate=True)
+
+    result = training_step(run.model_copy(update={"overlap_hybrid_sync": True}), 7)
+
+    assert cluster.events == [
+        ("controller", "begin_step", (7,)),
+        ("controller", "wait_and_deactivate", (DeactivatePlan(7, True, 3, True), 600.0)),
+        *train(),
+        ("controller", "after_sync", (7, MICRO)),
+        ("controller", "broadcast", (7, True, LendPlan(7, 1, 1))),
+        ("controller", "lend", (LendPlan(7, 1, 1), MICRO)),
+        ("controller", "end_step", (7, MICRO)),
+        checkpoint(run, 7),
+    ]
+    assert len(cluster.events) == STEP_CALL_BUDGET - 1
+    assert result["hybrid_active"] is True
+
+
+def test_with_overlap_a_step_that_does_not_lend_broadcasts_as_before(fake, run):
+    cluster = fake(active=False, deactivate=True, activate=False)
+
+    training_step(run.model_copy(update={"overlap_hybrid_sync": True}), 3)
+
+    assert cluster.events == [
+        ("controller", "begin_step", (3,)),
+        *train(),
+        ("controller", "after_sync", (3, MICRO)),
+        ("controller", "broadcast", (3,)),
+        ("controller", "end_step", (3, MICRO)),
+        checkpoint(run, 3),
+    ]
+
+
 def test_a_hybrid_the_policy_keeps_off_is_neither_waited_for_nor_synced(fake, run):
     cluster = fake(active=False, deactivate=True, activate=False)
 

@@ -48,14 +48,17 @@ SETUPS = {
     "tp8-dynamic": "TP 8 dynamic 16+16 predictive, no rebalance",
     # issue 16 item 6: the rebalance drains now (routing is held while it does); predictive asks for it
     "tp8-dynamic-rebalance": "TP 8 dynamic 16+16 predictive, rebalance when it asks",
+    # issue 16 item 5: the lent hybrids wake and load during the broadcast (opt-in key)
+    "tp8-dynamic-overlap": "TP 8 dynamic 16+16 predictive, no rebalance, hybrid sync during the broadcast",
 }
-PRESETS = {"tp8-dynamic-rebalance": "tp8-dynamic"}
+PRESETS = {"tp8-dynamic-rebalance": "tp8-dynamic", "tp8-dynamic-overlap": "tp8-dynamic"}
 """Setups that run another setup's preset (with other overrides)."""
 PRESET = "sim/qwen35-35b-emulated-{}"
 DEFAULT_SETUPS = "static-8-24,static-16-16,dynamic"
 """What a bare run measures (the old shape); ``--setups`` with only ``tp8-*`` setups measures the
 faithful one into a section and JSON of their own (``emulated_tp8``)."""
 OVERRIDES = {key: ["async_training.dynamic_schedule_enable_rebalance=false"] for key in ("dynamic", "tp8-dynamic")}
+OVERRIDES["tp8-dynamic-overlap"] = [*OVERRIDES["tp8-dynamic"], "async_training.dynamic_schedule_overlap_hybrid_sync=true"]
 """Applied to the emulated run and the simulation alike. The seed experiment rebalances; the old
 shape's dynamic setup runs without (a supported setting), as it was measured when Tidal's drain
 could not finish at this scale (the rollouter re-sent the aborted requests to the paused

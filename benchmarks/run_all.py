@@ -32,7 +32,7 @@ STEPS: dict[str, list[str]] = {
     "compare": [PY, "benchmarks/bench_compare.py"],
     "emulated": [PY, "benchmarks/bench_emulated.py"],
     "emulated_tp8": [PY, "benchmarks/bench_emulated.py", "--setups",
-                     "tp8-static-8-24,tp8-static-16-16,tp8-dynamic,tp8-dynamic-rebalance"],
+                     "tp8-static-8-24,tp8-static-16-16,tp8-dynamic,tp8-dynamic-rebalance,tp8-dynamic-overlap"],
     "faults": [PY, "benchmarks/fault_campaign.py"],
     "faults_hf": [PY, "benchmarks/fault_campaign.py", "--preset", "tiny-hf"],
 }

@@ -46,10 +46,12 @@ def config():
     return load_config(PRESET, [f"trainer.total_training_steps={STEPS}"])
 
 
-def run_scenario() -> SimResult:
+def run_scenario(overlap: bool = False) -> SimResult:
     """The scenario in the simulator: the deaths land 0.1 s before the end of step 3 (during its
-    activation, which ends the step's virtual time), found by a run without them."""
-    spec = spec_from_config(config(), steps=STEPS)
+    activation, which ends the step's virtual time), found by a run without them. ``overlap``:
+    the hybrid sync runs during the broadcast (``dynamic_schedule_overlap_hybrid_sync``), which
+    moves the lend question, not the hooks' or the transitions' order."""
+    spec = dataclasses.replace(spec_from_config(config(), steps=STEPS), overlap_hybrid_sync=overlap)
     dies_at = Simulator(spec, ScriptedPolicy()).run().steps[DEATHS_AFTER_ACTIVATION_OF_STEP - 1].end_s - 0.1
     deaths = tuple((dies_at, number) for number in range(spec.standalone_replicas))
     return Simulator(dataclasses.replace(spec, standalone_deaths=deaths), ScriptedPolicy()).run()

@@ -95,8 +95,14 @@ def _get(ref: Any) -> Any:
     return ref
 
 
+@pytest.fixture(params=[False, True], ids=["reference-order", "overlap-hybrid-sync"])
+def overlap(request) -> bool:
+    """``dynamic_schedule_overlap_hybrid_sync`` on both sides."""
+    return request.param
+
+
 @pytest.fixture
-def production(monkeypatch, tmp_path):
+def production(monkeypatch, tmp_path, overlap):
     """Run the scenario's steps through the production step flow; returns (hooks, transitions)."""
     cfg = config()
     plane = FakeDataPlane(cfg)
@@ -124,7 +130,7 @@ def production(monkeypatch, tmp_path):
                  trigger_parameter_sync_step=cfg.async_training.trigger_parameter_sync_step,
                  buffer_samples=cfg.buffer_samples, only_hybrid=False, standalone_replicas=cfg.standalone_replicas,
                  hybrid_replicas=cfg.hybrid_replicas, trainer_gpus=cfg.trainer_gpus,
-                 standalone_gpus=cfg.standalone_gpus, policy="scripted")
+                 standalone_gpus=cfg.standalone_gpus, policy="scripted", overlap_hybrid_sync=overlap)
     assert host.asks_warm_up() is False  # the run start asks nothing (loop.run_start)
     for step in range(1, STEPS + 1):
         result = training_step(run, step, final=step == STEPS)
@@ -138,9 +144,9 @@ def production(monkeypatch, tmp_path):
     return hooks, transitions
 
 
-def test_production_and_the_simulator_record_the_same_hook_calls_and_transitions(production):
+def test_production_and_the_simulator_record_the_same_hook_calls_and_transitions(production, overlap):
     hooks, transitions = production
-    simulated = run_scenario()
+    simulated = run_scenario(overlap)
 
     assert hooks == [(d.step, d.hook, d.answer, d.reason) for d in simulated.decisions] == EXPECTED_HOOKS
     assert transitions == simulated.transition_kinds() == EXPECTED_TRANSITIONS

@@ -58,13 +58,13 @@ DEFAULT_SETUPS = "static-8-24,static-16-16,dynamic"
 """What a bare run measures (the old shape); ``--setups`` with only ``tp8-*`` setups measures the
 faithful one into a section and JSON of their own (``emulated_tp8``)."""
 OVERRIDES = {key: ["async_training.dynamic_schedule_enable_rebalance=false"] for key in ("dynamic", "tp8-dynamic")}
-OVERRIDES["tp8-dynamic-overlap"] = [*OVERRIDES["tp8-dynamic"], "async_training.dynamic_schedule_overlap_hybrid_sync=true"]
 """Applied to the emulated run and the simulation alike. The seed experiment rebalances; the old
 shape's dynamic setup runs without (a supported setting), as it was measured when Tidal's drain
 could not finish at this scale (the rollouter re-sent the aborted requests to the paused
 replicas, drains grew 5.7 → 44 s, then hit the 60 s timeout). Routing is now held while a
 rebalance drains (``LoadBalancer.hold``); ``tp8-dynamic-rebalance`` measures it, beside
 ``tp8-dynamic`` without."""
+OVERRIDES["tp8-dynamic-overlap"] = [*OVERRIDES["tp8-dynamic"], "async_training.dynamic_schedule_overlap_hybrid_sync=true"]
 TARGET = 0.10
 MQ_SIZE = "dynamic_resource/mq_size"
 

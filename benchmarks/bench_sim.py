@@ -144,6 +144,12 @@ def bench_sweep() -> str:
     )
 
 
+OVERLAP_KEY = "async_training.dynamic_schedule_overlap_hybrid_sync=true"
+OVERLAP_LABEL = "dynamic 16+16, hybrid sync during the broadcast,"
+OVERLAP_POLICIES = ("default", "predictive")
+"""The seed setups run again with the hybrid sync under the broadcast."""
+
+
 def _seed_setups() -> list[tuple[str, TidalConfig]]:
     dynamic = _load("dynamic")
     setups = [
@@ -155,14 +161,10 @@ def _seed_setups() -> list[tuple[str, TidalConfig]]:
     ]
     if "predictive" in registered_policies():
         setups.insert(2, ("dynamic 16+16 predictive", with_policy(dynamic, "predictive")))
-    for policy in ("default", "predictive"):  # the same, with the hybrid sync under the broadcast
+    for policy in OVERLAP_POLICIES:
         if policy in registered_policies():
             setups.append((f"{OVERLAP_LABEL} {policy}", with_policy(_load("dynamic", OVERLAP_KEY), policy)))
     return setups
-
-
-OVERLAP_KEY = "async_training.dynamic_schedule_overlap_hybrid_sync=true"
-OVERLAP_LABEL = "dynamic 16+16, hybrid sync during the broadcast,"
 
 
 def _bounded(job: tuple[TidalConfig, int, int | None, bool]) -> tuple[SimResult | None, dict[str, float]]:
@@ -220,7 +222,7 @@ def bench_seed(plot_dir: str | None) -> str:
         wall, x_bound = walls_by["dynamic 16+16 predictive"]
         figures.update(predictive_h=wall / 3600, predictive_vs_best_static=wall / best_static - 1,
                        predictive_x_lower_bound=x_bound)
-    for policy in ("default", "predictive"):
+    for policy in OVERLAP_POLICIES:
         if f"{OVERLAP_LABEL} {policy}" in walls_by:
             wall, _ = walls_by[f"{OVERLAP_LABEL} {policy}"]
             figures.update({f"{policy}_overlap_h": wall / 3600, f"{policy}_overlap_vs_best_static": wall / best_static - 1})

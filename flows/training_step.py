@@ -95,7 +95,7 @@ def _commit(run: RunRef, step: int, version: int, started: float, micro: list[Mi
     commit task (``final``: the run's last step, kept and exported whatever ``save_freq`` says)."""
     activation = got.get(Lend)
     metrics = step_metrics(run, micro=micro, wait=got.get(WaitAndDeactivate), sync=got[Broadcast],
-                           activation=activation, hybrid=got.get(HybridSync) or got[Broadcast].hybrid, step_s=time.time() - started,
+                           activation=activation, hybrid=got.get(HybridSync), step_s=time.time() - started,
                            version=version) | val
     consumed = [p for m in micro for p in m.prompts]
     summary = {"started_at": started, "outcome": got[EndStep], "metrics": metrics, "prompts": consumed,

@@ -41,13 +41,15 @@ def step_metrics(
         for m in micro
     ]
     out = aggregate_cycle(per_micro) if per_micro else {}
-    lent_s = (hybrid.duration_s if hybrid else 0.0) + sum(part.duration_s for part in activation or ())
+    # a hybrid sync of its own task is on the critical path; one that ran during the broadcast is
+    # inside ``sync.broadcast_s`` already (``dynamic_schedule_overlap_hybrid_sync``)
+    exposed_s = (hybrid.duration_s if hybrid else 0.0) + sum(part.duration_s for part in activation or ())
+    lent_s = exposed_s + (sync.hybrid.duration_s if sync.hybrid else 0.0)
     switch_s = lent_s + (wait.deactivate.duration_s if wait and wait.deactivate else 0.0)
     compute = [m.compute_s for m in micro]
     allocated = [m.allocated_s for m in micro]
     if allocated:  # the reference counts param sync and activation inside the training turn
-        overlapped = sync.hybrid.duration_s if sync.hybrid else 0.0  # already inside broadcast_s
-        allocated[-1] += sync.broadcast_s + lent_s - overlapped
+        allocated[-1] += sync.broadcast_s + exposed_s
     u_train = train_resource_utilization(compute, allocated) if compute else 0.0
     wait_s = wait.waited_s if wait else 0.0
     u_rollout = sync.window.get(ROLLOUT_RESOURCE_UTILIZATION, 0.0)

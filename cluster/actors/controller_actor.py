@@ -2,8 +2,9 @@
 
 Each step phase is one method returning a frozen plan or report of ``loop.plans``
 (``begin_step`` → ``DeactivatePlan``, ``wait_and_deactivate`` → ``WaitReport``, ``broadcast`` →
-``BroadcastReport`` (with the hybrid sync, when it overlaps), ``after_sync`` → ``LendPlan``, ``hybrid_sync`` → ``SwitchReport``, ``lend`` →
-its ``SwitchReport``s, ``end_step`` → ``StepOutcome``), so a Prefect task is one call. It owns the
+``BroadcastReport`` (with the hybrid sync, when it overlaps), ``after_sync`` → ``LendPlan``,
+``hybrid_sync`` → ``SwitchReport``, ``lend`` → its ``SwitchReport``s, ``end_step`` →
+``StepOutcome``), so a Prefect task is one call. It owns the
 run's standalone membership (``cluster.membership``): the rollout service reports deaths and
 replacements to it, and a failed call or ping of its own counts too.
 

@@ -111,9 +111,19 @@ def merge() -> dict:
         met = None if value is None else (value >= bound if op == ">=" else value <= bound)
         checks[key] = {"value": value, "target": f"{op} {bound}", "met": met}
     out["targets"] = checks
-    out["sources"] = {p.stem: time.strftime("%Y-%m-%d %H:%M", time.gmtime(p.stat().st_mtime))
-                      for p in sorted(RESULTS_DIR.glob("*.json"))}
+    out["sources"] = {p.stem: written_at(p) for p in sorted(RESULTS_DIR.glob("*.json"))}
     return out
+
+
+def written_at(path: Path) -> str:
+    """When a results file was written (UTC): its last commit's time while the working tree holds
+    that commit's content (a fresh clone resets every file's mtime), else its mtime."""
+    git = ["git", "-C", str(ROOT)]
+    unchanged = subprocess.run([*git, "diff", "--quiet", "HEAD", "--", str(path)], capture_output=True).returncode == 0
+    committed = subprocess.run([*git, "log", "-1", "--format=%ct", "--", str(path)], capture_output=True,
+                               text=True).stdout.strip()
+    stamp = float(committed) if unchanged and committed else path.stat().st_mtime
+    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(stamp))
 
 
 def write_summary() -> Path:

@@ -122,7 +122,8 @@ def _drain_prefect() -> None:
 
 
 def _mark_crashed(record: lifecycle.Record) -> None:
-    """Mark a dead driver's ``training-run`` flow run (and its running step) Crashed."""
+    """Mark a dead driver's ``training-run`` flow run (and its running step) Crashed; delete the
+    step flow run it had prepared and never started (``flows.step_runs``)."""
     from uuid import UUID
 
     from prefect.client.orchestration import get_client
@@ -136,7 +137,13 @@ def _mark_crashed(record: lifecycle.Record) -> None:
             children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
                 parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
             for run in [*children, client.read_flow_run(flow_run_id)]:
-                if run.state is not None and not run.state.is_final():
+                if run.state is None or run.state.is_final():
+                    continue
+                if run.id != flow_run_id and run.start_time is None and run.state.is_pending():
+                    client.delete_flow_run(run.id)  # prepared ahead, never started
+                    if run.parent_task_run_id is not None:
+                        client.delete_task_run(run.parent_task_run_id)
+                else:
                     client.set_flow_run_state(run.id, Crashed(message=message), force=True)
     except Exception as exc:  # noqa: BLE001 - the run goes on; the UI keeps a stale state
         log.warning("could not mark the dead driver's flow run %s Crashed: %s", flow_run_id, exc)

@@ -8,7 +8,7 @@ and when ``auto`` picks Ray: ``docs/flows.md``.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -168,6 +168,20 @@ def _log(message: str) -> None:
         pass
 
 
+_PHASE_LISTENERS: list[Callable[[str], None]] = []
+
+
+@contextmanager
+def phase_listener(listener: Callable[[str], None]) -> Iterator[None]:
+    """Call ``listener(name)`` as each phase task of this process's step flows is submitted
+    (``flows.step_runs.StepRuns.phase_started``: the next step's flow run waits for the data plane)."""
+    _PHASE_LISTENERS.append(listener)
+    try:
+        yield
+    finally:
+        _PHASE_LISTENERS.remove(listener)
+
+
 def run_phase(phase: Any, *args: Any) -> Any:
     """Run one phase task on the flow's task runner (a Ray worker or a thread) and wait for its result.
 
@@ -176,7 +190,10 @@ def run_phase(phase: Any, *args: Any) -> Any:
     """
     from prefect_ray.context import remote_options
 
-    report_phase(getattr(phase, "name", str(phase)))
+    name = getattr(phase, "name", str(phase))
+    report_phase(name)
+    for listener in _PHASE_LISTENERS:
+        listener(name)
     with remote_options(**PHASE_REMOTE_OPTIONS):  # read only by the Ray runner
         future = phase.submit(*args)
     return future.result()

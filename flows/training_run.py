@@ -21,7 +21,8 @@ from flows.configs import load_checked  # the same validation as the CLI
 from flows.errors import CheckpointRefused, StoreLost, actor_lost, reward_failure, store_lost_message
 from flows.progress import current, step_line
 from flows.report import write_report
-from flows.runners import step_flow_client, step_flow_settings, task_runner_for
+from flows.runners import phase_listener, step_flow_client, step_flow_settings, task_runner_for
+from flows.step_runs import StepRuns
 from flows.trackers import StepTrackers
 from flows.training_step import training_step
 from tasks.artifact import RunProgress
@@ -235,10 +236,13 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
         progress.begin(next_step, last_step)
         step = next_step
         # entered once: building Prefect's settings costs ~0.25 s a time, a client ~0.1 s
-        with step_flow_settings(), step_flow_client(), RunProgress(uid, last_step) as shown:
+        with step_flow_settings(), step_flow_client(), RunProgress(uid, last_step) as shown, \
+                StepRuns(step_flow) as step_runs, phase_listener(step_runs.phase_started):
             shown.show(committed)
             while step <= last_step:
-                result = step_flow(run, step, final=step == last_step)
+                # this step; the next one's flow run is created while this one's data plane works
+                result = step_runs.run(_step_parameters(run, step, last_step),
+                                       then=_step_parameters(_next_ref(run, cfg), step + 1, last_step))
                 committed = step
                 if lost := result.get("store_lost"):  # after the step's commit (tasks.phases.commit_step)
                     raise StoreUnavailable(lost["message"], url=lost["url"], reason=lost["reason"])
@@ -278,6 +282,17 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
         _take_down(plane, ray_temp_dir, out_dir, fast=interrupted)
         if took_lease:
             lifecycle.let_go(uid)
+
+
+def _step_parameters(run: RunRef, step: int, last_step: int) -> dict[str, Any] | None:
+    """The ``training_step`` flow's parameters for ``step`` (None past the run's last step)."""
+    return None if step > last_step else {"run": run, "step": step, "final": step == last_step}
+
+
+def _next_ref(run: RunRef, cfg: TidalConfig) -> RunRef:
+    """The next step's ``RunRef`` as far as it is known before this step ends: a step trains a
+    whole step's prompts, unless the data runs out (``StepRuns`` then corrects the recorded one)."""
+    return run.model_copy(update={"consumed_before": run.consumed_before + cfg.step_required_samples})
 
 
 def _record_flow_run(out_dir: Path) -> None:

@@ -62,7 +62,9 @@ def test_the_training_run_flow_runs_its_steps_inside_step_flow_client():
     import flows.training_run as tr
 
     tree = ast.parse(inspect.getsource(tr))
-    inside = [node.func.id for w in ast.walk(tree) if isinstance(w, ast.With)
-              and any(ast.unparse(item.context_expr) == "step_flow_client()" for item in w.items)
-              for node in ast.walk(w) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
-    assert inside.count("step_flow") == 1
+    blocks = [w for w in ast.walk(tree) if isinstance(w, ast.With)
+              and any(ast.unparse(item.context_expr) == "step_flow_client()" for item in w.items)]
+    entered = [ast.unparse(item.context_expr) for w in blocks for item in w.items]
+    runs = [ast.unparse(node.func) for w in blocks for node in ast.walk(w) if isinstance(node, ast.Call)
+            and ast.unparse(node.func).endswith(".run")]
+    assert ("StepRuns(step_flow)" in entered, runs) == (True, ["step_runs.run"])

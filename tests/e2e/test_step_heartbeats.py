@@ -43,9 +43,10 @@ def test_the_training_run_flow_runs_its_steps_inside_step_flow_settings():
     import flows.training_run as tr
 
     tree = ast.parse(inspect.getsource(tr))
-    inside = [node.func.id for w in ast.walk(tree) if isinstance(w, ast.With)
+    inside = [ast.unparse(node.func) for w in ast.walk(tree) if isinstance(w, ast.With)
               and any(ast.unparse(item.context_expr) == "step_flow_settings()" for item in w.items)
-              for node in ast.walk(w) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
-    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-             and node.func.id == "step_flow"]
-    assert (inside.count("step_flow"), len(calls)) == (1, 1)  # the one step-flow call runs inside the settings
+              for node in ast.walk(w) if isinstance(node, ast.Call)]
+    direct = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id == "step_flow"]
+    # the step flow runs only through StepRuns, built and run inside the settings
+    assert (inside.count("StepRuns"), inside.count("step_runs.run"), len(direct)) == (1, 1, 0)

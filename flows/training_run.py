@@ -231,6 +231,7 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
         if cfg.trainer.total_training_steps is not None:
             last_step = min(last_step, cfg.trainer.total_training_steps)
         _warm_up(plane, run, version, bool(state and state.hybrid_active), prompts)
+        lent = ray.get(call(plane.controller, ControllerHost.hybrid_active))  # step 1's: the controller's word
         step_flow = training_step.with_options(task_runner=task_runner_for(cfg, run.ray_address))
         logger.info("run %s: %s steps from step %d", uid, cfg.trainer.total_training_steps or "all", next_step)
         progress.begin(next_step, last_step)
@@ -241,8 +242,9 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
             shown.show(committed)
             while step <= last_step:
                 # this step; the next one's flow run is created while this one's data plane works
-                result = step_runs.run(_step_parameters(run, step, last_step),
-                                       then=_step_parameters(_next_ref(run, cfg), step + 1, last_step))
+                result = step_runs.run(_step_parameters(run, step, last_step, lent),
+                                       then=_step_parameters(_next_ref(run, cfg), step + 1, last_step, lent))
+                lent = result["hybrid_active"]  # as the controller reported it at the step's end
                 committed = step
                 if lost := result.get("store_lost"):  # after the step's commit (tasks.phases.commit_step)
                     raise StoreUnavailable(lost["message"], url=lost["url"], reason=lost["reason"])
@@ -284,9 +286,11 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
             lifecycle.let_go(uid)
 
 
-def _step_parameters(run: RunRef, step: int, last_step: int) -> dict[str, Any] | None:
-    """The ``training_step`` flow's parameters for ``step`` (None past the run's last step)."""
-    return None if step > last_step else {"run": run, "step": step, "final": step == last_step}
+def _step_parameters(run: RunRef, step: int, last_step: int, lent: bool) -> dict[str, Any] | None:
+    """The ``training_step`` flow's parameters for ``step`` (None past the run's last step). For the
+    next step's run made ahead, ``lent`` is this step's: a guess, corrected if the step lends or
+    takes the hybrids back (``StepRuns``)."""
+    return None if step > last_step else {"run": run, "step": step, "final": step == last_step, "lent": lent}
 
 
 def _next_ref(run: RunRef, cfg: TidalConfig) -> RunRef:

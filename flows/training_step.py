@@ -42,16 +42,18 @@ from tasks.validation import validate
 
 
 @flow(name="training-step", flow_run_name="{run.uid}-step-{step:05d}", log_prints=True, validate_parameters=False)
-def training_step(run: RunRef, step: int, final: bool = False) -> dict[str, Any]:
+def training_step(run: RunRef, step: int, final: bool = False, lent: bool = True) -> dict[str, Any]:
     """One step. ``final``: the run's last step, after which nothing trains, so the policy is not
     asked to lend the trainer's GPUs (a lend would only cost a hybrid sync, an activation and two
-    Prefect tasks before the run ends)."""
+    Prefect tasks before the run ends). ``lent``: the hybrids are lent as the step begins (what the
+    controller reported at the end of the last step, ``hybrid_active`` of its result); only then is
+    there a take-back question, so a step that begins with them asleep has no ``begin_step``."""
     started = time.time()
     micro: list[MicroReport] = []
     got: dict[type, Any] = {}  # the last result of each kind of intent
     val = run_phase(validate, run, step, True) if step == 1 and run.val_before_train else {}
     phases = step_sequence(step, micro_steps=run.trigger_parameter_sync_step, final=final,
-                           has_hybrids=run.hybrid_replicas > 0, overlap_sync=run.overlap_hybrid_sync)
+                           has_hybrids=run.hybrid_replicas > 0, overlap_sync=run.overlap_hybrid_sync, lent=lent)
     result: Any = None
     while (intent := _next(phases, result)) is not None:
         match intent:
@@ -101,4 +103,4 @@ def _commit(run: RunRef, step: int, version: int, started: float, micro: list[Mi
     summary = {"started_at": started, "outcome": got[EndStep], "metrics": metrics, "prompts": consumed,
                "consumed_total": run.consumed_before + len(consumed), "final": final}
     commit = run_phase(commit_step, run, step, version, summary)
-    return {**commit, "metrics": metrics, "hybrid_active": activation is not None, "trained": len(consumed)}
+    return {**commit, "metrics": metrics, "hybrid_active": got[EndStep].hybrid_active, "trained": len(consumed)}

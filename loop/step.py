@@ -8,7 +8,7 @@ Send each intent's result back with ``generator.send``:
 intent                 what the caller sends back
 =====================  =======================================================
 ``WarmUp``             a ``LendPlan`` (only for policies that ask a warm-up lend)
-``BeginStep``          a ``DeactivatePlan``
+``BeginStep``          a ``DeactivatePlan`` (only while the hybrids are lent)
 ``WaitAndDeactivate``  a ``WaitReport``
 ``Train``              the micro-step's report (anything with ``exhausted``)
 ``Broadcast``          the sync's timings (anything; with a ``lend``, the hybrid sync's too)
@@ -130,11 +130,13 @@ def run_start(version: int, *, has_hybrids: bool, asks_warm_up: bool) -> Generat
 
 
 def step_sequence(
-    step: int, *, micro_steps: int, final: bool, has_hybrids: bool, overlap_sync: bool = False
+    step: int, *, micro_steps: int, final: bool, has_hybrids: bool, overlap_sync: bool = False, lent: bool = True
 ) -> Generator[Intent, Any, None]:
     """One step. ``final``: the run's last step, after which nothing trains, so nothing is lent.
-    ``overlap_sync``: ask the lend question before the broadcast and sync the lent hybrids during it."""
-    plan: DeactivatePlan = yield BeginStep(step)
+    ``overlap_sync``: ask the lend question before the broadcast and sync the lent hybrids during it.
+    ``lent``: the hybrids were lent when the step began (the controller's state at the end of the
+    last step); ``should_deactivate`` is asked only then, so ``BeginStep`` comes only then."""
+    plan: DeactivatePlan = (yield BeginStep(step)) if lent else DeactivatePlan(step)
     if plan.deactivate:
         yield WaitAndDeactivate(plan)
     for micro in range(micro_steps):

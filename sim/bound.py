@@ -123,7 +123,6 @@ def chain_bound_s(spec: SimSpec, result: SimResult, window: int = WINDOW) -> flo
             for w in works:
                 prefix.append(prefix[-1] + w)
             windows.append((k, first_id, sorted(latency[i] for i in cands), prefix))
-        t += tau  # BeginStep
         for micro in range(spec.trigger_parameter_sync_step):
             need = (j - 1) * b + (micro + 1) * r
             ready = 0.0

@@ -237,7 +237,7 @@ class Simulator:
             self._wait_sums = ([], [])
             yield from self._drive(step_sequence(step, micro_steps=spec.trigger_parameter_sync_step,
                                                  final=step == spec.steps, has_hybrids=bool(r.hybrids),
-                                                 overlap_sync=spec.overlap_hybrid_sync))
+                                                 overlap_sync=spec.overlap_hybrid_sync, lent=self.hybrid_active))
 
     def _drive(self, intents: Generator[Intent, Any, None]) -> Iterator[Wait]:
         """Execute each intent and send its result back, until the sequence ends."""

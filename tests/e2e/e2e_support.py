@@ -221,13 +221,14 @@ def store_decisions(db: Path) -> tuple[dict[int, bool], dict[int, bool], dict[in
 
 
 def expected_phases(trigger: int, deactivated: bool, activated: bool, final: bool = False,
-                    overlap: bool = False) -> tuple[str, ...]:
+                    overlap: bool = False, lent: bool = False) -> tuple[str, ...]:
     """DESIGN §2's order for one step; the run's last step asks no lend (nothing trains after it).
     ``overlap`` (``dynamic_schedule_overlap_hybrid_sync``): the lend is asked before the broadcast,
-    which syncs the hybrids itself (no ``hybrid_sync`` task)."""
+    which syncs the hybrids itself (no ``hybrid_sync`` task). ``lent``: the hybrids were lent as the
+    step began, so it asks whether to take them back (``begin_step``); otherwise it has no such task."""
     ask = () if final else ("after_sync",)
     sync = ask + ("broadcast_sync",) if overlap else ("broadcast_sync",) + ask + (("hybrid_sync",) if activated else ())
-    return (("begin_step",) + (("wait_and_deactivate",) if deactivated else ()) + ("train",) * trigger
+    return ((("begin_step",) if lent else ()) + (("wait_and_deactivate",) if deactivated else ()) + ("train",) * trigger
             + sync + (("lend",) if activated else ()) + ("end_step", "commit_step"))
 
 

@@ -54,7 +54,8 @@ def test_a_server_started_later_shows_every_step_with_its_phases_in_the_document
     active_after, should_activate, deactivated = store_decisions(embedded["store"])
     assert [(s.name, s.state) for s in steps] == [(name, "Completed") for name in step_run_names(embedded["store"], STEPS)]
     assert [s.phases for s in steps] == [
-        expected_phases(TRIGGER, deactivated.get(i, False), active_after[i], final=i == STEPS, overlap=True)
+        expected_phases(TRIGGER, deactivated.get(i, False), active_after[i], final=i == STEPS, overlap=True,
+                        lent=active_after.get(i - 1, False))
         for i in range(1, STEPS + 1)
     ]
     # the last step asks no lend: no decision, no lend

@@ -93,7 +93,8 @@ def test_the_api_lists_one_step_flow_run_per_step_with_its_phases_in_the_documen
     active_after, _, deactivated = store_decisions(deployed_run.store)
     assert [(s.name, s.state) for s in steps] == [(name, "Completed") for name in step_run_names(deployed_run.store, STEPS)]
     assert [s.phases for s in steps] == [
-        expected_phases(TRIGGER, deactivated.get(i, False), active_after[i], final=i == STEPS)
+        expected_phases(TRIGGER, deactivated.get(i, False), active_after[i], final=i == STEPS,
+                        lent=active_after.get(i - 1, False))
         for i in range(1, STEPS + 1)
     ]
 

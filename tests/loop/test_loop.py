@@ -69,6 +69,13 @@ def test_a_skipped_lend_skips_the_hybrid_sync_and_the_activation():
     assert seen == [BeginStep(2), Train(2, 0), Broadcast(2, 2), AfterSync(2, 2), EndStep(2), Commit(2, 2)]
 
 
+def test_a_step_that_begins_with_the_hybrids_asleep_has_no_take_back_question():
+    seen = drive(step_sequence(4, micro_steps=2, final=False, has_hybrids=True, lent=False), answers_for(lend=1))
+    lend = LendPlan(4, 1, 1)
+    assert seen == [Train(4, 0), Train(4, 1), Broadcast(4, 4), AfterSync(4, 4), HybridSync(lend, 4), Lend(lend),
+                    EndStep(4), Commit(4, 4)]
+
+
 def test_the_last_step_and_a_run_without_hybrids_never_ask_to_lend():
     for kwargs in ({"final": True, "has_hybrids": True}, {"final": False, "has_hybrids": False}):
         seen = drive(step_sequence(1, micro_steps=1, **kwargs), answers_for(lend=1))

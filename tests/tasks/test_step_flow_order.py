@@ -44,6 +44,7 @@ class FakeCluster:
     def __init__(self, *, active: bool, deactivate: bool, activate: bool, timeouts: int = 0):
         self.events: list[tuple] = []
         self.active, self.deactivate, self.activate, self.timeouts = active, deactivate, activate, timeouts
+        self.lent = active  # the hybrids' state as the fake controller would report it
         self.pulled = 0  # prompts handed to the trainer so far (each once: the real store checks)
 
     def actor(self, run: RunRef, name: str) -> Any:
@@ -63,6 +64,7 @@ class FakeCluster:
             return {"samples": None, "timed_out": True, "wait_s": 5.0, "size_at_start": 1, "mq_size": 1}
         if method == "train_micro_step":
             self.pulled += 4
+        self.lent = {"wait_and_deactivate": False, "lend": True, "refill_if_stranded": True}.get(method, self.lent)
         return {
             "begin_step": lambda: DeactivatePlan(step=step, deactivate=self.active and self.deactivate,
                                                  wait_samples=3 if self.active and self.deactivate else 0,
@@ -79,8 +81,8 @@ class FakeCluster:
             "hybrid_sync": lambda: switch("hybrid_sync"),
             "lend": lambda: (switch("activate"), switch("rebalance")),
             "end_step": lambda: StepOutcome(
-                step=step, hybrid_active=self.activate, policy_state={"ratio": 0.5},
-                controller_state={"state": "HYBRID_ACTIVE" if self.activate else "STANDALONE_ONLY"},
+                step=step, hybrid_active=self.lent, policy_state={"ratio": 0.5},
+                controller_state={"state": "HYBRID_ACTIVE" if self.lent else "STANDALONE_ONLY"},
                 decisions=(DecisionRecord(step, "update_after_step", None, "", {}, 0.0),),
                 switch_events=(switch("deactivate"),)),
             "save_checkpoint": lambda: {"path": args[0], "sha256": "0" * 64, "size_bytes": 7},
@@ -172,10 +174,9 @@ def test_with_overlap_the_lend_is_asked_first_and_the_broadcast_syncs_the_hybrid
 def test_with_overlap_a_step_that_does_not_lend_broadcasts_as_before(fake, run):
     cluster = fake(active=False, deactivate=True, activate=False)
 
-    training_step(run.model_copy(update={"overlap_hybrid_sync": True}), 3)
+    training_step(run.model_copy(update={"overlap_hybrid_sync": True}), 3, lent=False)
 
     assert cluster.events == [
-        ("controller", "begin_step", (3,)),
         *train(),
         ("controller", "after_sync", (3, MICRO)),
         ("controller", "broadcast", (3,)),
@@ -184,13 +185,12 @@ def test_with_overlap_a_step_that_does_not_lend_broadcasts_as_before(fake, run):
     ]
 
 
-def test_a_hybrid_the_policy_keeps_off_is_neither_waited_for_nor_synced(fake, run):
+def test_a_step_that_begins_with_the_hybrids_asleep_asks_no_take_back_and_syncs_no_hybrid(fake, run):
     cluster = fake(active=False, deactivate=True, activate=False)
 
-    result = training_step(run, 3)
+    result = training_step(run, 3, lent=False)
 
     assert cluster.events == [
-        ("controller", "begin_step", (3,)),
         *train(),
         ("controller", "broadcast", (3,)),
         ("controller", "after_sync", (3, MICRO)),
@@ -219,11 +219,20 @@ def test_the_last_step_of_a_run_does_not_ask_to_lend_the_trainer(fake, run):
 def test_a_pull_that_times_out_lets_the_controller_refill_a_stranded_queue_before_pulling_again(fake, run):
     cluster = fake(active=False, deactivate=False, activate=False, timeouts=1)
 
-    training_step(run, 2)
+    result = training_step(run, 2, lent=False)
 
-    assert cluster.events[:4] == [
-        ("controller", "begin_step", (2,)),
+    assert result["hybrid_active"] is True  # refilled: the next step begins lent and asks to take them back
+    assert cluster.events[:3] == [
         ("trainer", "train_micro_step", (5.0,)),
         ("controller", "refill_if_stranded", (2, 600.0)),
         ("trainer", "train_micro_step", (5.0,)),
     ]
+
+
+def test_a_step_told_the_hybrids_are_lent_asks_the_controller_even_if_they_are_not(fake, run):
+    cluster = fake(active=False, deactivate=True, activate=False)
+
+    training_step(run, 4, lent=True)
+
+    assert cluster.events[0] == ("controller", "begin_step", (4,))  # the controller's answer decides
+    assert ("controller", "wait_and_deactivate") not in [e[:2] for e in cluster.events]

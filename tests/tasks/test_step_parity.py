@@ -132,9 +132,11 @@ def production(monkeypatch, tmp_path, overlap):
                  hybrid_replicas=cfg.hybrid_replicas, trainer_gpus=cfg.trainer_gpus,
                  standalone_gpus=cfg.standalone_gpus, policy="scripted", overlap_hybrid_sync=overlap)
     assert host.asks_warm_up() is False  # the run start asks nothing (loop.run_start)
+    lent = host.hybrid_active()  # as the driver does (flows.training_run): the controller's word
     for step in range(1, STEPS + 1):
-        result = training_step(run, step, final=step == STEPS)
+        result = training_step(run, step, final=step == STEPS, lent=lent)
         run = run.model_copy(update={"consumed_before": run.consumed_before + result["trained"]})
+        lent = result["hybrid_active"]
 
     with session_scope(make_engine(url)) as session:
         decisions = session.scalars(sa.select(Decision).where(Decision.run_id == run_id).order_by(Decision.id))

@@ -158,9 +158,11 @@ class ControllerHost:
         """The param version of the last broadcast (what a refill loads into the hybrids)."""
 
     def _counters(self) -> RolloutCounters:
-        """One read of the rollout service per policy question, after a check of membership."""
+        """One read of the rollout service per policy question, with a check of membership made
+        while it is in flight (one round trip for both)."""
+        counters = self.service.counters.remote()
         self._ping_standalone()
-        return ray.get(self.service.counters.remote())
+        return ray.get(counters)
 
     def _ping_standalone(self) -> None:
         """Ping every routable standalone replica, so a death is seen even when no request of it
@@ -246,6 +248,7 @@ class ControllerHost:
     def end_step(self, step: int, micro: Sequence[MicroSummary]) -> StepOutcome:
         """``update_after_step``, then what the store keeps: policy and controller state, the
         step's drained decisions and switches, and the replacer's state."""
+        replacements = self.service.replacement_state.remote()  # read while the policy adapts
         self.ctl.end_step(step, micro)
         return StepOutcome(
             step=step,
@@ -254,7 +257,7 @@ class ControllerHost:
             controller_state=self.ctl.state_dict(),
             decisions=tuple(self.ctl.drain_decisions()),
             switch_events=tuple(self.ctl.drain_switch_log()),
-            replacements=ray.get(self.service.replacement_state.remote()),
+            replacements=ray.get(replacements),
         )
 
     # ------------------------------------------------------------------ membership

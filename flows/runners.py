@@ -17,6 +17,7 @@ from prefect_ray import RayTaskRunner
 from config import TidalConfig
 from flows.lifecycle import TEMPORARY_SERVER_ENV
 from flows.progress import report_phase
+from tasks.phases import DATA_PLANE_PHASES
 
 PHASE_REMOTE_OPTIONS: dict[str, Any] = {"num_cpus": 0}
 """Ray options of every phase task: no CPU reservation (the work happens in the actors)."""
@@ -168,18 +169,19 @@ def _log(message: str) -> None:
         pass
 
 
-_PHASE_LISTENERS: list[Callable[[str], None]] = []
+_DATA_PLANE_LISTENERS: list[Callable[[], None]] = []
 
 
 @contextmanager
-def phase_listener(listener: Callable[[str], None]) -> Iterator[None]:
-    """Call ``listener(name)`` as each phase task of this process's step flows is submitted
-    (``flows.step_runs.StepRuns.phase_started``: the next step's flow run waits for the data plane)."""
-    _PHASE_LISTENERS.append(listener)
+def on_data_plane_phase(listener: Callable[[], None]) -> Iterator[None]:
+    """Call ``listener()`` as each phase of this process's step flows that waits on the data plane
+    is submitted (``tasks.phases.DATA_PLANE_PHASES``): what the step boundary would otherwise send
+    to the Prefect API (``StepRuns.release``, ``RunProgress.release``) goes out then."""
+    _DATA_PLANE_LISTENERS.append(listener)
     try:
         yield
     finally:
-        _PHASE_LISTENERS.remove(listener)
+        _DATA_PLANE_LISTENERS.remove(listener)
 
 
 def run_phase(phase: Any, *args: Any) -> Any:
@@ -192,8 +194,9 @@ def run_phase(phase: Any, *args: Any) -> Any:
 
     name = getattr(phase, "name", str(phase))
     report_phase(name)
-    for listener in _PHASE_LISTENERS:
-        listener(name)
+    if name in DATA_PLANE_PHASES:
+        for listener in _DATA_PLANE_LISTENERS:
+            listener()
     with remote_options(**PHASE_REMOTE_OPTIONS):  # read only by the Ray runner
         future = phase.submit(*args)
     return future.result()

@@ -19,10 +19,6 @@ from typing import Any
 
 log = logging.getLogger("tidal.step_runs")
 
-BUSY_PHASES = frozenset({"wait_and_deactivate", "train", "broadcast_sync"})
-"""Phases in which the step waits on the data plane: the next step's flow run is created during
-the first of them, not at the step's start, where it would queue behind the step's own calls."""
-
 
 @dataclass
 class _Ahead:
@@ -43,7 +39,7 @@ class StepRuns:
     itself — and a fifth to rename it after its template. Here the stand-in and the flow run (its
     name resolved) are created on a background thread, in a copy of the caller's context (the
     parent flow run and its API client), once the previous step's data plane is busy
-    (``phase_started``). The step then runs in that flow run through
+    (``release``, from ``flows.runners.on_data_plane_phase``). The step then runs in that flow run through
     ``prefect.flow_engine.run_flow``, the path Prefect runs an existing flow run by (a
     deployment's): it proposes Running, runs the flow, proposes the final state. The UI shows the
     same tree as a subflow call: the flow run's parent is the stand-in, whose state the server
@@ -77,9 +73,10 @@ class StepRuns:
             self._ahead = ahead
         return run_flow(flow=self._named, flow_run=flow_run, parameters=parameters)
 
-    def phase_started(self, name: str) -> None:
-        """A phase of the running step began: a data-plane phase lets the preparation go."""
-        if name in BUSY_PHASES and self._ahead is not None:
+    def release(self) -> None:
+        """The running step's data plane is busy: the preparation may go (made at the step's start
+        instead, it would queue at the server behind the step's own API calls)."""
+        if self._ahead is not None:
             self._ahead.go.set()
 
     def _prepare(self, ahead: _Ahead) -> Any:

@@ -21,7 +21,7 @@ from flows.configs import load_checked  # the same validation as the CLI
 from flows.errors import CheckpointRefused, StoreLost, actor_lost, reward_failure, store_lost_message
 from flows.progress import current, step_line
 from flows.report import write_report
-from flows.runners import phase_listener, step_flow_client, step_flow_settings, task_runner_for
+from flows.runners import on_data_plane_phase, step_flow_client, step_flow_settings, task_runner_for
 from flows.step_runs import StepRuns
 from flows.trackers import StepTrackers
 from flows.training_step import training_step
@@ -238,7 +238,8 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
         step = next_step
         # entered once: building Prefect's settings costs ~0.25 s a time, a client ~0.1 s
         with step_flow_settings(), step_flow_client(), RunProgress(uid, last_step) as shown, \
-                StepRuns(step_flow) as step_runs, phase_listener(step_runs.phase_started):
+                StepRuns(step_flow) as step_runs, on_data_plane_phase(step_runs.release), \
+                on_data_plane_phase(shown.release):
             shown.show(committed)
             while step <= last_step:
                 # this step; the next one's flow run is created while this one's data plane works

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import re
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -88,27 +89,37 @@ class RunProgress:
     ``show(done)`` queues the update and returns at once; one background thread posts the updates
     in call order (created on the first, updated after), each in a copy of the caller's context
     (its flow run and Prefect client), so the driver starts the next step without waiting for the
-    API's answer (a round trip per step boundary, ~0.05-0.08 s on a loaded 2-core machine).
-    ``close()`` (the ``with`` block's end) waits up to ``drain_s`` for what is queued. A failed
-    post is logged as a warning and the later ones still go: the progress bar is not worth a run.
-    ``create``/``update``: Prefect's progress-artifact functions (tests pass recorders).
+    API's answer (a round trip per step boundary, ~0.05-0.08 s on a loaded 2-core machine). A
+    post waits until the next step's data plane is busy (``release``; at most ``hold_s``), so it
+    does not queue at the server beside the next step's start.
+    ``close()`` (the ``with`` block's end) releases and waits up to ``drain_s`` for what is queued. A
+    failed post is logged as a warning and the later ones still go: the progress bar is not worth
+    a run. ``create``/``update``: Prefect's progress-artifact functions (tests pass recorders).
     """
 
-    def __init__(self, uid: str, total: int, *, create: Any = None, update: Any = None, drain_s: float = 10.0):
+    def __init__(self, uid: str, total: int, *, create: Any = None, update: Any = None, drain_s: float = 10.0,
+                 hold_s: float = 30.0):
         from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-        self.uid, self.total, self.drain_s = uid, total, drain_s
+        self.uid, self.total, self.drain_s, self.hold_s = uid, total, drain_s, hold_s
         self._create, self._update = create or create_progress_artifact, update or update_progress_artifact
         self._artifact_id: Any = None
         self._pending: list[Future] = []
+        self._go = threading.Event()
         self._poster = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidal-progress")
 
     def show(self, done: int) -> None:
-        """Queue ``done`` of ``total`` steps committed."""
+        """Queue ``done`` of ``total`` steps committed (posted once the next step's data plane works)."""
+        self._go.clear()
         self._pending = [f for f in self._pending if not f.done()]
         self._pending.append(self._poster.submit(contextvars.copy_context().run, self._post, done))
 
+    def release(self) -> None:
+        """A step's data plane is busy: the queued posts may go."""
+        self._go.set()
+
     def _post(self, done: int) -> None:
+        self._go.wait(self.hold_s)
         percent = 100.0 * done / self.total if self.total else 100.0
         description = f"Tidal run {self.uid}: {done} of {self.total} steps committed"
         try:
@@ -121,6 +132,7 @@ class RunProgress:
             logging.getLogger("tidal.artifact").warning("progress artifact of run %s not updated: %s", self.uid, exc)
 
     def close(self, drain_s: float | None = None) -> None:
+        self._go.set()
         wait(self._pending, timeout=self.drain_s if drain_s is None else drain_s)
         self._poster.shutdown(wait=False, cancel_futures=True)
 

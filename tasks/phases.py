@@ -35,6 +35,12 @@ from tasks.faults import crash_point
 from tasks.run_ref import MicroReport, RunRef
 
 
+DATA_PLANE_PHASES = frozenset({"wait_and_deactivate", "train", "broadcast_sync"})
+"""The phases in which a step waits on the data plane (the rollout, the trainer, the weight sync):
+the control plane's own API traffic of the step boundary is best sent meanwhile
+(``flows.step_runs``, ``tasks.artifact.RunProgress``)."""
+
+
 def _actor(run: RunRef, name: str) -> Any:
     if not ray.is_initialized():
         ray.init(address=run.ray_address or "auto", namespace=run.namespace, log_to_driver=False)

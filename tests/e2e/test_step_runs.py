@@ -20,7 +20,7 @@ from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.asyncutils import run_coro_as_sync
 
-from flows.runners import phase_listener, run_phase, step_flow_client
+from flows.runners import on_data_plane_phase, run_phase, step_flow_client
 from flows.step_runs import StepRuns
 
 pytestmark = pytest.mark.slow
@@ -67,7 +67,7 @@ def _drive(label: str, steps: list[dict[str, Any]], nexts: list[dict[str, Any] |
     @flow(name=f"probe-parent-{label}")
     def parent() -> dict[str, Any]:
         out: dict[str, Any] = {"id": FlowRunContext.get().flow_run.id, "results": []}
-        with step_flow_client(), StepRuns(STEP) as runs, phase_listener(runs.phase_started):
+        with step_flow_client(), StepRuns(STEP) as runs, on_data_plane_phase(runs.release):
             for params, then in zip(steps, nexts, strict=True):
                 try:
                     out["results"].append(runs.run(params, then=then))
@@ -145,7 +145,7 @@ def test_a_resume_deletes_the_step_run_its_dead_driver_prepared_and_marks_the_re
     @flow(name="probe-parent-dead")
     def dies_after_step_1() -> Any:
         runs = StepRuns(STEP)  # never closed: its driver "dies" with step 2 prepared
-        with step_flow_client(), phase_listener(runs.phase_started):
+        with step_flow_client(), on_data_plane_phase(runs.release):
             runs.run(_params("e", 1, pause_s=0.05), then=_params("e", 2))
             runs._ahead.future.result(timeout=30)  # step 2's flow run exists (Pending)
         return FlowRunContext.get().flow_run.id

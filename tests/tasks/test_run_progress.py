@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from tasks.artifact import RunProgress
 
@@ -43,3 +44,17 @@ def test_a_failed_post_is_skipped_and_the_later_ones_still_go():
         for done in range(3):
             shown.show(done)
     assert [call[0:3] for call in api.calls] == [("create", 0.0, "r-progress"), ("update", "artifact-1", 100.0)]
+
+
+def test_a_post_waits_until_it_is_released_by_the_next_steps_data_plane():
+    api = Recorder()
+    with RunProgress("r", 2, create=api.create, update=api.update) as shown:
+        shown.show(0)
+        time.sleep(0.2)
+        held = list(api.calls)
+        shown.release()
+        deadline = time.monotonic() + 5
+        while not api.calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        released = list(api.calls)
+    assert (held, [c[:2] for c in released]) == ([], [("create", 0.0)])

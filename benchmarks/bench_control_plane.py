@@ -7,7 +7,7 @@ Owns the measurement; what each figure means and how it is read back: ``docs/ben
 Must not: import a measured tree's flows or actors (every run is a subprocess on that tree's code).
 
 Usage:
-    .venv/bin/python benchmarks/bench_control_plane.py [--steps 10] [--baseline f691818|none]
+    .venv/bin/python benchmarks/bench_control_plane.py [--steps 10] [--rounds 1] [--baseline f691818|none]
         [--write benchmarks/RESULTS.md]
 """
 
@@ -315,24 +315,41 @@ def measure_in_child(tree: Path, steps: int, timeout_s: float, as_before: bool =
         return json.loads(Path(out.name).read_text(encoding="utf-8"))
 
 
-def before_and_after(baseline: str | None, steps: int, timeout_s: float) -> dict[str, dict[str, Any]]:
-    """Label → result: the baseline revision's (from a temporary worktree, removed after), then this tree's."""
-    results: dict[str, dict[str, Any]] = {}
+def before_and_after(baseline: str | None, steps: int, timeout_s: float, rounds: int = 1) -> dict[str, dict[str, Any]]:
+    """Label → result: the baseline revision's (from a temporary worktree, removed after) and this
+    tree's, alternated ``rounds`` times (baseline first in each), each figure the median over rounds."""
+    measured: dict[str, list[dict[str, Any]]] = {}
+    label = this_tree_label()
+    scratch = Path(tempfile.mkdtemp(prefix="tidal-bcp-base-", dir="/tmp"))
+    trees: list[tuple[str, Path, bool]] = []
     if baseline:
         rev = git("rev-parse", "--short", baseline)
-        scratch = Path(tempfile.mkdtemp(prefix="tidal-bcp-base-", dir="/tmp"))
-        tree = scratch / "tree"
-        git("worktree", "add", "--detach", str(tree), rev)
-        try:
-            print(f"measuring baseline {rev} in {tree}", flush=True)
-            results[f"baseline {rev}"] = measure_in_child(tree, steps, timeout_s, as_before=True)
-        finally:
-            git("worktree", "remove", "--force", str(tree))
-            shutil.rmtree(scratch, ignore_errors=True)
-    label = this_tree_label()
-    print(f"measuring {label}", flush=True)
-    results[label] = measure_in_child(ROOT, steps, timeout_s)
-    return results
+        git("worktree", "add", "--detach", str(scratch / "tree"), rev)
+        trees.append((f"baseline {rev}", scratch / "tree", True))
+    trees.append((label, ROOT, False))
+    try:
+        for k in range(rounds):
+            for name, tree, as_before in trees:
+                print(f"measuring {name} (round {k + 1} of {rounds}) in {tree}", flush=True)
+                measured.setdefault(name, []).append(measure_in_child(tree, steps, timeout_s, as_before=as_before))
+    finally:
+        if baseline:
+            git("worktree", "remove", "--force", str(scratch / "tree"))
+        shutil.rmtree(scratch, ignore_errors=True)
+    return {name: over_rounds(runs) for name, runs in measured.items()}
+
+
+def over_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One tree's rounds as one result: every per-setup number the median over rounds (the other
+    fields from the last round), and each round's headline kept under ``rounds``."""
+    last = runs[-1]
+    setups = {}
+    for key, m in last["setups"].items():
+        per = [r["setups"][key] for r in runs]
+        setups[key] = {**m, **{f: statistics.median(p[f] for p in per) for f, v in m.items()
+                               if isinstance(v, (int, float)) and not isinstance(v, bool)},
+                       "ray_calls": {**m["ray_calls"], "per_step": statistics.median(p["ray_calls"]["per_step"] for p in per)}}
+    return {**last, "setups": setups, "rounds": [headline(r) for r in runs]}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -357,16 +374,26 @@ def side_by_side(results: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def per_round(results: dict[str, dict[str, Any]]) -> list[str]:
+    """With several rounds: each round's in-process overhead, per tree (the table shows medians)."""
+    if len(next(iter(results.values())).get("rounds", [])) < 2:
+        return []
+    rows = "; ".join(f"{label} " + ", ".join(f"{h['seconds_per_step_in_process']:.3f}" for h in r["rounds"])
+                     for label, r in results.items())
+    return [f"Rounds, baseline and this tree alternated (medians above), in-process overhead s per round: {rows}.", ""]
+
+
 def markdown(results: dict[str, dict[str, Any]], command: str) -> str:
     label, current = list(results.items())[-1]
-    steps = current["steps"]
+    steps, rounds = current["steps"], len(current.get("rounds", [])) or 1
     setups = current["setups"]
     lines = [
         "## Control-plane overhead per step (Prefect + policy + controller)",
         "",
         f"Command: `{command}`",
         "",
-        f"`tidal run tiny-cpu` for {steps} steps per setup and per tree, one after the other in one invocation; "
+        f"`tidal run tiny-cpu` for {steps} steps per setup and per tree, one after the other in one invocation"
+        f"{f', {rounds} rounds' if rounds > 1 else ''}; "
         "every time is read back from the Prefect API (flow-run and task-run timestamps), every Ray call counted in "
         "the driver (`benchmarks/ray_call_counter.py`; what each column means: `docs/benchmarks.md`). Medians over "
         f"steps 2…{steps - 1}. {platform.machine()}, {os.cpu_count()} CPUs shared with other jobs (load average "
@@ -374,6 +401,7 @@ def markdown(results: dict[str, dict[str, Any]], command: str) -> str:
         "",
         *side_by_side(results),
         "",
+        *per_round(results),
         f"Per setup, {label}:",
         "",
         "| setup | tasks/step | Ray calls/step | cycle s | data plane s | store s | policy + controller s | Prefect s "
@@ -412,6 +440,7 @@ def write_figures(results: dict[str, dict[str, Any]], command: str) -> None:
         "command": command, "tree": label, "setups": setups, "load_average": current["load_average"],
         **headline(current),
         "before": {other: headline(r) for other, r in results.items() if other != label},
+        "rounds": {name: r.get("rounds", [headline(r)]) for name, r in results.items()},
         # the default path (embedded Prefect, in-process runner) is the headline; the worst is kept too
         "fraction_at_60s_step": setups[IN_PROCESS.label]["fraction_at_60s_step"],
         "worst_fraction_at_60s_step": max(v["fraction_at_60s_step"] for v in setups.values()),
@@ -423,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10, help="steps per setup (≥ 3: step 2 is the first measured)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds allowed per run")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="alternate the baseline and this tree this many times; figures are medians over rounds")
     parser.add_argument("--baseline", default=BASELINE,
                         help=f"revision to measure first, in a temporary git worktree (default {BASELINE}; none: skip)")
     parser.add_argument("--write", type=Path, help="update this RESULTS.md's section, results/overhead.json and "
@@ -436,10 +467,13 @@ def main(argv: list[str] | None = None) -> int:
         args.json_out.write_text(json.dumps(measure(args.measure, args.steps, args.timeout)), encoding="utf-8")
         return 0
     baseline = None if args.baseline.lower() in ("", "none") else args.baseline
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     command = "python benchmarks/bench_control_plane.py" + (f" --steps {args.steps}" if args.steps != 10 else "") + (
+        f" --rounds {args.rounds}" if args.rounds != 1 else "") + (
         f" --baseline {args.baseline}" if args.baseline != BASELINE else "") + (
         f" --write {args.write}" if args.write else "")
-    results = before_and_after(baseline, args.steps, args.timeout)
+    results = before_and_after(baseline, args.steps, args.timeout, args.rounds)
     section = markdown(results, command)
     print(section)
     if args.write:

@@ -12,7 +12,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
-from bench_control_plane import StepTimes, ray_calls, side_by_side  # noqa: E402
+from bench_control_plane import StepTimes, over_rounds, per_round, ray_calls, side_by_side  # noqa: E402
 
 
 def steps_starting_at(*starts: float) -> list[StepTimes]:
@@ -44,6 +44,26 @@ def test_the_side_by_side_table_has_one_column_per_tree_and_the_change():
         "| `overhead.seconds_per_step_in_process` | 0.400 | 0.100 | -75% |",
         "| `overhead.seconds_per_step_ray_runner` | 0.800 | 0.600 | -25% |",
     ]
+
+
+def _round(control: float, ray_control: float, calls: float) -> dict:
+    return {"steps": 10, "load_average": control * 10,
+            "setups": {"thread-embedded": {"label": "in-process", "control": control, "cycle": 2 * control,
+                                           "ray_calls": {"per_step": calls, "by_method": {"train": 2}}},
+                       "ray-server": {"label": "ray", "control": ray_control, "cycle": 3 * ray_control,
+                                      "ray_calls": {"per_step": 0, "by_method": {}}}}}
+
+
+def test_rounds_combine_into_medians_per_setup_and_keep_each_rounds_headline():
+    combined = over_rounds([_round(0.30, 0.9, 7), _round(0.10, 0.5, 6), _round(0.20, 0.7, 6)])
+    inproc, ray = combined["setups"]["thread-embedded"], combined["setups"]["ray-server"]
+    assert (inproc["control"], inproc["cycle"], inproc["ray_calls"]["per_step"], ray["control"]) == (0.20, 0.40, 6, 0.7)
+    assert [r["seconds_per_step_in_process"] for r in combined["rounds"]] == [0.30, 0.10, 0.20]
+    assert combined["load_average"] == 2.0  # the last round's
+    line, blank = per_round({"baseline a": over_rounds([_round(0.4, 1, 9)] * 2), "this": combined})
+    assert (line, blank) == ("Rounds, baseline and this tree alternated (medians above), in-process overhead s per "
+                             "round: baseline a 0.400, 0.400; this 0.300, 0.100, 0.200.", "")
+    assert per_round({"this": over_rounds([_round(0.1, 0.5, 6)])}) == []
 
 
 def test_the_counter_records_every_actor_call_the_process_makes(tmp_path):

@@ -266,8 +266,13 @@ class LocalMultiNodeCluster:
         return self
 
     def _start(self) -> LocalMultiNodeCluster:
+        from ray._private.utils import get_ray_address_file
         from ray.cluster_utils import Cluster
 
+        # Ray's Cluster writes the head's address to the machine-wide ray_current_cluster file
+        # (``stop`` deletes it) and fails where its folder is missing: a machine on which no Ray
+        # ever ran in the default temp dir (/tmp/ray) has none
+        Path(get_ray_address_file(None)).parent.mkdir(parents=True, exist_ok=True)
         use_loopback_ray()
         for key, value in _ray_env().items():  # the nodes inherit this process's environment
             os.environ.setdefault(key, value)

@@ -4,6 +4,8 @@ A run either attaches to ``ray.address`` or starts a local cluster it owns: its 
 (short path — Ray's unix sockets cap the length), its own free ports, explicit memory limits
 (Ray over-counts memory on these machines), ``RAY_AUTH_MODE`` set explicitly, and the emulated
 GPU resource ``tidal_gpu`` (one per emulated GPU) so actors are placed like on a real cluster.
+Asked to (``ray_gpus``), it advertises Ray's own ``GPU`` too, real or not: placement then treats
+it as a GPU cluster (cluster/placement.py) and asks ``num_gpus`` of it.
 Nothing here ever stops Ray machine-wide: the owner shuts down only the cluster it started.
 
 Loopback only: a cluster started here is a single-machine cluster, and every one of its listeners
@@ -84,6 +86,10 @@ class LocalRayCluster:
     port: int = field(default_factory=free_port)
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment for the head (its workers inherit it), e.g. PYTHONPATH."""
+    ray_gpus: int | None = None
+    """Ray's own ``GPU`` count the head advertises (``--num-gpus``), real or not: with it a test
+    places actors as on a GPU cluster (``num_gpus``, ``CUDA_VISIBLE_DEVICES``) on a machine
+    without one. None: Ray detects them (none here)."""
     _proc: subprocess.Popen | None = None
     _owns_temp: bool = False
 
@@ -108,6 +114,7 @@ class LocalRayCluster:
             f"--ray-client-server-port={ports[2]}", f"--dashboard-agent-listen-port={ports[3]}",
             f"--dashboard-agent-grpc-port={ports[4]}", f"--runtime-env-agent-port={ports[5]}",
             "--min-worker-port=0", "--max-worker-port=0",
+            *([f"--num-gpus={self.ray_gpus}"] if self.ray_gpus is not None else []),
         ]
         log = open(Path(self.temp_dir) / "head.log", "w")  # noqa: SIM115 - closed with the process
         env = {**_ray_env(), AUTOSCALER_PORT_ENV: str(free_port()), **self.env, SINGLE_MACHINE_ENV: "0"}
@@ -155,9 +162,12 @@ class LocalRayCluster:
 
 
 def init_ray(*, address: str | None, num_cpus: int | None, gpus: int, memory_gb: float,
-             object_store_memory_gb: float, temp_dir: str | None, namespace: str) -> str | None:
+             object_store_memory_gb: float, temp_dir: str | None, namespace: str,
+             ray_gpus: int | None = None) -> str | None:
     """Connect this process to Ray. Returns the temp dir of the local cluster it started (and so
-    owns: shut it down, then delete that dir), or None when it attached to an existing one."""
+    owns: shut it down, then delete that dir), or None when it attached to an existing one.
+    ``gpus``: the emulated ``tidal_gpu`` of a local cluster; ``ray_gpus``: Ray's own ``GPU`` it
+    advertises (None: what Ray detects)."""
     import ray
 
     for key, value in _ray_env().items():
@@ -178,6 +188,7 @@ def init_ray(*, address: str | None, num_cpus: int | None, gpus: int, memory_gb:
         ray.init(
             address="local",  # a new cluster even where /tmp/ray/ray_current_cluster names another (or a dead) one
             num_cpus=num_cpus,
+            num_gpus=ray_gpus,
             resources={GPU_RESOURCE: gpus},
             _temp_dir=owned,
             _memory=int(memory_gb * 2**30),
@@ -228,13 +239,15 @@ class NodeSpec:
     labels: dict[str, str] = field(default_factory=dict)
     num_cpus: int = 1
     memory_gb: float = 1.0
+    ray_gpus: int = 0
+    """Ray's own ``GPU`` the node advertises, real or not (a GPU cluster's placement on CPUs)."""
 
 
 class LocalMultiNodeCluster:
     """A Ray cluster of one head and several worker nodes on this machine (Ray's own
-    ``ray.cluster_utils.Cluster``): every node a raylet of its own with its own ``tidal_gpu`` count,
-    labels and ports, all on the loopback address, in one temp dir of ours. For tests and
-    benchmarks of multi-node placement; ``stop()`` ends only these nodes' processes."""
+    ``ray.cluster_utils.Cluster``): every node a raylet of its own with its own ``tidal_gpu`` and
+    Ray ``GPU`` counts, labels and ports, all on the loopback address, in one temp dir of ours. For
+    tests and benchmarks of multi-node placement; ``stop()`` ends only these nodes' processes."""
 
     def __init__(self, head: NodeSpec, workers: list[NodeSpec], *, object_store_mb: int = 150) -> None:
         self.head_spec, self.worker_specs, self.object_store_mb = head, list(workers), object_store_mb
@@ -243,7 +256,8 @@ class LocalMultiNodeCluster:
         self.workers: list[object] = []
 
     def _node_args(self, spec: NodeSpec) -> dict[str, object]:
-        return dict(num_cpus=spec.num_cpus, resources={GPU_RESOURCE: spec.gpus} if spec.gpus else {},
+        return dict(num_cpus=spec.num_cpus, num_gpus=spec.ray_gpus,
+                    resources={GPU_RESOURCE: spec.gpus} if spec.gpus else {},
                     labels=dict(spec.labels), memory=int(spec.memory_gb * 2**30),
                     object_store_memory=self.object_store_mb * 2**20, node_ip_address=LOOPBACK,
                     object_manager_port=free_port(), runtime_env_agent_port=free_port(),

@@ -1,22 +1,36 @@
 """Where a run's actors go on the Ray cluster, checked before any of them is created.
 
-Owns: reading the cluster's nodes (role label, ``tidal_gpu`` count), the capacity check that turns
-a cluster too small for the config into one line (exit 2) instead of an actor that waits forever,
-the placement groups of the trainer and of each standalone replica (with a bounded wait), and the
-scheduling arguments ``cluster/builders.py`` passes to ``.options(...)``.
+Owns: reading the cluster's nodes (role label, accelerator counts), which accelerator resource the
+run asks for, the capacity check that turns a cluster too small for the config into one line
+(exit 2) instead of an actor that waits forever, the placement groups of the trainer and of each
+standalone replica (with a bounded wait), and the scheduling arguments ``cluster/builders.py``
+passes to ``.options(...)``.
 Must not: build engines or actors, or read more of the config than its sizes and ``ray.placement``.
+
+The accelerator: Ray's own ``GPU`` when some alive node advertises it (a GPU cluster: actors ask
+``num_gpus``, so Ray sets ``CUDA_VISIBLE_DEVICES`` and ``ray.get_gpu_ids()``), else the emulated
+``tidal_gpu`` (CPU emulation only). Whatever asks one asks the same resource, capacity check
+included.
+
+The trainer is N = ``trainer.nnodes × trainer.n_gpus_per_node`` rank actors, one accelerator
+each, rank r on trainer node r // n_gpus_per_node (``Placement.trainer_ranks``), and the trainer
+actor, a façade that asks for nothing and runs on trainer node 0 (``Placement.trainer``). With
+N == 1 there are no rank actors: the trainer actor holds the accelerator itself.
 
 Two modes, chosen by the cluster:
 
 - **Labelled** (some alive node carries ``ray.placement.role_label``): the trainer gets one
-  placement group of ``trainer.nnodes`` bundles of ``trainer.n_gpus_per_node`` GPUs, one bundle
-  per trainer node (``STRICT_SPREAD``); its actor, and so its hybrid replicas, run in the first
-  bundle, the others hold the GPUs of its other nodes. Each standalone replica gets a group of
-  ``tensor_model_parallel_size`` one-GPU bundles packed on one rollout node (``STRICT_PACK``); its
-  actor runs in the first. The control actors (rollout service, controller) go on the driver's
-  node (the head, normally), never on a rollout node that may be taken away.
-- **Unlabelled** (a local one-node cluster, or any cluster without the label): as before, each
-  actor asks for its ``tidal_gpu`` count and Ray places it; no placement group.
+  placement group of ``trainer.nnodes`` bundles of ``trainer.n_gpus_per_node`` accelerators, one
+  bundle per trainer node (``STRICT_SPREAD``); its actor, and so its hybrid replicas, run in the
+  first bundle, the ranks of node k in bundle k. Each standalone replica gets a group of
+  ``tensor_model_parallel_size`` one-accelerator bundles packed on one rollout node
+  (``STRICT_PACK``); its actor runs in the first. The control actors (rollout service,
+  controller) go on the driver's node (the head, normally), never on a rollout node that may be
+  taken away.
+- **Unlabelled** (a local one-node cluster, or any cluster without the label): each standalone
+  replica asks for its accelerator count and Ray places it, no placement group. A one-rank trainer
+  does the same; a trainer of N > 1 ranks gets the same per-node bundles as above, ``PACK`` (one
+  node if it has the room, else spread).
 """
 
 from __future__ import annotations
@@ -34,13 +48,23 @@ class ClusterTooSmall(ConfigError):
     """The Ray cluster cannot host the config's actors; ``str()`` is one line saying what is missing."""
 
 
+RAY_GPU = "GPU"
+"""Ray's own accelerator resource (``num_gpus``)."""
+
+
 @dataclass(frozen=True)
 class NodeView:
-    """One alive node as placement sees it."""
+    """One alive node as placement sees it: its role and both accelerator counts."""
 
     node_id: str
     role: str | None
     gpus: float
+    """Emulated ``tidal_gpu``."""
+    ray_gpus: float = 0.0
+    """Ray's own ``GPU``."""
+
+    def accelerators(self, accelerator: str) -> float:
+        return self.ray_gpus if accelerator == RAY_GPU else self.gpus
 
 
 @dataclass(frozen=True)
@@ -66,12 +90,32 @@ class Demand:
     def standalone_replicas(self) -> int:
         return self.rollout_nodes * self.rollout_gpus_per_node // self.gpus_per_replica
 
+    @property
+    def trainer_ranks(self) -> int:
+        """Rank actors of the trainer: one per accelerator, none when it has one (the trainer
+        actor holds it)."""
+        return self.trainer_gpus if self.trainer_gpus > 1 else 0
+
 
 def nodes_of(ray_nodes: Iterable[Mapping[str, Any]], role_label: str) -> list[NodeView]:
-    """The alive nodes of ``ray.nodes()`` with their role label and total ``tidal_gpu``."""
+    """The alive nodes of ``ray.nodes()`` with their role label, total ``tidal_gpu`` and ``GPU``."""
     return [NodeView(str(n["NodeID"]), (n.get("Labels") or {}).get(role_label),
-                     float((n.get("Resources") or {}).get(GPU_RESOURCE, 0.0)))
+                     float((n.get("Resources") or {}).get(GPU_RESOURCE, 0.0)),
+                     float((n.get("Resources") or {}).get(RAY_GPU, 0.0)))
             for n in ray_nodes if n.get("Alive")]
+
+
+def accelerator_of(nodes: Sequence[NodeView]) -> str:
+    """The resource a run asks for one accelerator: Ray's ``GPU`` when some node advertises it,
+    else the emulated ``tidal_gpu``."""
+    return RAY_GPU if any(n.ray_gpus > 0 for n in nodes) else GPU_RESOURCE
+
+
+def asking(accelerator: str, count: float) -> dict[str, Any]:
+    """The ``.options(...)`` arguments asking for ``count`` of ``accelerator`` (none for 0)."""
+    if not count:
+        return {}
+    return dict(num_gpus=count) if accelerator == RAY_GPU else dict(resources={GPU_RESOURCE: count})
 
 
 def labelled(nodes: Sequence[NodeView], keys: PlacementSection) -> bool:
@@ -79,43 +123,51 @@ def labelled(nodes: Sequence[NodeView], keys: PlacementSection) -> bool:
     return any(n.role in (keys.trainer_role, keys.rollout_role) for n in nodes)
 
 
-def _role_shortfall(nodes: Sequence[NodeView], keys: PlacementSection, role: str, count: int,
+def _role_shortfall(nodes: Sequence[NodeView], keys: PlacementSection, accelerator: str, role: str, count: int,
                     per_node: int) -> str | None:
     if count == 0:
         return None
     with_role = [n for n in nodes if n.role == role]
-    fit = [n for n in with_role if n.gpus >= per_node]
+    fit = [n for n in with_role if n.accelerators(accelerator) >= per_node]
     if len(fit) >= count:
         return None
-    small = f", {len(with_role) - len(fit)} of them with fewer {GPU_RESOURCE}" if len(fit) < len(with_role) else ""
-    return (f"{count} {role} node(s) (label {keys.role_label}={role}) with {per_node} {GPU_RESOURCE} each, "
+    small = f", {len(with_role) - len(fit)} of them with fewer {accelerator}" if len(fit) < len(with_role) else ""
+    return (f"{count} {role} node(s) (label {keys.role_label}={role}) with {per_node} {accelerator} each, "
             f"found {len(with_role)}{small}")
 
 
-def _first_fit_shortfall(nodes: Sequence[NodeView], demand: Demand) -> str | None:
-    """Unlabelled: the trainer's GPUs on one node, then each replica's on one node, first fit."""
-    free = sorted((n.gpus for n in nodes), reverse=True)
+def _first_fit_shortfall(nodes: Sequence[NodeView], demand: Demand, accelerator: str) -> str | None:
+    """Unlabelled: each trainer node's accelerators on one node, then each replica's on one node,
+    first fit."""
+    free = sorted((n.accelerators(accelerator) for n in nodes), reverse=True)
     total = sum(free)
-    asks = [("the trainer", demand.trainer_gpus)] + [
-        (f"standalone replica {i}", demand.gpus_per_replica) for i in range(demand.standalone_replicas)]
+    per_node, trainer_nodes = demand.trainer_gpus_per_node, demand.trainer_nodes
+    trainer = ([("the trainer", per_node)] if trainer_nodes == 1
+               else [(f"trainer node {k}", per_node) for k in range(trainer_nodes)])
+    asks = trainer + [(f"standalone replica {i}", demand.gpus_per_replica) for i in range(demand.standalone_replicas)]
     for who, gpus in asks:
         slot = next((k for k, room in enumerate(free) if room >= gpus), None)
         if slot is None:
             need = demand.trainer_gpus + demand.standalone_replicas * demand.gpus_per_replica
-            return (f"{need:g} {GPU_RESOURCE} ({demand.trainer_gpus} for the trainer, {demand.gpus_per_replica} per "
-                    f"standalone replica, each on one node); found {total:g} on {len(nodes)} node(s), no room left "
-                    f"for {who}'s {gpus}")
+            blocks = f" as {trainer_nodes} nodes of {per_node}" if trainer_nodes > 1 else ""
+            return (f"{need:g} {accelerator} ({demand.trainer_gpus} for the trainer{blocks}, {demand.gpus_per_replica} "
+                    f"per standalone replica, each on one node); found {total:g} on {len(nodes)} node(s), no room "
+                    f"left for {who}'s {gpus}")
         free[slot] -= gpus
     return None
 
 
 def shortfall(demand: Demand, nodes: Sequence[NodeView], keys: PlacementSection) -> str | None:
-    """What the cluster lacks for ``demand`` (one line), or None when it fits."""
+    """What the cluster lacks for ``demand`` (one line), or None when it fits. Counted in the
+    cluster's accelerator (``accelerator_of``)."""
+    accelerator = accelerator_of(nodes)
     if not labelled(nodes, keys):
-        return _first_fit_shortfall(nodes, demand)
+        return _first_fit_shortfall(nodes, demand, accelerator)
     missing = [m for m in (
-        _role_shortfall(nodes, keys, keys.trainer_role, demand.trainer_nodes, demand.trainer_gpus_per_node),
-        _role_shortfall(nodes, keys, keys.rollout_role, demand.rollout_nodes, demand.rollout_gpus_per_node),
+        _role_shortfall(nodes, keys, accelerator, keys.trainer_role, demand.trainer_nodes,
+                        demand.trainer_gpus_per_node),
+        _role_shortfall(nodes, keys, accelerator, keys.rollout_role, demand.rollout_nodes,
+                        demand.rollout_gpus_per_node),
     ) if m]
     if demand.rollout_nodes and demand.rollout_gpus_per_node % demand.gpus_per_replica:
         missing.append(f"rollout.n_gpus_per_node={demand.rollout_gpus_per_node} holding whole replicas of "
@@ -125,11 +177,17 @@ def shortfall(demand: Demand, nodes: Sequence[NodeView], keys: PlacementSection)
 
 @dataclass
 class Placement:
-    """The ``.options(...)`` scheduling arguments of one run's actors, and the groups it holds."""
+    """The ``.options(...)`` scheduling arguments of one run's actors, and the groups it holds.
+
+    ``trainer``: the trainer actor's; with N > 1 ranks it asks for no accelerator and no CPU and
+    runs in bundle 0 of the trainer's group (trainer node 0), with N == 1 it holds the one
+    accelerator itself. ``trainer_ranks``: each rank actor's, in rank order (one accelerator,
+    ``num_cpus=0``, rank r in bundle r // n_gpus_per_node); empty when N == 1."""
 
     trainer: dict[str, Any]
     control: dict[str, Any]
     replicas: dict[str, dict[str, Any]]
+    trainer_ranks: list[dict[str, Any]] = field(default_factory=list)
     groups: list[Any] = field(default_factory=list)
 
     def replica(self, replica_id: str) -> dict[str, Any]:
@@ -151,12 +209,46 @@ _HELD: dict[str, Placement] = {}
 """The placement of each run (namespace) this process built, until ``release_placement``."""
 
 
-def _in_bundle(group: Any, index: int, resources: Mapping[str, float]) -> dict[str, Any]:
+def _in_bundle(group: Any, index: int, accelerator: str, count: int) -> dict[str, Any]:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    # num_cpus=0: the bundle holds GPUs only; an actor's default CPU would not fit in it
-    return dict(num_cpus=0, resources=dict(resources),
+    # num_cpus=0: the bundle holds accelerators only; an actor's default CPU would not fit in it.
+    # count 0 (the façade): Ray 2.60 takes an actor that asks for nothing in a bundle and still pins
+    # it there (it holds 0.001 of the bundle's own `bundle_group_<index>_<group id>` resource).
+    return dict(num_cpus=0, **asking(accelerator, count),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index))
+
+
+def trainer_bundles(demand: Demand, accelerator: str) -> list[dict[str, float]]:
+    """The trainer's placement group: one bundle per trainer node, its accelerators."""
+    return [{accelerator: demand.trainer_gpus_per_node} for _ in range(demand.trainer_nodes)]
+
+
+def replica_bundles(demand: Demand, accelerator: str) -> list[dict[str, float]]:
+    """A standalone replica's placement group: one bundle per accelerator."""
+    return [{accelerator: 1} for _ in range(demand.gpus_per_replica)]
+
+
+def scheduling(demand: Demand, accelerator: str, replica_ids: Sequence[str], *, trainer_group: Any = None,
+               replica_groups: Mapping[str, Any] | None = None, control: Mapping[str, Any] | None = None) -> Placement:
+    """The ``.options(...)`` arguments of every actor of a run: in ``trainer_group`` (bundles of
+    ``trainer_bundles``) and ``replica_groups`` (``replica_bundles``) when given, else asked of
+    Ray directly. A trainer of N > 1 ranks needs its group. Creates nothing (no Ray call)."""
+    ranks = demand.trainer_ranks
+    if trainer_group is None:
+        if ranks:
+            raise ValueError(f"a trainer of {ranks} ranks is placed in its placement group")
+        trainer = asking(accelerator, demand.trainer_gpus)
+    else:
+        trainer = _in_bundle(trainer_group, 0, accelerator, 0 if ranks else demand.trainer_gpus)
+    per_node = demand.trainer_gpus_per_node
+    return Placement(
+        trainer=trainer,
+        control=dict(control or {}),
+        replicas={rid: (_in_bundle(replica_groups[rid], 0, accelerator, 1) if replica_groups
+                        else asking(accelerator, demand.gpus_per_replica)) for rid in replica_ids},
+        trainer_ranks=[_in_bundle(trainer_group, r // per_node, accelerator, 1) for r in range(ranks)],
+    )
 
 
 def place(cfg: TidalConfig, namespace: str, replica_ids: Sequence[str]) -> Placement:
@@ -172,30 +264,37 @@ def place(cfg: TidalConfig, namespace: str, replica_ids: Sequence[str]) -> Place
     problem = shortfall(demand, nodes, keys)
     if problem:  # the CLI checked before the run started (check_cluster); the cluster changed since
         raise ClusterTooSmall(f"{where} is too small for this config: it needs {problem}")
-    if not labelled(nodes, keys):
-        return Placement(trainer=dict(resources={GPU_RESOURCE: cfg.trainer_gpus}), control={},
-                         replicas={rid: dict(resources={GPU_RESOURCE: demand.gpus_per_replica}) for rid in replica_ids})
+    accelerator = accelerator_of(nodes)
     from ray.util.placement_group import placement_group
+
+    if not labelled(nodes, keys):
+        if not demand.trainer_ranks:
+            return scheduling(demand, accelerator, replica_ids)  # nothing held: Ray places each actor
+        # PACK, soft: the ranks on as few nodes as have the room (one local node), else spread
+        trainer_pg = placement_group(trainer_bundles(demand, accelerator), strategy="PACK",
+                                     name=f"{namespace}:trainer")
+        held = scheduling(demand, accelerator, replica_ids, trainer_group=trainer_pg)
+        held.groups = [trainer_pg]
+        _wait_placed(held, ["the trainer"], keys.timeout_s, where)
+        _HELD[namespace] = held
+        return held
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     on = {keys.role_label: keys.trainer_role}
-    trainer_pg = placement_group([{GPU_RESOURCE: demand.trainer_gpus_per_node}] * demand.trainer_nodes,
-                                 strategy="STRICT_SPREAD", bundle_label_selector=[on] * demand.trainer_nodes,
-                                 name=f"{namespace}:trainer")
+    trainer_pg = placement_group(trainer_bundles(demand, accelerator), strategy="STRICT_SPREAD",
+                                 bundle_label_selector=[on] * demand.trainer_nodes, name=f"{namespace}:trainer")
     on = {keys.role_label: keys.rollout_role}
     tp = demand.gpus_per_replica
-    replica_pgs = {rid: placement_group([{GPU_RESOURCE: 1}] * tp, strategy="STRICT_PACK",
+    replica_pgs = {rid: placement_group(replica_bundles(demand, accelerator), strategy="STRICT_PACK",
                                         bundle_label_selector=[on] * tp, name=f"{namespace}:{rid}")
                    for rid in replica_ids}
-    groups = [trainer_pg, *replica_pgs.values()]
-    held = Placement(
-        trainer=_in_bundle(trainer_pg, 0, {GPU_RESOURCE: demand.trainer_gpus_per_node}),
+    held = scheduling(
+        demand, accelerator, replica_ids, trainer_group=trainer_pg, replica_groups=replica_pgs,
         # the driver's node: alive as long as the run; no CPU asked, so a busy head still takes them
         control=dict(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
             ray.get_runtime_context().get_node_id(), soft=False)),
-        replicas={rid: _in_bundle(pg, 0, {GPU_RESOURCE: 1}) for rid, pg in replica_pgs.items()},
-        groups=groups,
     )
+    held.groups = [trainer_pg, *replica_pgs.values()]
     _wait_placed(held, ["the trainer", *replica_ids], keys.timeout_s, where)
     _HELD[namespace] = held
     return held

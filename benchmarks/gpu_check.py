@@ -13,14 +13,27 @@ built from ``Qwen2Config`` (bf16 on the GPU). Per shape it measures:
 - the trainer's micro-step (one GRPO update) with and without gradient checkpointing, with the
   engine asleep, and its peak memory.
 
+Then the multi-rank trainer's building blocks, at world size 1 (a one-rank NCCL group in this
+process; gloo on CPU):
+
+- ``fsdp2``: per shape, a training step (forward + backward + AdamW) of the model with every
+  decoder layer and the root ``fully_shard``-ed, bf16 compute and fp32 gradient reduction, and its
+  peak memory (a shape that does not fit is recorded as ``oom``);
+- ``offload``: on the smallest shape after one step, the optimizer state with the gradients, and
+  apart the parameters, moved to pinned host memory and back in place: seconds per GB each way;
+- ``checkpoint``: ``torch.distributed.checkpoint.async_save`` of the sharded model and optimizer
+  state (until it returns, until it is written) against a synchronous ``save``, and the bytes.
+
 Where ``vllm`` / ``deepspeed`` import (one's own GPU box) it also times vLLM's ``sleep(level=1|2)``
 / ``wake_up`` / weight reload and a DeepSpeed micro-step; elsewhere those sections are skipped
 with the reason. Every section is time-boxed, shapes that no longer fit ``--budget-s`` are
 skipped, and the JSON is rewritten after each section, so a run cut short still leaves figures.
-``--dry-run`` runs the same code on CPU with two tiny shapes in seconds (a test runs it).
+``--dry-run`` runs the same code on CPU with two tiny shapes in seconds (a test runs it);
+``--sections`` runs a subset of the sections.
 
 Usage:
     python benchmarks/gpu_check.py [--dry-run] [--out DIR] [--shapes qwen2.5-0.5b,...] [--budget-s 330]
+                                   [--sections shapes,fsdp2,offload,checkpoint,vllm,deepspeed]
     python benchmarks/gpu_check.py --write-calibration FILE [--from DIR/gpu_check.json] [--shape NAME] [--base NAME]
     python benchmarks/gpu_check.py --write-results [--from DIR/gpu_check.json]
 
@@ -35,18 +48,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import gc
 import json
 import math
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -57,6 +72,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 FORMAT = "tidal-gpu-check/1"
 JSON_NAME, TEXT_NAME = "gpu_check.json", "gpu_check.txt"
 GB = 1e9
+SECTIONS = ("shapes", "fsdp2", "offload", "checkpoint", "vllm", "deepspeed")
+"""What ``--sections`` selects from, in the order they run (``shapes``: the engine and trainer per shape)."""
 
 
 @dataclass(frozen=True)
@@ -73,17 +90,19 @@ class Shape:
     estimate_s: float
     """Seconds this shape's sections take on an H200 (a shape is skipped when less is left)."""
     train_responses: int
-    """Responses in the trainer's micro-step batch."""
+    """Responses in the trainer's micro-step batch (and sequences in the FSDP2 step's)."""
+    fsdp_estimate_s: float
+    """Seconds this shape's FSDP2 steps take on an H200 (skipped when less is left)."""
 
 
 SHAPES = {  # run in this order: the smallest first (a quick sanity check), then the widest span of sizes
-    "qwen2.5-0.5b": Shape(896, 24, 14, 2, 4864, 151936, True, estimate_s=50, train_responses=8),
-    "qwen2.5-7b": Shape(3584, 28, 28, 4, 18944, 152064, False, estimate_s=170, train_responses=4),
-    "qwen2.5-1.5b": Shape(1536, 28, 12, 2, 8960, 151936, True, estimate_s=70, train_responses=8),
+    "qwen2.5-0.5b": Shape(896, 24, 14, 2, 4864, 151936, True, estimate_s=50, train_responses=8, fsdp_estimate_s=15),
+    "qwen2.5-7b": Shape(3584, 28, 28, 4, 18944, 152064, False, estimate_s=170, train_responses=4, fsdp_estimate_s=45),
+    "qwen2.5-1.5b": Shape(1536, 28, 12, 2, 8960, 151936, True, estimate_s=70, train_responses=8, fsdp_estimate_s=25),
 }
 DRY_SHAPES = {
-    "tiny-64": Shape(64, 2, 4, 2, 128, 512, True, estimate_s=3, train_responses=4),
-    "tiny-128": Shape(128, 2, 4, 2, 256, 512, True, estimate_s=3, train_responses=4),
+    "tiny-64": Shape(64, 2, 4, 2, 128, 512, True, estimate_s=3, train_responses=4, fsdp_estimate_s=2),
+    "tiny-128": Shape(128, 2, 4, 2, 256, 512, True, estimate_s=3, train_responses=4, fsdp_estimate_s=2),
 }
 
 
@@ -102,11 +121,17 @@ class Workload:
     """Timed micro-steps after one warm-up step."""
     in_flight_steps: int = 8
     """Decode iterations the 128 in-flight requests run before the engine is put to sleep."""
+    fsdp_steps: int = 3
+    """Timed FSDP2 steps after one warm-up step (a batch of ``train_responses`` × prompt + response tokens)."""
+    offload_estimate_s: float = 25.0
+    checkpoint_estimate_s: float = 60.0
+    """Seconds the offload and checkpoint sections take on an H200 (each skipped when less is left)."""
 
 
 GPU_WORK = Workload()
 DRY_WORK = Workload(prompt_tokens=8, new_tokens=6, section_timeout_s=20.0, train_prompt_tokens=8,
-                    train_response_tokens=8, train_steps=1, in_flight_steps=2)
+                    train_response_tokens=8, train_steps=1, in_flight_steps=2, fsdp_steps=2,
+                    offload_estimate_s=2.0, checkpoint_estimate_s=3.0)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -154,13 +179,46 @@ def text_table(data: dict[str, Any]) -> str:
                      _fmt(eng.get("load_awake_s")), _fmt(mem.get("freed_bytes"), GB),
                      _fmt(tr.get("plain", {}).get("micro_step_s")), _fmt(tr.get("checkpointing", {}).get("micro_step_s")),
                      _fmt(tr.get("plain", {}).get("peak_bytes"), GB), s.get("status", "?")))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
-    lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in rows]
     env = data.get("env", {})
     head = f"gpu_check on {env.get('device', '?')} ({'dry run' if data.get('dry_run') else 'full'}), " \
            f"{data.get('elapsed_s', 0):.0f} s, finished={data.get('finished')}"
     extra = [f"{k}: {data[k].get('status')} {data[k].get('reason', '')}".rstrip() for k in ("vllm", "deepspeed") if k in data]
-    return "\n".join([head, *lines, *extra]) + "\n"
+    return "\n".join([head, *_aligned(rows), *sharded_lines(data), *extra]) + "\n"
+
+
+def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in rows]
+
+
+def _status(section: dict[str, Any]) -> str:
+    return f"{section.get('status', '?')} {section.get('reason') or section.get('error') or ''}".rstrip()
+
+
+def sharded_lines(data: dict[str, Any]) -> list[str]:
+    """The FSDP2 steps (one row per shape), the offload's seconds per GB and the checkpoint's seconds."""
+    lines = []
+    if "fsdp2" in data:
+        f = data["fsdp2"]
+        lines.append(f"fsdp2 (1 rank, {f.get('backend', '?')}, compute {f.get('param_dtype', '?')}, AdamW): {_status(f)}")
+        if f.get("shapes"):
+            lines += _aligned([("shape", "step_s", "tok/s", "peak_GB", "status"),
+                               *((name, _fmt(r.get("step_s")), _fmt(r.get("tokens_per_s")), _fmt(r.get("peak_bytes"), GB),
+                                  r.get("status", "?")) for name, r in f["shapes"].items())])
+    if "offload" in data:
+        o = data["offload"]
+        moved = [f"{label} {_fmt(o[key]['bytes'], GB)} GB out {_fmt(o[key]['offload_s_per_gb'])} s/GB "
+                 f"back {_fmt(o[key]['reload_s_per_gb'])} s/GB" for key, label in
+                 (("optimizer_and_grads", "optimizer+grads"), ("params", "params")) if key in o]
+        where = f" ({o['shape']}{', pinned' if o.get('pinned') else ', host to host on CPU'})" if "shape" in o else ""
+        lines.append(f"offload{where}: {'; '.join([*moved, _status(o)])}")
+    if "checkpoint" in data:
+        c = data["checkpoint"]
+        done = [f"{_fmt(c['state_bytes'], GB)} GB, async_save returned {_fmt(c['async_return_s'])} s, "
+                f"written {_fmt(c['async_complete_s'])} s; save {_fmt(c['save_s'])} s"] if "save_s" in c else []
+        where = f" ({c['shape']})" if "shape" in c else ""
+        lines.append(f"checkpoint{where}: {'; '.join([*done, _status(c)])}")
+    return lines
 
 
 # ------------------------------------------------------------------------------------------------
@@ -464,6 +522,305 @@ def deepspeed_section(dev: Device, work: Workload, dtype: Any, out: dict[str, An
         dev.release()
 
 
+# ------------------------------------------------------------------------------------------------
+# the multi-rank trainer's building blocks at world size 1: FSDP2, offload, sharded checkpoints
+
+
+@contextlib.contextmanager
+def one_rank_group(dev: Device, timeout_s: float = 120.0) -> Iterator[Any]:
+    """A process group of this process alone (NCCL bound to the device on CUDA, gloo on CPU) over a
+    TCP store on localhost (port 0: a free one), and its one-dimensional device mesh; destroyed on
+    exit. The timeout keeps a hung collective from eating the device's time."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already initialised in this process")
+    timeout = dt.timedelta(seconds=timeout_s)
+    store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=timeout)
+    if dev.cuda:
+        index = dev.device.index if dev.device.index is not None else torch.cuda.current_device()
+        torch.cuda.set_device(index)
+        dist.init_process_group("nccl", store=store, rank=0, world_size=1, timeout=timeout,
+                                device_id=torch.device("cuda", index))
+    else:
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timeout)
+    try:
+        yield init_device_mesh(dev.device.type, (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+def local(t: Any) -> Any:
+    """A DTensor's local shard (a view of its storage); any other tensor as it is."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class ShardedTrainer:
+    """A causal LM of ``shape`` with fp32 parameters, every decoder layer and then the root
+    ``fully_shard``-ed on ``mesh`` (compute in bf16 on CUDA, fp32 on CPU; gradients reduced in
+    fp32), its fused AdamW, and one fixed random batch: ``train_responses`` sequences of the
+    trainer's prompt + response tokens."""
+
+    def __init__(self, shape: Shape, work: Workload, dev: Device, mesh: Any):
+        import torch
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        self.dev = dev
+        t0 = time.perf_counter()
+        self.model = build_model(shape, dev, torch.float32, seed=0).train()
+        dev.sync()
+        self.build_s = time.perf_counter() - t0
+        self.compute_dtype = torch.bfloat16 if dev.cuda else torch.float32
+        policy = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
+        t0 = time.perf_counter()
+        for layer in self.model.model.layers:
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(self.model, mesh=mesh, mp_policy=policy)
+        dev.sync()
+        self.shard_s = time.perf_counter() - t0
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-6, fused=True)
+        gen = torch.Generator().manual_seed(11)
+        length = work.train_prompt_tokens + work.train_response_tokens
+        self.ids = torch.randint(1, shape.vocab - 1, (shape.train_responses, length), generator=gen).to(dev.device)
+
+    def step(self) -> float:
+        """Forward + backward + AdamW step; the gradients stay until the next step (offload moves them)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.model(input_ids=self.ids, labels=self.ids, use_cache=False).loss
+        loss.backward()
+        self.optimizer.step()
+        return loss.item()
+
+    def shards(self) -> dict[str, list[Any]]:
+        """This rank's local shards of the optimizer state, the gradients and the parameters."""
+        import torch
+
+        with torch.no_grad():
+            params = list(self.model.parameters())
+            return {"optimizer": [local(v) for s in self.optimizer.state.values() for v in s.values()
+                                  if isinstance(v, torch.Tensor)],
+                    "grads": [local(p.grad) for p in params if p.grad is not None],
+                    "params": [local(p) for p in params]}
+
+
+def shard_bytes(tensors: list[Any]) -> int:
+    """Bytes of these tensors' local shards, a tensor met twice (tied embeddings) once."""
+    seen = {}
+    for t in tensors:
+        t = local(t)
+        seen[(t.data_ptr(), t.numel())] = t.numel() * t.element_size()
+    return sum(seen.values())
+
+
+def is_oom(exc: BaseException) -> bool:
+    """An allocation that did not fit: the allocator's error, or one NCCL or a kernel reported as such."""
+    import torch
+
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def fsdp2_steps(shape: Shape, work: Workload, dev: Device, deadline: float, run: dict[str, Any]) -> None:
+    """One shape's FSDP2 steps in a one-rank group of its own: one warm-up, then ``fsdp_steps`` timed."""
+    dev.release()
+    dev.reset_peak()
+    t0 = time.perf_counter()
+    with one_rank_group(dev) as mesh:
+        run["group_init_s"] = time.perf_counter() - t0
+        trainer = ShardedTrainer(shape, work, dev, mesh)
+        try:
+            run.update(params=sum(p.numel() for p in trainer.model.parameters()),
+                       param_bytes=shard_bytes(trainer.shards()["params"]), build_s=trainer.build_s, shard_s=trainer.shard_s)
+            times, losses = [], []
+            for _ in range(1 + work.fsdp_steps):
+                times.append(timed(dev, lambda: losses.append(trainer.step())))
+                if time.perf_counter() > deadline:
+                    break
+            timed_steps = times[1:] or times
+            step_s = statistics.median(timed_steps)
+            tokens = trainer.ids.numel()
+            run.update(step_s=step_s, first_step_s=times[0], steps_timed=len(timed_steps), tokens=tokens,
+                       tokens_per_s=tokens / step_s, loss=losses[-1], peak_bytes=dev.peak(),
+                       optimizer_state_bytes=shard_bytes(trainer.shards()["optimizer"]))
+        finally:
+            del trainer
+
+
+def fsdp2_section(shapes: dict[str, Shape], work: Workload, dev: Device, out: dict[str, Any],
+                  save: Callable[[], None], deadline: float) -> None:
+    """FSDP2 at world size 1 on every shape that still fits the budget; a shape that does not fit in
+    memory is recorded (``oom``) and the next one runs."""
+    import torch
+
+    out.update(backend="nccl" if dev.cuda else "gloo", world_size=1,
+               param_dtype=str(torch.bfloat16 if dev.cuda else torch.float32).removeprefix("torch."),
+               reduce_dtype="float32", master_dtype="float32", optimizer="AdamW (fused)", shapes={})
+    for name, shape in shapes.items():
+        run = out["shapes"][name] = {}
+        left = max(0.0, deadline - time.perf_counter())
+        if left < shape.fsdp_estimate_s:
+            run.update(status="skipped", reason=f"{left:.0f} s of the budget left, this shape's FSDP2 steps need "
+                                                f"about {shape.fsdp_estimate_s:.0f} s")
+            save()
+            continue
+        print(f"gpu_check: fsdp2 {name} ...", file=sys.stderr, flush=True)
+        try:
+            fsdp2_steps(shape, work, dev, deadline, run)
+            run["status"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - an OOM is a figure (the shape does not fit), anything else fails the section
+            if not is_oom(exc):
+                raise
+            run.update(status="oom", error=f"{type(exc).__name__}: {str(exc)[:300]}")
+        dev.release()  # after the handler: the failed step's frames (and its tensors) are gone by now
+        save()
+
+
+def round_trip(tensors: list[Any], dev: Device) -> dict[str, Any]:
+    """Moves these tensors' storages to host memory (pinned on CUDA) and back, in place: each storage
+    is copied out and freed (``resize_(0)``, as FSDP2 frees its own buffers; on CUDA the allocator's
+    cache then goes back to the device, for rollout to use), then re-allocated and copied back, so the
+    model and the optimizer keep their tensors. Each way is timed with the device synchronised around
+    it; the host buffer is allocated (and pinned) beforehand, its time apart."""
+    import torch
+
+    storages = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        if storage.nbytes() and t.device.type == dev.device.type:  # fused AdamW keeps its step counts there too
+            storages.setdefault(storage.data_ptr(), storage)  # views and flat buffers (FSDP2's gradients) once
+    storages, sizes, offsets, end = list(storages.values()), [], [], 0
+    for storage in storages:
+        offsets.append(end)
+        sizes.append(storage.nbytes())
+        end += -(-storage.nbytes() // 4096) * 4096  # page-aligned slices of one host buffer
+
+    def as_bytes(storage: Any) -> Any:
+        return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+    def checksum() -> int:
+        return int(torch.stack([as_bytes(s).sum(dtype=torch.int64) for s in storages]).sum())
+
+    t0 = time.perf_counter()
+    host = torch.empty(end, dtype=torch.uint8, pin_memory=dev.cuda)
+    pin_s = time.perf_counter() - t0
+    before, memory = checksum(), dev.memory()
+    dev.sync()
+    t0 = time.perf_counter()
+    for storage, offset, size in zip(storages, offsets, sizes):
+        host[offset:offset + size].copy_(as_bytes(storage), non_blocking=True)
+    dev.sync()
+    for storage in storages:
+        storage.resize_(0)
+    if dev.cuda:
+        torch.cuda.empty_cache()
+    offload_s = time.perf_counter() - t0
+    lent = dev.memory()
+    t0 = time.perf_counter()
+    for storage, size in zip(storages, sizes):
+        storage.resize_(size)
+    dev.sync()
+    alloc_s = time.perf_counter() - t0
+    for storage in storages:  # not timed: a copy back that did not happen shows in the checksum
+        as_bytes(storage).fill_(0xA5)
+    dev.sync()
+    t0 = time.perf_counter()
+    for storage, offset, size in zip(storages, offsets, sizes):
+        as_bytes(storage).copy_(host[offset:offset + size], non_blocking=True)
+    dev.sync()
+    reload_s = alloc_s + time.perf_counter() - t0
+    moved = sum(sizes)
+    out = {"bytes": moved, "tensors": len(tensors), "storages": len(storages), "pin_s": pin_s, "offload_s": offload_s,
+           "reload_s": reload_s, "offload_s_per_gb": offload_s / (moved / GB), "reload_s_per_gb": reload_s / (moved / GB),
+           "restored_exactly": checksum() == before}
+    if dev.cuda:  # what the offload gave back: the allocator's bytes and the device's free memory
+        out.update(allocated_freed_bytes=memory["allocated_bytes"] - lent["allocated_bytes"],
+                   device_freed_bytes=lent["device_free_bytes"] - memory["device_free_bytes"])
+    del host
+    return out
+
+
+def offload_section(name: str, shape: Shape, work: Workload, dev: Device, out: dict[str, Any]) -> None:
+    """The optimizer state with the gradients, and apart the parameters, of the FSDP2 model after one
+    step moved to host memory and back (what lending the trainer's GPU to rollout costs)."""
+    out.update(shape=name, pinned=dev.cuda)
+    if not dev.cuda:
+        out["note"] = ("a no-op on CPU: the state is already in host memory; the same code ran, "
+                       "its copies host to host")
+    with one_rank_group(dev) as mesh:
+        trainer = ShardedTrainer(shape, work, dev, mesh)
+        try:
+            trainer.step()
+            shards = trainer.shards()
+            for key, tensors in (("optimizer_and_grads", shards["optimizer"] + shards["grads"]),
+                                 ("params", shards["params"])):
+                out[key] = round_trip(tensors, dev)
+                dev.release()
+            del shards, tensors
+            out["loss_after_reload"] = trainer.step()  # the model and the optimizer still train
+        finally:
+            del trainer
+
+
+def _files(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def checkpoint_section(name: str, shape: Shape, work: Workload, dev: Device, out: dict[str, Any]) -> None:
+    """``dcp.async_save`` of the FSDP2 model's and its optimizer's sharded state dicts, then a
+    synchronous ``dcp.save`` of the same, into a temporary folder removed afterwards."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    out["shape"] = name
+    folder = Path(tempfile.mkdtemp(prefix="gpu_check_dcp_"))
+    try:
+        with one_rank_group(dev) as mesh:
+            trainer = ShardedTrainer(shape, work, dev, mesh)
+            try:
+                trainer.step()
+                # async_save coordinates from its own thread and needs a CPU backend: a gloo group beside NCCL
+                group = dist.new_group(backend="gloo", timeout=dt.timedelta(seconds=120))
+                state = {"model": get_model_state_dict(trainer.model),
+                         "optimizer": get_optimizer_state_dict(trainer.model, trainer.optimizer)}
+                out["state_bytes"] = shard_bytes(list(_leaf_tensors(state)))
+                dev.sync()
+                t0 = time.perf_counter()
+                pending = dcp.async_save(state, checkpoint_id=folder / "async", process_group=group)
+                out["async_return_s"] = time.perf_counter() - t0  # what a training step waits for
+                getattr(pending, "upload_completion", pending).result()  # a Future, or an AsyncSaveResponse
+                out["async_complete_s"] = time.perf_counter() - t0
+                written = _files(folder / "async")
+                out.update(files=sorted(written), async_bytes_written=sum(written.values()))
+                shutil.rmtree(folder / "async")
+                dev.sync()
+                t0 = time.perf_counter()
+                dcp.save(state, checkpoint_id=folder / "sync", process_group=group)
+                out["save_s"] = time.perf_counter() - t0
+                out["save_bytes_written"] = sum(_files(folder / "sync").values())
+                del state
+            finally:
+                del trainer
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _leaf_tensors(obj: Any) -> Iterator[Any]:
+    """The tensors of a nested state dict (dicts, lists, tuples)."""
+    import torch
+
+    if isinstance(obj, dict):
+        for value in obj.values():
+            yield from _leaf_tensors(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from _leaf_tensors(value)
+    elif isinstance(obj, torch.Tensor):
+        yield obj
+
+
+
 def environment(dev: Device, dtype: Any) -> dict[str, Any]:
     import torch
     import transformers
@@ -514,9 +871,14 @@ def run_check(args: argparse.Namespace) -> int:
         save()
 
     save()
+    sections = args.sections or SECTIONS
     for name, shape in shapes.items():
         out = data["shapes"][name] = {"shape": asdict(shape)}
         left = max(0.0, deadline - time.perf_counter())
+        if "shapes" not in sections:
+            out.update(status="skipped", reason="not selected with --sections")
+            save()
+            continue
         if left < shape.estimate_s:
             out.update(status="skipped", reason=f"{left:.0f} s of the {args.budget_s:.0f} s budget left, "
                                                 f"this shape needs about {shape.estimate_s:.0f} s")
@@ -524,12 +886,29 @@ def run_check(args: argparse.Namespace) -> int:
             continue
         print(f"gpu_check: {name} ...", file=sys.stderr, flush=True)
         guarded(name, out, lambda: asyncio.run(shape_section(name, shape, work, dev, dtype, out, save, deadline)))
+    smallest = min(shapes, key=lambda k: (shapes[k].hidden, shapes[k].layers))  # the offload's and the checkpoint's
+    for key, estimate_s, fn in (
+            ("fsdp2", min(s.fsdp_estimate_s for s in shapes.values()),
+             lambda out: fsdp2_section(shapes, work, dev, out, save, deadline)),
+            ("offload", work.offload_estimate_s, lambda out: offload_section(smallest, shapes[smallest], work, dev, out)),
+            ("checkpoint", work.checkpoint_estimate_s,
+             lambda out: checkpoint_section(smallest, shapes[smallest], work, dev, out))):
+        out = data[key] = {}
+        left = max(0.0, deadline - time.perf_counter())
+        if key not in sections or left < estimate_s:
+            out.update(status="skipped", reason="not selected with --sections" if key not in sections else
+                       f"{left:.0f} s of the {args.budget_s:.0f} s budget left, this section needs about {estimate_s:.0f} s")
+            save()
+            continue
+        print(f"gpu_check: {key} ...", file=sys.stderr, flush=True)
+        guarded(key, out, lambda: fn(out))
     for key, fn in (("vllm", lambda out: vllm_section(dev, work, out)),
                     ("deepspeed", lambda out: deepspeed_section(dev, work, dtype, out))):
         out = data[key] = {}
         left = max(0.0, deadline - time.perf_counter())
-        if args.dry_run or left < 60:
+        if args.dry_run or key not in sections or left < 60:
             out.update(status="skipped", reason="not run with --dry-run" if args.dry_run else
+                       "not selected with --sections" if key not in sections else
                        f"{left:.0f} s of the {args.budget_s:.0f} s budget left, this section needs about 60 s")
             save()
             continue
@@ -647,7 +1026,8 @@ def results_figures(data: dict[str, Any]) -> dict[str, Any]:
             "train_peak_gb": tr["plain"]["peak_bytes"] / GB,
             "train_peak_checkpointing_gb": tr["checkpointing"]["peak_bytes"] / GB,
         }
-    extra = {k: {kk: v for kk, v in data[k].items() if kk != "traceback"} for k in ("vllm", "deepspeed") if k in data}
+    extra = {k: {kk: v for kk, v in data[k].items() if kk != "traceback"}
+             for k in ("fsdp2", "offload", "checkpoint", "vllm", "deepspeed") if k in data}
     return {"device": data["env"].get("device"), "measured": str(data.get("started_at", ""))[:10],
             "dry_run": data.get("dry_run"), "torch": data["env"].get("torch"), "shapes": shapes, **extra}
 
@@ -693,6 +1073,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, seconds: the same code paths")
     p.add_argument("--out", type=Path, default=None, help="folder for gpu_check.json/.txt (default $OUT, else .)")
     p.add_argument("--shapes", default=None, help="comma-separated subset of the shapes to run")
+    p.add_argument("--sections", default=None,
+                   help=f"comma-separated subset of the sections to run (default all: {','.join(SECTIONS)})")
     p.add_argument("--budget-s", type=float, default=330.0,
                    help="seconds for all sections, from the start (a shape that no longer fits is skipped)")
     p.add_argument("--write-calibration", type=Path, default=None, metavar="FILE",
@@ -713,6 +1095,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         unknown = [s for s in args.shapes if s not in known]
         if unknown or not args.shapes:
             p.error(f"--shapes: unknown {unknown or args.shapes}; known: {', '.join(known)}")
+    if args.sections is not None:
+        args.sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+        unknown = [s for s in args.sections if s not in SECTIONS]
+        if unknown or not args.sections:
+            p.error(f"--sections: unknown {unknown or args.sections}; known: {', '.join(SECTIONS)}")
     return args
 
 

@@ -1,9 +1,10 @@
 """benchmarks/gpu_check.py: its --dry-run on CPU (without the packages the GPU machine lacks), its
-JSON, and the JSON → calibration round trip."""
+JSON, the FSDP2 / offload / checkpoint sections, and the JSON → calibration round trip."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -29,10 +30,13 @@ RUN_WITHOUT = (f"import runpy, sys\nfor name in {ABSENT_ON_THE_GPU_MACHINE!r}: s
                f"sys.argv = sys.argv[1:]\nrunpy.run_path(sys.argv[0], run_name='__main__')\n")
 
 
-def run_script(*args: str, as_on_the_gpu_machine: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_script(*args: str, as_on_the_gpu_machine: bool = True, timeout: float = 300,
+               tmpdir: Path | None = None) -> subprocess.CompletedProcess:
     """The script in a subprocess; ``--write-calibration`` needs the project's own venv (pydantic)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("OUT", None)
+    if tmpdir is not None:
+        env["TMPDIR"] = str(tmpdir)
     head = ["-c", RUN_WITHOUT] if as_on_the_gpu_machine else []
     return subprocess.run([sys.executable, *head, str(SCRIPT), *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=ROOT)
@@ -41,9 +45,10 @@ def run_script(*args: str, as_on_the_gpu_machine: bool = True, timeout: float = 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     """One --dry-run for the module (tens of seconds on these cores: its tests are marked slow)."""
-    out = tmp_path_factory.mktemp("gpu_check")
-    proc = run_script("--dry-run", "--out", str(out))
+    out, tmp = tmp_path_factory.mktemp("gpu_check"), tmp_path_factory.mktemp("gpu_check_tmp")
+    proc = run_script("--dry-run", "--out", str(out), tmpdir=tmp)
     assert proc.returncode == 0, proc.stderr
+    assert not list(tmp.glob("gpu_check_dcp_*")), "the checkpoint section left its folder behind"
     return out, json.loads((out / "gpu_check.json").read_text())
 
 
@@ -99,6 +104,8 @@ def test_a_budget_too_short_for_any_shape_skips_them_all_and_still_exits_0(tmp_p
     assert (proc.returncode, data["finished"]) == (0, True)
     assert [s["status"] for s in data["shapes"].values()] == ["skipped", "skipped"]
     assert "budget left" in data["shapes"]["tiny-64"]["reason"]
+    for key in ("fsdp2", "offload", "checkpoint"):
+        assert data[key]["status"] == "skipped" and "budget left" in data[key]["reason"], key
 
 
 @pytest.mark.slow
@@ -209,3 +216,155 @@ def test_the_results_figures_are_the_headline_numbers_of_each_completed_shape(dr
         "train_peak_checkpointing_gb": small["trainer"]["checkpointing"]["peak_bytes"] / 1e9,
     }
     assert gpu_check.results_section(data).startswith("## GPU check\n\n`python3 benchmarks/gpu_check.py --out \"$OUT\"` on cpu")
+
+
+# ------------------------------------------------------------------------------------------------
+# FSDP2 at world size 1, offload and reload, sharded checkpoints
+
+
+@pytest.mark.slow
+def test_fsdp2_trains_every_shape_in_a_one_rank_gloo_group(dry_run):
+    _, data = dry_run
+    f = data["fsdp2"]
+    assert (f["status"], f["backend"], f["world_size"], f["param_dtype"], f["reduce_dtype"]) == \
+        ("ok", "gloo", 1, "float32", "float32")
+    assert list(f["shapes"]) == ["tiny-64", "tiny-128"]
+    for name, run in f["shapes"].items():
+        assert run["status"] == "ok", (name, run)
+        assert run["step_s"] > 0 and run["first_step_s"] > 0 and run["group_init_s"] > 0, name
+        assert (run["steps_timed"], run["tokens"]) == (2, 4 * 16)
+        assert run["tokens_per_s"] == pytest.approx(run["tokens"] / run["step_s"])
+        assert math.isfinite(run["loss"]) and run["loss"] > 0
+        assert run["peak_bytes"] > 0
+        # at world size 1 the shard is the whole fp32 parameter; AdamW holds two moments and a step count each
+        assert run["param_bytes"] == 4 * run["params"] == data["shapes"][name]["weight_bytes"]
+        assert 2 * run["param_bytes"] < run["optimizer_state_bytes"] < 2 * run["param_bytes"] + 1024
+
+
+@pytest.mark.slow
+def test_offload_moves_optimizer_state_grads_and_params_and_restores_them_exactly(dry_run):
+    _, data = dry_run
+    o = data["offload"]
+    assert (o["status"], o["shape"], o["pinned"]) == ("ok", "tiny-64", False)
+    assert o["note"].startswith("a no-op on CPU: the state is already in host memory")
+    params = data["fsdp2"]["shapes"]["tiny-64"]["param_bytes"]
+    assert o["params"]["bytes"] == params
+    assert o["optimizer_and_grads"]["bytes"] == params + data["fsdp2"]["shapes"]["tiny-64"]["optimizer_state_bytes"]
+    for key in ("optimizer_and_grads", "params"):
+        moved = o[key]
+        assert moved["restored_exactly"] is True, key
+        assert moved["offload_s"] > 0 and moved["reload_s"] > 0, key
+        assert moved["offload_s_per_gb"] == pytest.approx(moved["offload_s"] / (moved["bytes"] / 1e9))
+        assert moved["reload_s_per_gb"] == pytest.approx(moved["reload_s"] / (moved["bytes"] / 1e9))
+        assert "device_freed_bytes" not in moved and "allocated_freed_bytes" not in moved  # CUDA only
+    # FSDP2 reduces each group's gradients into one flat buffer: fewer storages than tensors
+    assert o["optimizer_and_grads"]["storages"] < o["optimizer_and_grads"]["tensors"]
+    assert math.isfinite(o["loss_after_reload"])
+
+
+@pytest.mark.slow
+def test_async_save_returns_before_it_is_written_and_writes_what_save_writes(dry_run):
+    _, data = dry_run
+    c = data["checkpoint"]
+    assert (c["status"], c["shape"], c["files"]) == ("ok", "tiny-64", [".metadata", "__0_0.distcp"])
+    assert 0 < c["async_return_s"] <= c["async_complete_s"]
+    assert c["save_s"] > 0
+    fsdp2 = data["fsdp2"]["shapes"]["tiny-64"]
+    assert c["state_bytes"] == fsdp2["param_bytes"] + fsdp2["optimizer_state_bytes"]  # the tied embedding once
+    assert c["async_bytes_written"] > c["state_bytes"]
+    assert c["save_bytes_written"] == pytest.approx(c["async_bytes_written"], abs=64)  # .metadata may differ by a byte
+
+
+@pytest.mark.slow
+def test_the_table_has_a_row_per_fsdp2_shape_and_the_offload_and_checkpoint_lines(dry_run):
+    out, data = dry_run
+    lines = (out / "gpu_check.txt").read_text().splitlines()
+    at = lines.index("fsdp2 (1 rank, gloo, compute float32, AdamW): ok")
+    assert [line.split()[0] for line in lines[at + 1:at + 4]] == ["shape", "tiny-64", "tiny-128"]
+    assert lines[at + 4].startswith("offload (tiny-64, host to host on CPU): optimizer+grads ")
+    assert lines[at + 4].endswith("; ok")
+    assert lines[at + 5].startswith("checkpoint (tiny-64): ") and lines[at + 5].endswith("; ok")
+    figures = gpu_check.results_figures(data)
+    assert figures["offload"]["params"] == data["offload"]["params"]
+
+
+@pytest.mark.slow
+def test_sections_runs_only_those_named(tmp_path):
+    proc = run_script("--dry-run", "--sections", "checkpoint", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert data["checkpoint"]["status"] == "ok"
+    skipped = [data["shapes"]["tiny-64"], data["shapes"]["tiny-128"], data["fsdp2"], data["offload"]]
+    assert all(s["status"] == "skipped" and s["reason"] == "not selected with --sections" for s in skipped)
+
+
+def test_an_unknown_section_is_refused_with_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as stop:
+        gpu_check.main(["--dry-run", "--sections", "fsdp2,fsdp3"])
+    assert (stop.value.code, capsys.readouterr().err) == \
+        (2, "gpu_check: --sections: unknown ['fsdp3']; known: shapes, fsdp2, offload, checkpoint, vllm, deepspeed\n")
+
+
+def run_in_process(tmp_path, *sections: str) -> tuple[int, dict]:
+    code = gpu_check.main(["--dry-run", "--sections", ",".join(sections), "--budget-s", "1e6", "--out", str(tmp_path)])
+    return code, json.loads((tmp_path / "gpu_check.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_shape_that_runs_out_of_memory_is_recorded_and_the_next_one_still_runs(tmp_path, monkeypatch):
+    import torch
+    import torch.distributed as dist
+
+    real = gpu_check.fsdp2_steps
+
+    def first_does_not_fit(shape, work, dev, deadline, run):
+        if shape.hidden == 64:
+            with gpu_check.one_rank_group(dev):
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 30.00 GiB")
+        real(shape, work, dev, deadline, run)
+
+    monkeypatch.setattr(gpu_check, "fsdp2_steps", first_does_not_fit)
+    code, data = run_in_process(tmp_path, "fsdp2")
+    runs = data["fsdp2"]["shapes"]
+    assert (code, data["fsdp2"]["status"], data["failures"]) == (0, "ok", [])
+    assert runs["tiny-64"] == {"status": "oom", "error": "OutOfMemoryError: CUDA out of memory. Tried to allocate 30.00 GiB"}
+    assert runs["tiny-128"]["status"] == "ok" and runs["tiny-128"]["step_s"] > 0
+    assert not dist.is_initialized()  # each shape's group was destroyed
+
+
+@pytest.mark.slow
+def test_a_failing_section_is_recorded_and_the_next_section_still_runs(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    def broken(name, shape, work, dev, out):
+        with gpu_check.one_rank_group(dev):
+            raise RuntimeError("no pinned memory")
+
+    monkeypatch.setattr(gpu_check, "offload_section", broken)
+    code, data = run_in_process(tmp_path, "offload", "checkpoint")
+    assert (code, data["offload"]["status"], data["offload"]["error"]) == (1, "error", "RuntimeError: no pinned memory")
+    assert [f["section"] for f in data["failures"]] == ["offload"]
+    assert data["checkpoint"]["status"] == "ok" and data["checkpoint"]["save_s"] > 0
+    assert not dist.is_initialized()
+
+
+def test_a_round_trip_restores_every_byte_and_moves_a_shared_storage_once():
+    import torch
+
+    dev = gpu_check.Device("cpu")
+    base = torch.arange(1000, dtype=torch.float32)
+    other = torch.randn(10, 10)
+    tensors = [base[:500], base[500:], other, other.t()]  # two views of each storage
+    expected = [t.clone() for t in tensors]
+    moved = gpu_check.round_trip(tensors, dev)
+    assert (moved["bytes"], moved["tensors"], moved["storages"], moved["restored_exactly"]) == (4400, 4, 2, True)
+    assert all(torch.equal(t, e) for t, e in zip(tensors, expected))
+    assert moved["offload_s"] > 0 and moved["reload_s"] > 0
+
+
+def test_an_oom_is_the_allocators_error_or_one_that_says_so():
+    import torch
+
+    assert gpu_check.is_oom(torch.OutOfMemoryError("CUDA out of memory."))
+    assert gpu_check.is_oom(RuntimeError("NCCL error: unhandled cuda error, NCCL version 2.27: Cuda failure 'out of memory'"))
+    assert not gpu_check.is_oom(RuntimeError("Expected all tensors to be on the same device"))

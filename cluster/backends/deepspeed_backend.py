@@ -102,6 +102,7 @@ class DeepSpeedBackend(TorchBackend):
     """GRPO on TinyLM with a DeepSpeed engine (ZeRO ``zero_stage`` 0-3, fp32)."""
 
     name = "deepspeed"
+    shards_with_fsdp = False  # ZeRO shards across the same ranks instead
 
     def __init__(
         self,

@@ -13,6 +13,7 @@ optimizer-state plumbing (the ``_`` hooks at the bottom), so both compute the sa
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import math
 import os
@@ -36,6 +37,7 @@ from cluster.backends.base import (
     set_rng_state,
     write_checkpoint,
 )
+from cluster.backends import distributed as dp
 from cluster.grpo import (
     ISWeights,
     agg_loss,
@@ -126,6 +128,14 @@ def build_batch(samples: Sequence[Sample], *, pad_id: int, max_seq_len: int) -> 
     )
 
 
+def idle_batch(pad_id: int) -> TrainBatch:
+    """The batch of a rank whose share of a micro-step is empty: one padding row with nothing on the
+    mask, so the rank still runs the group's forward/backward passes with zero weight."""
+    return TrainBatch(tokens=torch.full((1, 2), pad_id, dtype=torch.long), prompt_lens=torch.tensor([1]),
+                      total_lens=torch.tensor([1]), mask=torch.zeros((1, 1)), rollout_logp=torch.zeros((1, 1)),
+                      group_sizes=[])
+
+
 def _pad_id(tokenizer: Any) -> int:
     """The padding id of a Tidal ``CharTokenizer`` (``pad_id``) or an HF tokenizer (``pad_token_id``,
     else ``eos_token_id``, else 0). Padding is masked out, so any valid id serves."""
@@ -152,6 +162,8 @@ class TorchBackend:
     an HF model, with ``tokenizer`` its HF tokenizer (saved beside each HF export)."""
 
     name = "torch"
+    shards_with_fsdp = True
+    """Whether this backend shards with FSDP2 when it is one rank of many (DeepSpeed uses ZeRO)."""
 
     def __init__(
         self,
@@ -186,6 +198,10 @@ class TorchBackend:
         seed: int = 0,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
+        param_dtype: str = "bf16",
+        reshard_after_forward: bool = True,
+        param_offload: bool = False,
+        optimizer_offload: bool = True,
     ):
         if lr <= 0:
             raise ValueError(f"lr must be > 0, got {lr}")
@@ -233,6 +249,12 @@ class TorchBackend:
         self.device = resolve_device(device)
         self.seed = seed
         self._updates = 0
+        self.rank = dp.RankInfo.current()
+        self.compute_dtype = dp.param_dtype_of(param_dtype, self.device)
+        self.param_offload, self.optimizer_offload = param_offload, optimizer_offload
+        self._offloaded = False
+        self._saver: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: tuple[concurrent.futures.Future[Any], CheckpointInfo] | None = None
 
         if model is None:
             assert model_cfg is not None
@@ -254,6 +276,9 @@ class TorchBackend:
             self.ref_model = copy.deepcopy(self.model).eval()
             self.ref_model.requires_grad_(False)
         self._param_names = list(self.model.state_dict().keys())
+        if self.rank.sharded and self.shards_with_fsdp:
+            dp.shard(self.model, device=self.device, param_dtype=self.compute_dtype,
+                     reshard_after_forward=reshard_after_forward)
         self._setup_optimizer()
 
     # -- public API ----------------------------------------------------------------------------
@@ -263,8 +288,15 @@ class TorchBackend:
         return self._updates
 
     def train_step(self, samples: Sequence[Sample]) -> StepResult:
+        """One micro-step on ``samples``; when this backend is one rank of many, on this rank's
+        share, with every loss normaliser and reported metric taken over all the ranks' shares."""
         timing: dict[str, float] = {}
-        batch = build_batch(samples, pad_id=self.pad_id, max_seq_len=self.max_seq_len)
+        if self._offloaded:  # lent and not yet taken back (the trainer reloads at the take-back)
+            self.reload()
+        if samples or not self.rank.sharded:
+            batch = build_batch(samples, pad_id=self.pad_id, max_seq_len=self.max_seq_len)
+        else:
+            batch = idle_batch(self.pad_id)
         tokens, mask = batch.tokens.to(self.device), batch.mask.to(self.device)
         chunks = self._chunks(batch)
 
@@ -296,6 +328,8 @@ class TorchBackend:
         seq_adv = compute_advantages(
             self.adv_estimator, rewards, norm_adv_by_std_in_grpo=self.norm_adv_by_std_in_grpo
         ).to(self.device)
+        if not rewards:  # an idle rank's padding row
+            seq_adv = torch.zeros(tokens.shape[0], device=self.device)
         is_w: ISWeights | None = None
         if self.rollout_is is not None and rollout_logp is not None:
             is_w = rollout_is_weights(old_logp, rollout_logp, mask, level=self.rollout_is,
@@ -311,59 +345,93 @@ class TorchBackend:
             torch.cuda.synchronize(self.device)
         timing["update_actor"] = time.perf_counter() - t0
 
-        flat = torch.tensor([r for group in rewards for r in group], dtype=torch.float64)
-        n_resp = len(flat)
+        flat = [r for group in rewards for r in group]
+        n_resp, r_sum, r_sq, n_tokens, n_resp_tokens, n_samples = dp.all_reduce([
+            len(flat), sum(flat), sum(r * r for r in flat), batch.tokens_total if rewards else 0,
+            batch.response_tokens if rewards else 0, len(samples)])
         metrics = {k: v / self.ppo_epochs for k, v in sums.items()}
-        reward_mean = float(flat.mean())
+        reward_mean = r_sum / max(n_resp, 1.0)
         metrics.update(
             reward_mean=reward_mean,
-            reward_std=float(flat.std(unbiased=False)) if n_resp > 1 else 0.0,
-            response_length_mean=batch.response_tokens / n_resp,
-            tokens=float(batch.tokens_total),
-            response_tokens=float(batch.response_tokens),
-            samples=float(len(samples)),
-            responses=float(n_resp),
+            reward_std=math.sqrt(max(0.0, r_sq / n_resp - reward_mean**2)) if n_resp > 1 else 0.0,
+            response_length_mean=n_resp_tokens / max(n_resp, 1.0),
+            tokens=n_tokens,
+            response_tokens=n_resp_tokens,
+            samples=n_samples,
+            responses=n_resp,
             updates=float(self._updates),
         )
         metrics["response_length/mean"] = metrics["response_length_mean"]
         metrics["critic/score/mean"] = reward_mean
         if is_w is not None:
-            metrics.update({f"rollout_corr/{k}": v for k, v in is_w.stats.items()})
+            metrics.update({f"rollout_corr/{k}": v for k, v in self._is_stats(is_w, float(mask.sum())).items()})
         return StepResult(metrics=metrics, timing_s=timing)
 
+    def _is_stats(self, is_w: ISWeights, tokens: float) -> dict[str, float]:
+        """The rollout IS statistics over every rank's response tokens (this rank's alone when it is
+        the only one): token-weighted means, the extreme max and min."""
+        stats = is_w.stats
+        if not self.rank.sharded:
+            return dict(stats)
+        total, mean, clip = dp.all_reduce([tokens, tokens * stats["rollout_is_mean"],
+                                           tokens * stats["rollout_is_clipfrac"]])
+        big = 1e300
+        hi, neg_lo = dp.all_reduce([stats["rollout_is_max"] if tokens else -big,
+                                    -stats["rollout_is_min"] if tokens else -big], op="max")
+        if total <= 0:
+            return dict(stats)
+        return {"rollout_is_mean": mean / total, "rollout_is_max": hi, "rollout_is_min": -neg_lo,
+                "rollout_is_clipfrac": clip / total}
+
     def state_dict_for_rollout(self) -> dict[str, torch.Tensor]:
+        """Detached fp32 CPU copies of the whole weights. One rank of many: every rank must call it
+        (the shards are gathered); rank 0 gets the weights, the others ``{}``."""
+        if self.rank.sharded and self.shards_with_fsdp:
+            return dp.full_weights(self.model)
         return {k: v.detach().to("cpu", copy=True) for k, v in self._export_weights().items()}
 
-    def save_checkpoint(self, path: str | os.PathLike[str], *, export_hf: bool = True) -> CheckpointInfo:
-        """Write the checkpoint file; for an HF model (and ``export_hf``) also its Hugging Face
-        folder ``huggingface/`` beside the file (``save_pretrained`` of the model and the tokenizer)."""
-        extra: dict[str, Any] = {}
-        if self.ref_model is not None:
-            extra["ref_model"] = {k: v.detach().to("cpu", copy=True) for k, v in self.ref_model.state_dict().items()}
-        weights = self.state_dict_for_rollout()
-        payload = {
-            "format": CHECKPOINT_FORMAT,
-            "backend": self.name,
-            "updates": self._updates,
-            "model": weights,
-            "optim": {
-                "hparams": {
-                    "lr": self.lr,
-                    "weight_decay": self.weight_decay,
-                    "betas": list(self.betas),
-                    "eps": self.eps,
-                },
-                "state": self._export_optim_state(),
-            },
-            "rng": rng_state(),
-            "extra": extra,
-        }
+    def save_checkpoint(self, path: str | os.PathLike[str], *, export_hf: bool = True,
+                        async_save: bool = False) -> CheckpointInfo:
+        """Write the checkpoint of this step; for an HF model (and ``export_hf``) also its Hugging
+        Face folder ``huggingface/`` beside it (gathered on rank 0 when sharded).
+
+        One rank: the single file at ``path``. One rank of many: a DCP folder beside it (``path``
+        without its suffix: ``actor/``, a shard per rank and rank 0's commit marker); the returned
+        path is the marker's. ``async_save``: the state is copied to host memory now and written
+        in the background; the returned ``sha256`` is empty (the marker or the atomic rename says
+        when it is complete) and ``wait_checkpoint`` waits for it. A save first waits for the one
+        before it."""
+        self.wait_checkpoint()
         if self.is_hf and export_hf:
-            write_hf_folder(self.model, self.tokenizer, Path(path).parent / HF_DIRNAME)
-        return write_checkpoint(payload, path)
+            self._export_hf(Path(path).parent / HF_DIRNAME)
+        if self.rank.sharded and self.shards_with_fsdp:
+            return self._save_sharded(Path(path).with_suffix(""), async_save=async_save)
+        payload = self._checkpoint_payload()
+        if not async_save:
+            return write_checkpoint(payload, path)
+        size = sum(t.numel() * t.element_size() for t in _tensors(payload))
+        info = CheckpointInfo(str(path), "", size)
+        self._pending = (self._background().submit(write_checkpoint, payload, path), info)
+        return info
+
+    def wait_checkpoint(self) -> CheckpointInfo | None:
+        """Wait for the save in flight (if any) to be on disk; returns its info, raises its error."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        future, info = pending
+        done = future.result()
+        return done if isinstance(done, CheckpointInfo) else info
 
     def load_checkpoint(self, path: str | os.PathLike[str], *, expected_sha256: str | None = None) -> None:
-        payload = read_checkpoint(path, expected_sha256=expected_sha256)
+        """Restore a checkpoint: the single file (``expected_sha256`` checked unless empty) or a
+        sharded one's commit marker (its files checked against the marker). Either loads at any
+        rank count: DCP reshards a sharded checkpoint, and a single file is read whole by each rank."""
+        self.wait_checkpoint()
+        if Path(path).name == dp.COMMIT_MARKER or Path(path).is_dir():
+            self._load_sharded(Path(path))
+            return
+        payload = read_checkpoint(path, expected_sha256=expected_sha256 or None)
         model = payload["model"]
         want = set(self._param_names)
         if set(model) != want:
@@ -383,8 +451,126 @@ class TorchBackend:
         self._updates = int(payload["updates"])
         set_rng_state(payload.get("rng", {}))
 
+    def offload(self) -> dict[str, float]:
+        """Make room for the hybrid replicas lent on this trainer's device: move the optimizer state
+        and the gradients (and the parameters, with ``param_offload``) to host memory. Returns
+        the seconds and GB of each move; nothing moves on CPU, where the state already is."""
+        return self._move("cpu", offload=True)
+
+    def reload(self) -> dict[str, float]:
+        """Bring back what ``offload`` moved, before the next update."""
+        return self._move(self.device, offload=False)
+
     def close(self) -> None:
-        """Nothing to release (kept for symmetry with the DeepSpeed backend)."""
+        """Finish the save in flight and stop the saver thread."""
+        try:
+            self.wait_checkpoint()
+        finally:
+            if self._saver is not None:
+                self._saver.shutdown(wait=True)
+                self._saver = None
+
+    # -- checkpoint, export and offload pieces -------------------------------------------------
+
+    def _checkpoint_payload(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {}
+        if self.ref_model is not None:
+            extra["ref_model"] = {k: v.detach().to("cpu", copy=True) for k, v in self.ref_model.state_dict().items()}
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "backend": self.name,
+            "updates": self._updates,
+            "model": self.state_dict_for_rollout(),
+            "optim": {
+                "hparams": {"lr": self.lr, "weight_decay": self.weight_decay, "betas": list(self.betas), "eps": self.eps},
+                "state": self._export_optim_state(),
+            },
+            "rng": rng_state(),
+            "extra": extra,
+        }
+
+    def _background(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._saver is None:
+            self._saver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tidal-ckpt")
+        return self._saver
+
+    def _export_hf(self, folder: Path) -> None:
+        if not (self.rank.sharded and self.shards_with_fsdp):
+            write_hf_folder(self.model, self.tokenizer, folder)
+            return
+        weights = dp.full_weights(self.model)  # every rank gathers; rank 0 writes
+        if self.rank.rank == 0:
+            write_hf_folder(_Unsharded(self.model, weights), self.tokenizer, folder)
+
+    def _save_sharded(self, folder: Path, *, async_save: bool) -> CheckpointInfo:
+        import torch.distributed.checkpoint as dcp
+
+        if self.rank.rank == 0 and folder.exists():
+            import shutil
+
+            shutil.rmtree(folder)  # a save of this step cut off before (a resumed run redoes it)
+        dp.barrier()
+        folder.mkdir(parents=True, exist_ok=True)
+        state = dp.sharded_state(self.model, self.optimizer)
+        marker = {"format": dp.SHARDED_FORMAT, "backend": self.name, "world": self.rank.world,
+                  "updates": self._updates}
+        size = sum(t.numel() * t.element_size() for t in _tensors(state))
+        info = CheckpointInfo(str(folder / dp.COMMIT_MARKER), "", size)
+
+        def finish(_: Any = None) -> CheckpointInfo:
+            if self.rank.rank != 0:
+                return info
+            files = dp.shard_sizes(folder)
+            dp.write_marker(folder, {**marker, "files": files})
+            return CheckpointInfo(info.path, "", sum(files.values()))
+
+        if not async_save:
+            dcp.save(state, checkpoint_id=str(folder), process_group=dp.checkpoint_group())
+            return finish()
+        future = dcp.async_save(state, checkpoint_id=str(folder), process_group=dp.checkpoint_group())
+        self._pending = (self._background().submit(lambda: (future.result(), finish())[1]), info)
+        return info
+
+    def _load_sharded(self, path: Path) -> None:
+        folder = path if path.is_dir() else path.parent
+        try:
+            marker = dp.read_marker(folder)
+            dp.verify_shards(folder, marker)
+        except FileNotFoundError:
+            raise CheckpointError(f"{folder}: incomplete checkpoint (no {dp.COMMIT_MARKER}: its save was cut off)") from None
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from None
+        if marker.get("backend") not in (self.name, "torch") and self.shards_with_fsdp:
+            raise CheckpointError(f"{folder}: written by the {marker.get('backend')} backend, not {self.name}")
+        dp.load_sharded_state(self.model, self._forward_optimizer(), folder)
+        self._updates = int(marker["updates"])
+
+    def _forward_optimizer(self) -> torch.optim.Optimizer:
+        return self.optimizer
+
+    def _move(self, device: torch.device | str, *, offload: bool) -> dict[str, float]:
+        """Move optimizer state and gradients (and the parameters, with ``param_offload``) to
+        ``device``; the seconds and GB of each move, by name."""
+        kind = "offload" if offload else "reload"
+        report: dict[str, float] = {}
+        if self.device.type == "cpu" or offload == self._offloaded:
+            return report
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        moves = [("optimizer", self.optimizer_offload, lambda: dp.move_optimizer_state(self.optimizer, device)),
+                 ("grads", self.optimizer_offload, lambda: dp.move_grads(self.model.parameters(), device)),
+                 ("params", self.param_offload, lambda: _move_params(self.model, device))]
+        for name, wanted, move in moves:
+            if not wanted:
+                continue
+            t0 = time.perf_counter()
+            moved = move()
+            sync()
+            report[f"{kind}_{name}_s"] = time.perf_counter() - t0
+            report[f"{kind}_{name}_gb"] = moved / 2**30
+        self._offloaded = offload
+        if offload and self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return report
 
     # -- GRPO pieces ---------------------------------------------------------------------------
 
@@ -416,16 +602,30 @@ class TorchBackend:
         return out
 
     def _logits(self, module: Any, tokens: torch.Tensor) -> torch.Tensor:
-        """(b, w) tokens → (b, w-1, V) logits predicting tokens[:, 1:]."""
+        """(b, w) tokens → (b, w-1, V) fp32 logits predicting tokens[:, 1:]. An unsharded model on
+        CUDA computes in ``param_dtype`` under autocast (FSDP2 casts a sharded one itself)."""
         inputs = tokens[:, :-1]  # right padding: causal attention never sees it from a real token
-        if self.is_hf:
-            return module(input_ids=inputs, use_cache=False).logits
-        return module(inputs)
+        autocast = self.compute_dtype is not None and not dp.is_sharded(self.model)
+        with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=autocast):
+            out = module(input_ids=inputs, use_cache=False).logits if self.is_hf else module(inputs)
+        return out.float()
+
+    def _passes(self, chunks: list[tuple[int, int, int]], *, trained: bool = True) -> list[tuple[int, int, int] | None]:
+        """The micro-batches to run: this rank's, then ``None`` (a zero-weight pass) until every rank
+        has run as many as the rank with the most. The trained model's passes pair up across the
+        ranks (FSDP2 and ZeRO gather and reduce in them); the frozen reference model's do not."""
+        if not (trained and self.rank.sharded):
+            return list(chunks)
+        return [*chunks, *([None] * (dp.agree_max(len(chunks)) - len(chunks)))]
 
     @torch.no_grad()
     def _logprobs_no_grad(self, module: Any, tokens: torch.Tensor, chunks: list[tuple[int, int, int]]) -> torch.Tensor:
         out = torch.zeros(tokens.shape[0], tokens.shape[1] - 1, device=tokens.device)
-        for lo, hi, w in chunks:
+        for chunk in self._passes(chunks, trained=module is not self.ref_model):
+            if chunk is None:
+                self._logits(module, tokens[:1, :2])
+                continue
+            lo, hi, w = chunk
             part = tokens[lo:hi, :w]
             out[lo:hi, : w - 1] = logprobs_from_logits(self._logits(module, part), part[:, 1:])
         return out
@@ -441,13 +641,20 @@ class TorchBackend:
         is_w: ISWeights | None,
     ) -> dict[str, float]:
         """One optimizer update over the mini-batch, accumulating gradients micro-batch by
-        micro-batch; every loss is normalised by the whole mini-batch's counts."""
+        micro-batch; every loss is normalised by the whole mini-batch's counts (over every rank's
+        share when this is one rank of many: the ranks' losses add up to the one-rank loss)."""
         self._train_mode(True)
-        n_tok = float(mask.sum())
-        n_seq = float(count_seqs(mask, self.loss_agg_mode))
+        n_tok, n_seq = dp.global_counts(float(mask.sum()), float(count_seqs(mask, self.loss_agg_mode)))
         agg = dict(global_tokens=n_tok, global_seqs=n_seq)
+        scale = dp.loss_scale()
         stats = dict.fromkeys(("loss", "pg_loss", "kl", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy"), 0.0)
-        for i, (lo, hi, w) in enumerate(chunks):
+        passes = self._passes(chunks)
+        for i, chunk in enumerate(passes):
+            last = i == len(passes) - 1
+            if chunk is None:  # this rank's share ran out: a pass that adds nothing to any gradient
+                self._backward(self._logits(self._forward_module(), tokens[:1, :2]).sum() * 0.0, last=last)
+                continue
+            lo, hi, w = chunk
             part, m = tokens[lo:hi, :w], mask[lo:hi, : w - 1]
             share = float(m.sum()) / max(n_tok, 1.0)  # token weight of this micro-batch's means
             logits = self._logits(self._forward_module(), part)
@@ -472,7 +679,7 @@ class TorchBackend:
                 loss = loss + self.kl_loss_coef * kl
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"non-finite GRPO loss {float(loss)} at update {self._updates}")
-            self._backward(loss, last=i == len(chunks) - 1)
+            self._backward(loss * scale if scale != 1.0 else loss, last=last)
             stats["loss"] += float(loss.detach())
             stats["pg_loss"] += float(pl.pg_loss.detach())
             stats["kl"] += float(kl.detach())
@@ -480,6 +687,7 @@ class TorchBackend:
             stats["pg_clipfrac_lower"] += share * float(pl.pg_clipfrac_lower)
             stats["ppo_kl"] += share * float(pl.ppo_kl)
             stats["entropy"] += share * float(masked_mean(entropy.detach(), m))
+        stats = dict(zip(stats, dp.all_reduce(list(stats.values())), strict=True))
         lr = self.lr * warmup_factor(self._updates, self.lr_warmup_steps)
         for group in self._param_groups():
             group["lr"] = lr
@@ -514,7 +722,7 @@ class TorchBackend:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or math.inf)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return dp.full_norm(norm)
 
     def _param_groups(self) -> list[dict[str, Any]]:
         return self.optimizer.param_groups
@@ -526,6 +734,11 @@ class TorchBackend:
         return dict(self.model.state_dict())
 
     def _import_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        if dp.is_sharded(self.model):  # each rank keeps its shard of the whole weights
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            set_model_state_dict(self.model, dict(weights), options=StateDictOptions(full_state_dict=True))
+            return
         self.model.load_state_dict(dict(weights))
 
     def _export_optim_state(self) -> dict[str, dict[str, torch.Tensor]]:
@@ -538,6 +751,19 @@ class TorchBackend:
 
     def _import_optim_state(self, state: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
         params = dict(self.model.named_parameters())
+        if dp.is_sharded(self.model):
+            unknown = sorted(set(state) - set(params))
+            if unknown:
+                raise CheckpointError(f"optimizer state for unknown parameters {unknown}")
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": list(params)}
+                      for g in self.optimizer.param_groups]
+            full = {"state": {name: {"step": st["step"].detach().to(torch.float32).cpu().clone(),
+                                     **{k: st[k].detach().float() for k in _ADAM_KEYS}} for name, st in state.items()},
+                    "param_groups": groups}
+            set_optimizer_state_dict(self.model, self.optimizer, full, options=StateDictOptions(full_state_dict=True))
+            return
         self.optimizer.state.clear()
         for name, st in state.items():
             if name not in params:
@@ -547,3 +773,31 @@ class TorchBackend:
                 "step": st["step"].detach().to(torch.float32).cpu().clone(),
                 **{k: st[k].detach().to(p.device, p.dtype).clone() for k in _ADAM_KEYS},
             }
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    """Every tensor in a nest of dicts and lists (the local shard of a DTensor)."""
+    if isinstance(tree, torch.Tensor):
+        local = getattr(tree, "to_local", None)
+        return [local() if local is not None else tree]
+    if isinstance(tree, Mapping):
+        return [t for v in tree.values() for t in _tensors(v)]
+    if isinstance(tree, (list, tuple)):
+        return [t for v in tree for t in _tensors(v)]
+    return []
+
+
+def _move_params(model: torch.nn.Module, device: torch.device | str) -> int:
+    moved = sum(p.numel() * p.element_size() for p in model.parameters())
+    model.to(device)
+    return moved
+
+
+class _Unsharded:
+    """A sharded HF model seen with its gathered weights, for ``save_pretrained`` on rank 0."""
+
+    def __init__(self, model: torch.nn.Module, weights: Mapping[str, torch.Tensor]):
+        self._model, self._weights = model, dict(weights)
+
+    def save_pretrained(self, folder: Any, **kwargs: Any) -> None:
+        self._model.save_pretrained(folder, state_dict=self._weights, **kwargs)

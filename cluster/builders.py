@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -25,6 +25,7 @@ from cluster.actors import (
     TrainerActor,
     replica_name,
 )
+from cluster.actors.trainer_rank import RankGroup, TrainRankActor, rank_name
 from cluster.model import TinyLMConfig
 from cluster.data_builders import dataset_for, prompt_length, response_length, scorer_factory, tokenizer_for
 from cluster.problems import CharTokenizer, Problem, make_problems
@@ -186,6 +187,24 @@ def backend_factory(cfg: TidalConfig) -> Callable[[], Any]:
     return make
 
 
+def start_ranks(cfg: TidalConfig, namespace: str, scheduling: list[dict[str, Any]]) -> list[Any]:
+    """The trainer's rank actors (none when it has one GPU), named in the run's namespace, each
+    where its ``cluster.placement`` options put it, each building the train backend itself."""
+    per_node = cfg.trainer.n_gpus_per_node
+    make = backend_factory(cfg)
+    return [TrainRankActor.options(name=rank_name(r), namespace=namespace, lifetime=None, **options).remote(
+                r, len(scheduling), r % per_node, make, cfg.engines.device)
+            for r, options in enumerate(scheduling)]
+
+
+def trainer_backend_factory(cfg: TidalConfig, ranks: list[Any]) -> Callable[[], Any]:
+    """What the trainer actor builds its backend with: the backend itself on one GPU, else the
+    ``RankGroup`` over ``ranks`` (which forms their process group)."""
+    if not ranks:
+        return backend_factory(cfg)
+    return functools.partial(RankGroup, ranks, setup_timeout_s=cfg.ray.placement.timeout_s)
+
+
 def _hf_train_model(cfg: TidalConfig) -> Any:
     """The HF causal LM the trainer updates (the folder's weights, float32: the optimizer keeps
     full precision whatever the rollout dtype); None for the built-in tiny LM."""
@@ -262,7 +281,7 @@ def _kill_leftovers(namespace: str, standalone: Iterable[str]) -> None:
     (replacement replicas included: every ``replica:*`` actor of the namespace)."""
     names = {CONTROLLER, ROLLOUT_SERVICE, TRAINER, *(replica_name(r) for r in standalone)}
     names.update(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                 if a["namespace"] == namespace and a["name"].startswith(replica_name("")))
+                 if a["namespace"] == namespace and a["name"].startswith((replica_name(""), rank_name(0)[:-1])))
     killed = []
     for name in sorted(names):
         try:
@@ -294,6 +313,8 @@ class DataPlane:
     rollout: Any
     controller: Any
     standalone: dict[str, Any]
+    ranks: list[Any] = field(default_factory=list)
+    """The trainer's rank actors (empty when it has one GPU); only the process that built them."""
 
     @classmethod
     def build(cls, cfg: TidalConfig, namespace: str, *, consumed: Iterable[tuple[int, int]] = (),
@@ -308,8 +329,9 @@ class DataPlane:
         seed = cfg.trainer.seed
         hyb = hybrid_ids(cfg)
         opts = dict(namespace=namespace, lifetime=None)
+        ranks = start_ranks(cfg, namespace, placement.trainer_ranks)
         trainer = TrainerActor.options(name=TRAINER, **placement.trainer, **opts).remote(
-            backend_factory(cfg),
+            trainer_backend_factory(cfg, ranks),
             {rid: engine_factory(cfg, tokenizer, hybrid=True, seed=seed * 1000 + 500 + i) for i, rid in enumerate(hyb)},
             namespace=namespace,
             required_samples=cfg.required_samples,
@@ -341,7 +363,7 @@ class DataPlane:
             sizes=run_sizes(cfg, consumed_before=len(consumed)), keep_broadcast_weights=r.replace_failed_replicas,
         )
         ray.get(controller.ping.remote())
-        return cls(namespace, trainer, rollout, controller, standalone)
+        return cls(namespace, trainer, rollout, controller, standalone, ranks)
 
     @classmethod
     def attach(cls, namespace: str, standalone: Iterable[str] = ()) -> DataPlane:
@@ -368,7 +390,7 @@ class DataPlane:
                 ray.get(handle.close.remote(), timeout=30)
             except Exception:  # noqa: BLE001
                 pass
-        for handle in (self.controller, self.rollout, self.trainer, *standalone.values()):
+        for handle in (self.controller, self.rollout, self.trainer, *self.ranks, *standalone.values()):
             try:
                 ray.kill(handle, no_restart=True)
             except Exception:  # noqa: BLE001

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cluster.membership import Membership
@@ -110,6 +110,18 @@ class ReplicaPool(Protocol):
         """Let the replicas accept and run requests again."""
 
 
+class TrainerRoom(Protocol):
+    """A pool whose hybrids share the trainer's devices may also move the trainer's state out of
+    their way (optional: the controller calls these only when the pool has them)."""
+
+    def offload(self, ids: Sequence[str]) -> Mapping[str, float]:
+        """Before the hybrids ``ids`` wake: the trainer's optimizer state and gradients (and
+        parameters, if configured) go to host memory; returns the seconds and GB of each move."""
+
+    def reload(self, ids: Sequence[str]) -> Mapping[str, float]:
+        """After they sleep: the trainer's state comes back to its devices."""
+
+
 class IllegalTransition(RuntimeError):
     """A switch that the current controller state does not allow; nothing was called."""
 
@@ -127,6 +139,16 @@ class _PhaseTimer:
         result = fn(*args)
         self.phases[name] = self._clock() - begin
         return result
+
+    def moves(self, phase: str, fn: Callable[..., Any] | None, *args: Any) -> None:
+        """Run the trainer's move ``phase`` (offload/reload) when the pool has one: the phase is
+        timed like the others, and each move it made (``<phase>:<what>``, the trainer's own
+        seconds and GB) is recorded after it, as its parts."""
+        if fn is None:
+            return
+        moved = self.run(phase, fn, *args) or {}
+        for key, value in moved.items():
+            self.phases[f"{phase}:{key.removeprefix(phase + '_')}"] = float(value)
 
     def finish(self, kind: str, replicas: Sequence[str], aborted: int = 0) -> SwitchReport:
         return SwitchReport(
@@ -416,6 +438,7 @@ class DynamicResourceController:
         timer.run("remove", self._lb.remove_replicas, lent)
         aborted = timer.run("abort", self._pool.abort, lent)
         timer.run("sleep", self._pool.sleep, lent)
+        timer.moves("reload", getattr(self._pool, "reload", None), lent)
         timing = timer.finish("deactivate", lent, aborted)
 
         self._state = ControllerState.STANDALONE_ONLY
@@ -436,6 +459,7 @@ class DynamicResourceController:
             raise IllegalTransition(f"cannot hybrid_sync {count} of {len(self._hybrids)} hybrid replicas")
         ids = self._hybrids[:count]
         timer = _PhaseTimer(self._clock)
+        timer.moves("offload", getattr(self._pool, "offload", None), ids)
         timer.run("wake_up", self._pool.wake_up, ids)
         timer.run("load_weights", self._pool.load_weights, ids, version)
         timing = timer.finish("hybrid_sync", ids)

@@ -97,6 +97,43 @@ class OptimSection(_Section):
     """AdamW betas."""
 
 
+class MixedPrecisionSection(_Section):
+    """`actor_rollout_ref.actor.fsdp_config.mixed_precision.*`."""
+
+    param_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    """Dtype the trainer computes in on CUDA (FSDP2's `MixedPrecisionPolicy`, or autocast for a
+    one-GPU trainer); the parameters and AdamW stay fp32 and gradients are reduced in fp32. On CPU
+    the trainer always computes in fp32."""
+
+
+class FsdpSection(_Section):
+    """`actor_rollout_ref.actor.fsdp_config.*`: the trainer's ranks (verl's keys)."""
+
+    param_offload: bool = False
+    """While the trainer's GPUs are lent to rollout, also move the parameters to host memory
+    (they come back at the take-back)."""
+
+    optimizer_offload: bool = True
+    """While the trainer's GPUs are lent, move the AdamW state and the gradients to host memory.
+    On by default (verl's is off): lending is what Tidal is for, and the hybrids need the room."""
+
+    reshard_after_forward: bool = True
+    """FSDP2: free each layer's gathered parameters after its forward (less memory, one more
+    all-gather in the backward)."""
+
+    mixed_precision: MixedPrecisionSection = Field(default_factory=MixedPrecisionSection)
+    """Compute dtype."""
+
+
+class CheckpointSection(_Section):
+    """`actor_rollout_ref.actor.checkpoint.*`."""
+
+    async_save: bool = True
+    """Write each step's checkpoint in the background: the step waits only for the copy to host
+    memory, the next step's commit waits for the write. A run killed before the write completed
+    resumes from the step before (nothing is lost: its prompts are trained again)."""
+
+
 _LEGACY_OPTIM_KEYS = ("lr", "weight_decay")
 """Today's `actor.lr` / `actor.weight_decay`, aliases of `actor.optim.lr` / `.weight_decay`."""
 
@@ -146,6 +183,12 @@ class ActorSection(_Section):
 
     grad_clip: float = Field(1.0, gt=0.0)
     """Gradient-norm clip."""
+
+    fsdp_config: FsdpSection = Field(default_factory=FsdpSection)
+    """The trainer's sharding, offload while lent, and compute dtype."""
+
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    """How each step's checkpoint is written."""
 
     @model_validator(mode="before")
     @classmethod

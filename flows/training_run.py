@@ -12,7 +12,7 @@ from prefect import flow, get_run_logger
 from pydantic import SecretStr
 
 from cluster.actors import ControllerHost, call
-from cluster.backends import CheckpointError
+from cluster.backends import CheckpointError, checkpoint_complete
 from cluster.builders import DataPlane, prompts_for
 from cluster.ray_cluster import init_ray
 from config import TidalConfig, to_plain, write_resolved
@@ -31,6 +31,7 @@ from storage import (
     RunStatus,
     StoreUnavailable,
     create_run,
+    drop_steps_after,
     load_resume_state,
     migrate,
     open_store,
@@ -56,7 +57,7 @@ def _open_run(cfg: TidalConfig, resume_uid: str | None, new_uid: str | None) -> 
     migrate(engine)
     with session_scope(engine, immediate=True) as session:
         if resume_uid is not None:
-            state = load_resume_state(session, resume_uid)
+            state = _last_complete_step(session, resume_uid)
             from storage import get_run
 
             row = get_run(session, resume_uid)
@@ -82,6 +83,22 @@ def _open_run(cfg: TidalConfig, resume_uid: str | None, new_uid: str | None) -> 
     return uid, out, state, took
 
 
+def _last_complete_step(session: Any, uid: str) -> Any:
+    """The resume state of the last committed step whose trainer checkpoint is complete on disk.
+    A checkpoint written in the background (``actor.checkpoint.async_save``) may have been cut
+    off by the stop: its step (and any after it) is dropped from the store, so its prompts are
+    trained again and nothing is lost or trained twice."""
+    state = load_resume_state(session, uid)
+    while state is not None and state.checkpoint is not None and not checkpoint_complete(state.checkpoint.path):
+        before = state.checkpoint_step - 1
+        dropped = drop_steps_after(session, uid, before)
+        get_run_logger().warning(f"step {state.checkpoint_step}'s checkpoint was still being written when the run "
+                                 f"stopped; resuming after step {before} (dropped steps {dropped}: their prompts "
+                                 f"are trained again)")
+        state = load_resume_state(session, uid)
+    return state
+
+
 def _start_ray(cfg: TidalConfig, uid: str, out_dir: Path) -> str | None:
     """Attach to ``ray.address`` or start the run's own local cluster; a cluster started here is
     recorded in the run's folder (its processes and temp dir: a resume after a SIGKILL ends them)
@@ -105,7 +122,7 @@ def _start_ray(cfg: TidalConfig, uid: str, out_dir: Path) -> str | None:
 
 def _kill_actors(plane: DataPlane) -> None:
     """End the run's actors at once (a stop request: no graceful drain)."""
-    for handle in (plane.controller, plane.rollout, plane.trainer, *plane.standalone.values()):
+    for handle in (plane.controller, plane.rollout, plane.trainer, *plane.ranks, *plane.standalone.values()):
         try:
             ray.kill(handle, no_restart=True)
         except Exception:  # noqa: BLE001 - already gone

@@ -298,6 +298,23 @@ def _decision(run_id: int, step: int, decision: Mapping[str, Any]) -> Decision:
         raise StoreError(f"a decision of step {step} is missing {missing}") from None
 
 
+def drop_steps_after(session: Session, uid: str, step: int) -> list[int]:
+    """Delete the run's committed steps after ``step`` with everything recorded for them (their
+    policy states, metrics, switch events, decisions, checkpoints and consumed prompts, through the
+    step key's ``ON DELETE CASCADE``): a resume whose last steps' checkpoints never reached the
+    disk goes back to the last step that has one, and those steps' prompts are trained again.
+    Returns the steps deleted. Flushes; the caller commits."""
+    run = _require_run(session, uid)
+    doomed = list(session.scalars(sa.select(Step.step).where(Step.run_id == run.id, Step.step > step)
+                                  .order_by(Step.step)))
+    if doomed:
+        for model in (PolicyState, Metric, SwitchEvent, Decision, Checkpoint, ConsumedPrompt):
+            session.execute(sa.delete(model).where(model.run_id == run.id, model.step > step))
+        session.execute(sa.delete(Step).where(Step.run_id == run.id, Step.step > step))
+        _flush(session, f"cannot drop the steps after {step} of run {uid}")
+    return doomed
+
+
 # --------------------------------------------------------------------------------------- reading
 
 

@@ -1,4 +1,10 @@
-"""The commit of one step: trainer checkpoint on disk first, then one SQL transaction."""
+"""The commit of one step: the trainer checkpoint, then one SQL transaction.
+
+With ``actor.checkpoint.async_save`` the trainer copies its state to host memory and returns; the
+write goes on in the background while the next step runs, and the next commit waits for it
+first. The step is committed before its checkpoint is whole on disk, so a resume checks: a step
+whose checkpoint never completed is dropped and its prompts are trained again
+(``flows.training_run``). The run's last step is written whole before the run ends."""
 
 from __future__ import annotations
 
@@ -32,16 +38,18 @@ def is_kept_step(step: int, save_freq: int, total_steps: int | None) -> bool:
 
 
 def prune_checkpoints(checkpoints: Path, keep: int | None, *, save_freq: int = 1,
-                      total_steps: int | None = None, latest: int | None = None) -> list[int]:
+                      total_steps: int | None = None, latest: int | None = None,
+                      previous: int | None = None) -> list[int]:
     """Delete every ``global_step_<N>`` folder but the ``keep`` newest kept steps (``is_kept_step``;
-    ``keep`` None = all of them) and ``latest``; returns the steps deleted. Call only after
-    ``latest``, the newest step, is committed: resume needs its checkpoint."""
+    ``keep`` None = all of them), ``latest`` and ``previous``; returns the steps deleted. Call only
+    after ``latest``, the newest step, is committed: resume needs its checkpoint (or, while
+    ``latest``'s is still being written in the background, ``previous``'s)."""
     steps = sorted(int(m.group(1)) for p in checkpoints.glob("global_step_*")
                    if p.is_dir() and (m := _STEP_DIR.fullmatch(p.name)))
     kept = [s for s in steps if is_kept_step(s, save_freq, total_steps)]
     if keep is not None:
         kept = kept[-keep:]
-    doomed = [s for s in steps if s not in kept and s != latest]
+    doomed = [s for s in steps if s not in kept and s not in (latest, previous)]
     for step in doomed:
         shutil.rmtree(checkpoints / f"global_step_{step}", ignore_errors=True)
     return doomed
@@ -54,7 +62,8 @@ def commit(run: RunRef, step: int, version: int, summary: dict[str, Any], now: f
     trainer = ray.get_actor(TRAINER, namespace=run.namespace)
     last = step if summary.get("final") else run.total_steps  # the run's last step, also when the data ends it
     export_hf = is_kept_step(step, run.save_freq, last)
-    ckpt = ray.get(trainer.save_checkpoint.remote(str(checkpoint_path(run, step)), export_hf))
+    background = run.async_save and not summary.get("final") and step != run.total_steps
+    ckpt = ray.get(trainer.save_checkpoint.remote(str(checkpoint_path(run, step)), export_hf, background))
     decisions = [dataclasses.asdict(d) for d in outcome.decisions]
     switch_events = [dataclasses.asdict(s) for s in outcome.switch_events]
     record = StoredStep(
@@ -80,5 +89,5 @@ def commit(run: RunRef, step: int, version: int, summary: dict[str, Any], now: f
             raise RuntimeError(f"run {run.uid} is not in the store")
         record_step(session, db_run.id, record)
     prune_checkpoints(Path(run.output_dir) / "checkpoints", run.max_actor_ckpt_to_keep, save_freq=run.save_freq,
-                      total_steps=last, latest=step)
+                      total_steps=last, latest=step, previous=step - 1 if background else None)
     return {"step": step, "checkpoint": ckpt["path"], "decisions": decisions, "switch_events": switch_events}

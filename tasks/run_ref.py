@@ -50,6 +50,8 @@ class RunRef(BaseModel):
     """Newest kept step checkpoints on disk (None = all)."""
     total_steps: int | None = None
     """`trainer.total_training_steps` (the last step's checkpoint is kept)."""
+    async_save: bool = False
+    """`actor_rollout_ref.actor.checkpoint.async_save`: write each step's checkpoint in the background."""
 
     @field_serializer("storage_url", when_used="json")
     def _hide_password(self, url: str) -> str:
@@ -73,6 +75,7 @@ class RunRef(BaseModel):
             val_before_train=bool(cfg.data.val_files) and cfg.trainer.val_before_train,
             save_freq=cfg.trainer.save_freq, max_actor_ckpt_to_keep=cfg.trainer.max_actor_ckpt_to_keep,
             total_steps=cfg.trainer.total_training_steps,
+            async_save=cfg.actor_rollout_ref.actor.checkpoint.async_save,
         )
 
 

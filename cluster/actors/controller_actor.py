@@ -107,6 +107,16 @@ class _PoolAdapter:
     def wake_up(self, ids: Sequence[str]) -> None:
         self._run("wake_up", ids)
 
+    def offload(self, ids: Sequence[str]) -> dict[str, float]:
+        """Before hybrids wake on the trainer's devices: its state to host memory (``TrainerRoom``)."""
+        hyb, _ = self._split(ids)
+        return ray.get(self.trainer.offload.remote()) if hyb else {}
+
+    def reload(self, ids: Sequence[str]) -> dict[str, float]:
+        """After they sleep: the trainer's state back on its devices."""
+        hyb, _ = self._split(ids)
+        return ray.get(self.trainer.reload.remote()) if hyb else {}
+
     def resume(self, ids: Sequence[str]) -> None:
         self._run("resume", ids)
 

@@ -1,7 +1,12 @@
 """The trainer actor: the train backend and, in the same process, the hybrid replicas' engines.
 
 Lending the trainer's GPU to rollout really time-shares the same device (or core); the weights
-of a hybrid sync never leave the process. Must not: decide when to lend (the controller does).
+of a hybrid sync never leave the process. With N > 1 GPUs the backend is a ``RankGroup`` over
+N rank actors (``cluster.actors.trainer_rank``), so the rest of the run still sees one trainer.
+Before the hybrids wake, the backend moves its optimizer state and gradients (and parameters, if
+configured) to host memory (``offload``), and brings them back once they sleep (``reload``).
+Checkpoints may be written in the background: a save first waits for the one before it, and
+``close`` waits for the last. Must not: decide when to lend (the controller does).
 """
 
 from __future__ import annotations
@@ -78,13 +83,37 @@ class TrainerActor:
         """Current weights for the broadcast (Ray puts the return value in the object store)."""
         return self.backend.state_dict_for_rollout()
 
-    async def save_checkpoint(self, path: str, export_hf: bool = True) -> dict[str, Any]:
-        info = await asyncio.to_thread(self.backend.save_checkpoint, path, export_hf=export_hf)
-        return {"path": info.path, "sha256": info.sha256, "size_bytes": info.size_bytes}
+    async def save_checkpoint(self, path: str, export_hf: bool = True, async_save: bool = False) -> dict[str, Any]:
+        """Write this step's checkpoint (after the previous save is on disk). ``async_save``: return
+        once the state is copied to host memory, with an empty ``sha256`` (the checkpoint is
+        complete when its file, or its commit marker, exists)."""
+        t0 = time.perf_counter()
+        kwargs = {"async_save": async_save} if async_save else {}
+        info = await asyncio.to_thread(self.backend.save_checkpoint, path, export_hf=export_hf, **kwargs)
+        return {"path": info.path, "sha256": info.sha256, "size_bytes": info.size_bytes,
+                "blocking_s": time.perf_counter() - t0}
+
+    async def wait_checkpoint(self) -> dict[str, Any] | None:
+        """Wait until the save in flight (if any) is on disk."""
+        wait = getattr(self.backend, "wait_checkpoint", None)
+        info = await asyncio.to_thread(wait) if wait is not None else None
+        return None if info is None else {"path": info.path, "sha256": info.sha256, "size_bytes": info.size_bytes}
 
     async def load_checkpoint(self, path: str, sha256: str | None = None) -> int:
         await asyncio.to_thread(self.backend.load_checkpoint, path, expected_sha256=sha256)
         return self.backend.updates
+
+    # -- room for the hybrids ------------------------------------------------------------------
+
+    async def offload(self) -> dict[str, float]:
+        """Move the trainer's state out of the hybrids' way (seconds and GB of each move)."""
+        move = getattr(self.backend, "offload", None)
+        return dict(await asyncio.to_thread(move)) if move is not None else {}
+
+    async def reload(self) -> dict[str, float]:
+        """Bring it back for the next update."""
+        move = getattr(self.backend, "reload", None)
+        return dict(await asyncio.to_thread(move)) if move is not None else {}
 
     # -- hybrid engines (same process: the weights never leave it) ----------------------------
 
@@ -111,9 +140,9 @@ class TrainerActor:
         return {rid: dict(engine.stats()) for rid, engine in self.hybrids.items()}
 
     async def close(self) -> None:
-        """Shut the hybrid engines and the backend down before the actor is killed."""
+        """Shut the hybrid engines and the backend down (the save in flight finishes first)."""
         await asyncio.gather(*(engine.shutdown() for engine in self.hybrids.values()))
-        self.backend.close()
+        await asyncio.to_thread(self.backend.close)
 
     def ping(self) -> str:
         return "ok"

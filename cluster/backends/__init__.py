@@ -19,6 +19,7 @@ from cluster.backends.base import (
     StepResult,
     TrainBackend,
     UnsafeCheckpointError,
+    checkpoint_complete,
     read_checkpoint,
     write_checkpoint,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "backend_kwargs",
     "build_backend",
     "build_batch",
+    "checkpoint_complete",
     "deepspeed_available",
     "warmup_steps",
     "read_checkpoint",
@@ -89,7 +91,12 @@ def backend_kwargs(cfg: TidalConfig) -> dict[str, Any]:
         section = functools.reduce(getattr, path.split("."), cfg)
         kwargs.update((name, getattr(section, name)) for name in names)
     actor = cfg.actor_rollout_ref.actor
+    fsdp = actor.fsdp_config
     kwargs.update(
+        param_dtype=fsdp.mixed_precision.param_dtype,
+        reshard_after_forward=fsdp.reshard_after_forward,
+        param_offload=fsdp.param_offload,
+        optimizer_offload=fsdp.optimizer_offload,
         lr_warmup_steps=warmup_steps(cfg),
         clip_ratio_low=actor.clip_low,
         clip_ratio_high=actor.clip_high,

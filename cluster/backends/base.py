@@ -109,6 +109,12 @@ class TrainBackend(Protocol):
 # Checkpoint file helpers shared by every backend
 
 
+def checkpoint_complete(path: str | os.PathLike[str]) -> bool:
+    """Whether a checkpoint recorded at ``path`` is whole on disk: a single file appears only by
+    an atomic rename, a sharded one's commit marker only once every shard is written."""
+    return Path(path).is_file()
+
+
 def sha256_file(path: str | os.PathLike[str]) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:

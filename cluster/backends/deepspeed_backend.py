@@ -121,7 +121,9 @@ class DeepSpeedBackend(TorchBackend):
         super().__init__(model_cfg, tokenizer, problems, **kwargs)
 
     def close(self) -> None:
-        """Release the engine (the process group stays: see ``shutdown_distributed``)."""
+        """Finish the save in flight, release the engine (the process group stays: see
+        ``shutdown_distributed``)."""
+        super().close()
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.destroy()

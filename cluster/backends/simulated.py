@@ -147,7 +147,10 @@ class SimulatedBackend:
         """A tiny fake state: one vector filled with the update count (so syncs are checkable)."""
         return {"weight": torch.full((self._state_numel,), float(self._updates))}
 
-    def save_checkpoint(self, path: str | os.PathLike[str], *, export_hf: bool = True) -> CheckpointInfo:
+    def save_checkpoint(self, path: str | os.PathLike[str], *, export_hf: bool = True,
+                        async_save: bool = False) -> CheckpointInfo:
+        """The tiny state in the shared file format, written at once (``async_save`` changes nothing:
+        there is nothing worth moving off the step's path)."""
         payload = {
             "format": CHECKPOINT_FORMAT,
             "backend": self.name,
@@ -160,7 +163,7 @@ class SimulatedBackend:
         return write_checkpoint(payload, path)
 
     def load_checkpoint(self, path: str | os.PathLike[str], *, expected_sha256: str | None = None) -> None:
-        payload = read_checkpoint(path, expected_sha256=expected_sha256)
+        payload = read_checkpoint(path, expected_sha256=expected_sha256 or None)
         if payload.get("backend") != self.name:
             raise CheckpointError(f"{path}: written by the {payload.get('backend')!r} backend, not the simulated one")
         self._updates = int(payload["updates"])

@@ -70,7 +70,7 @@ def test_the_step_the_data_ends_on_is_exported_and_kept_though_it_is_no_multiple
 
     exports = []
 
-    def save(path, export_hf=True):
+    def save(path, export_hf=True, async_save=False):
         exports.append((Path(path).parent.name, export_hf))
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_bytes(b"w")

@@ -124,7 +124,8 @@ def train(n: int = 2) -> list[tuple]:
 
 
 def checkpoint(run: RunRef, step: int) -> tuple:
-    return ("trainer", "save_checkpoint", (str(tasks.commit.checkpoint_path(run, step)), True))  # save_freq 1: exported
+    # save_freq 1: exported; async_save off in these runs' RunRef (its default), so written at once
+    return ("trainer", "save_checkpoint", (str(tasks.commit.checkpoint_path(run, step)), True, False))
 
 
 def test_a_lent_hybrid_is_waited_for_deactivated_trained_synced_and_lent_again_in_ten_calls(fake, run):

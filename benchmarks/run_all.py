@@ -5,7 +5,8 @@ Owns: the order of the benchmarks (one after the other, never in parallel), the 
 itself. The figures and what they mean: ``docs/benchmarks.md``.
 
 Usage:
-    .venv/bin/python benchmarks/run_all.py [--only sim,sweep,overhead,prefect_server,compare,emulated,emulated_tp8,faults,faults_hf] [--merge]
+    .venv/bin/python benchmarks/run_all.py [--only sim,sweep,overhead,prefect_server,compare,emulated,emulated_tp8,faults,faults_hf,train_ranks]
+        [--merge]
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ STEPS: dict[str, list[str]] = {
                      "tp8-static-8-24,tp8-static-16-16,tp8-dynamic,tp8-dynamic-rebalance,tp8-dynamic-overlap"],
     "faults": [PY, "benchmarks/fault_campaign.py"],
     "faults_hf": [PY, "benchmarks/fault_campaign.py", "--preset", "tiny-hf"],
+    "train_ranks": [PY, "benchmarks/bench_train.py", "--config", "tiny-cpu,tiny-hf",
+                    "--write", "benchmarks/RESULTS.md"],
 }
 TARGETS = {
     "cpu_rollout_bound.speedup_vs_static": (">=", 1.15),
@@ -104,6 +107,11 @@ def merge() -> dict:
         figures = read_json(name)
         if figures:
             out[name] = {k: v for k, v in figures.items() if k != "load_average"}
+    train_ranks = read_json("train_ranks")  # bench_train.py --write; every rank's detail stays in its file
+    if train_ranks:
+        out["train_ranks"] = {k: v for k, v in train_ranks.items() if k not in ("load_average", "by_ranks")}
+        for name, figures in out["train_ranks"].get("other_configs", {}).items():
+            out["train_ranks"]["other_configs"][name] = {k: v for k, v in figures.items() if k != "by_ranks"}
     checks = {}
     for key, (op, bound) in TARGETS.items():
         section, name = key.split(".")

@@ -109,7 +109,7 @@ def _start_ray(cfg: TidalConfig, uid: str, out_dir: Path) -> str | None:
         temp_dir = init_ray(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus,
                             gpus=cfg.trainer_gpus + cfg.standalone_gpus, memory_gb=cfg.ray.memory_gb,
                             object_store_memory_gb=cfg.ray.object_store_memory_gb, temp_dir=cfg.ray.temp_dir,
-                            namespace=uid)
+                            namespace=uid, ray_gpus=0 if cfg.engines.device == "cpu" else None)
     except BaseException:
         if not cfg.ray.address:  # what the failed start left running is this process's children
             lifecycle.end_record(lifecycle.Record("ray-head", tuple((pid, 0) for pid in lifecycle.children() - before)))

@@ -20,7 +20,7 @@ from cluster.actors import TRAINER
 from loop.plans import StepOutcome
 from storage import StoredStep, open_store, record_step, session_scope
 from storage.store import get_run
-from tasks.faults import crash_point
+from tasks.faults import crash_point, kill_rank_point
 from tasks.run_ref import RunRef
 
 def checkpoint_path(run: RunRef, step: int) -> Path:
@@ -63,6 +63,7 @@ def commit(run: RunRef, step: int, version: int, summary: dict[str, Any], now: f
     last = step if summary.get("final") else run.total_steps  # the run's last step, also when the data ends it
     export_hf = is_kept_step(step, run.save_freq, last)
     background = run.async_save and not summary.get("final") and step != run.total_steps
+    kill_rank_point("commit_step", step, run.namespace, run.trainer_gpus)
     ckpt = ray.get(trainer.save_checkpoint.remote(str(checkpoint_path(run, step)), export_hf, background))
     decisions = [dataclasses.asdict(d) for d in outcome.decisions]
     switch_events = [dataclasses.asdict(s) for s in outcome.switch_events]

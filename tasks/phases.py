@@ -31,7 +31,7 @@ from loop.plans import (
     SwitchReport,
     WaitReport,
 )
-from tasks.faults import crash_point
+from tasks.faults import crash_point, kill_rank_point
 from tasks.run_ref import MicroReport, RunRef
 
 
@@ -96,6 +96,7 @@ def train(run: RunRef, step: int, micro_step: int) -> MicroReport:
         poll = min(STRANDED_POLL_S, max(0.0, deadline - time.monotonic()))
         pending = _actor(run, TRAINER).train_micro_step.remote(poll)
         crash_point("train", step)
+        kill_rank_point("train", step, run.namespace, run.trainer_gpus)
         report = ray.get(pending)
         if size_at_start is None:
             size_at_start = report.get("size_at_start")

@@ -101,12 +101,13 @@ def end_group(proc: subprocess.Popen) -> int:
     return proc.wait()
 
 
-def run_tidal(args: list[str], tmp_path: Path, crash: str | None = None, timeout: float = 240) -> tuple[int, str]:
+def run_tidal(args: list[str], tmp_path: Path, crash: str | None = None, timeout: float = 240,
+              extra: Mapping[str, str] | None = None) -> tuple[int, str]:
     """Run `tidal ARGS` to its end (or ``timeout``); afterwards end what it left behind. Returns
-    (exit code, log)."""
+    (exit code, log). ``extra``: more environment (another failpoint)."""
     log = next_log(tmp_path)
     with open(log, "w") as out:
-        proc = start(args, tmp_path, out, cli_env(crash))
+        proc = start(args, tmp_path, out, cli_env(crash, extra))
         try:
             code = proc.wait(timeout=timeout)
         finally:

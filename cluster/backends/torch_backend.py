@@ -406,7 +406,9 @@ class TorchBackend:
             self._export_hf(Path(path).parent / HF_DIRNAME)
         if self.rank.sharded and self.shards_with_fsdp:
             return self._save_sharded(Path(path).with_suffix(""), async_save=async_save)
-        payload = self._checkpoint_payload()
+        payload = self._checkpoint_payload()  # every rank of a ZeRO group takes part in the gather
+        if self.rank.rank != 0:  # ZeRO: rank 0 writes the whole state (one file, as for one rank)
+            return CheckpointInfo(str(path), "", 0)
         if not async_save:
             return write_checkpoint(payload, path)
         size = sum(t.numel() * t.element_size() for t in _tensors(payload))
@@ -495,10 +497,10 @@ class TorchBackend:
         return self._saver
 
     def _export_hf(self, folder: Path) -> None:
-        if not (self.rank.sharded and self.shards_with_fsdp):
+        if not self.rank.sharded:
             write_hf_folder(self.model, self.tokenizer, folder)
             return
-        weights = dp.full_weights(self.model)  # every rank gathers; rank 0 writes
+        weights = self.state_dict_for_rollout()  # every rank gathers (FSDP2 or ZeRO); rank 0 writes
         if self.rank.rank == 0:
             write_hf_folder(_Unsharded(self.model, weights), self.tokenizer, folder)
 

@@ -196,3 +196,17 @@ def test_a_truncated_shard_is_refused(tmp_path):
 def test_split_deals_contiguous_shares_differing_by_at_most_one():
     assert dp.split(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
     assert dp.split([1], 2) == [[1], []]
+
+
+@pytest.mark.skipif(not deepspeed_available(), reason="deepspeed is not installed (make setup installs it)")
+def test_a_zero_group_checkpoint_is_one_file_gathered_by_rank_0_and_resumes_exactly(tmp_path):
+    samples = make_samples(n=4)[:3]
+    make = functools.partial(make_deepspeed, zero_stage=2)
+    saved = train_on_ranks(2, make, samples, 2, then=save(tmp_path, True))
+    assert [p.name for p in tmp_path.iterdir()] == ["actor.pt"]  # rank 1 wrote nothing
+    assert saved[0]["extra"]["done"].sha256 != ""  # rank 0's background write finished, digest known
+    straight = train_on_ranks(2, make, samples, 3)
+    resumed = train_on_ranks(2, make, samples, 0, then=load_and_step(tmp_path / "actor.pt", samples))
+    assert resumed[0]["extra"] == {"updates": 2, "loss": straight[0]["metrics"][2]["loss"]}
+    for name, value in straight[0]["weights"].items():
+        assert torch.equal(resumed[0]["weights"][name], value), name

@@ -370,13 +370,16 @@ class SimSection(_Section):
     """Weight sync trainer → standalone replicas, every step; generation pauses meanwhile."""
 
     hybrid_sync_s: float = Field(3.0, ge=0.0, le=3600.0)
-    """Wake the sleeping hybrid replicas and load the new weights (only when activating)."""
+    """Wake the sleeping hybrid replicas and load the new weights (only when activating),
+    including the trainer's offload of its AdamW state and gradients (and parameters, with
+    `fsdp_config.param_offload`) to host memory, which comes first."""
 
     activate_s: float = Field(0.5, ge=0.0, le=3600.0)
     """Add the hybrid replicas to the load balancer and resume them."""
 
     deactivate_s: float = Field(3.0, ge=0.0, le=3600.0)
-    """Remove, abort and sleep the hybrid replicas (free KV cache, offload weights)."""
+    """Remove, abort and sleep the hybrid replicas (free KV cache, offload weights), including the
+    trainer's reload of what it offloaded for them, which comes last."""
 
     rebalance_s: float = Field(0.5, ge=0.0, le=3600.0)
     """Clear sticky sessions, abort everything in flight and resume it spread least-loaded;

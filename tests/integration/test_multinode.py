@@ -1,13 +1,15 @@
 """A `tidal run` on a Ray cluster of one head and three worker nodes on this machine (Ray's own
 ``ray.cluster_utils.Cluster``): one trainer node and two rollout nodes, each with its own
 ``tidal_gpu`` and role label. The actors land where the labels say, weights sync across nodes,
-a rollout node taken away mid-run loses nothing, and a cluster too small for the config fails at
-start in one line (exit 2) instead of waiting forever for an unschedulable actor."""
+a rollout node taken away mid-run loses nothing, a cluster too small for the config fails at
+start in one line (exit 2) instead of waiting forever for an unschedulable actor, and with a
+second trainer node the trainer is one rank group across the two (gloo between nodes)."""
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -190,3 +192,40 @@ def test_a_run_places_its_actors_by_node_role_and_survives_losing_a_rollout_node
     assert len(prompts) == len(set(prompts)) == STEPS * cfg.step_required_samples
     assert sorted(prompts) == want
 
+
+
+def test_a_trainer_of_two_nodes_trains_as_one_rank_group_across_them(cluster, tmp_path):
+    """A second trainer node joins; the trainer is then 2 nodes × 1 rank, one gloo group across the
+    nodes (FSDP2), beside one rollout node: its two hybrids are lent and taken back, every prompt is
+    trained once, and each step leaves a shard per rank."""
+    trainer_nodes = [n for n in cluster.workers if n.node_id in _labelled("trainer")]
+    trainer_nodes.append(cluster.add_worker(NodeSpec(labels={ROLE: "trainer"})))
+    overrides = _overrides(tmp_path, cluster.address, "trainer.nnodes=2", "trainer.n_gpus_per_node=1",
+                           "rollout.nnodes=1")
+    url = store_url(tmp_path, "mn")
+    log = next_log(tmp_path)
+    with open(log, "w") as out:
+        proc = start(_args(overrides), tmp_path, out, _env())
+        try:
+            code = proc.wait(timeout=600)
+        finally:
+            end_group(proc)
+    text = log.read_text()
+    assert code == 0, text[-3000:]
+
+    placed = _actor_nodes()
+    assert {placed["trainer-rank-0"], placed["trainer-rank-1"]} == {n.node_id for n in trainer_nodes}
+    assert placed[TRAINER] == placed["trainer-rank-0"]  # the hybrids' host: trainer node 0
+    summary, state, rows, prompts = final_state(url)
+    assert summary.status == "finished" and [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert [r["hybrid_active_after"] for r in rows] == [True, False] * (STEPS // 2)
+    cfg = load_config("tiny-cpu", overrides)
+    assert cfg.hybrid_replicas == 2
+    assert len(prompts) == len(set(prompts)) == STEPS * cfg.step_required_samples
+    assert sorted(prompts) == sorted((e, i) for e, i, _ in prompts_for(cfg))
+    shards = sorted(p.name for p in Path(state.checkpoint.path).parent.iterdir())
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp", "tidal-commit.json"]
+
+
+def _labelled(role: str) -> set[str]:
+    return {n["NodeID"] for n in ray.nodes() if n.get("Alive") and (n.get("Labels") or {}).get(ROLE) == role}

@@ -1,8 +1,10 @@
-"""`tidal run tiny-hf` end to end on a real Ray cluster and Prefect: a fresh working directory gets
-the preset's files on first use; the run lends the hybrid replica and takes it back, logs
-`val-core/tidal/arith/reward/mean@1`, writes Hugging Face exports that transformers loads and that
-greedy-decode what the trainer's model decodes; killed mid-run (SIGKILL), `tidal resume` ends with
-every prompt of the uninterrupted run trained exactly once."""
+"""`tidal run tiny-hf --set trainer.n_gpus_per_node=2` end to end on a real Ray cluster and
+Prefect: a fresh working directory gets the preset's files on first use; the trainer is two rank
+actors (FSDP2 over gloo); the run lends its hybrid replicas and takes them back, logs
+`val-core/tidal/arith/reward/mean@1`, leaves one DCP shard per rank at every step, writes Hugging
+Face exports (gathered on rank 0) that transformers loads and that greedy-decode what the
+trainer's model decodes; killed mid-run (SIGKILL), `tidal resume` ends with every prompt of the
+uninterrupted run trained exactly once. (One-rank runs are the other integration tests'.)"""
 
 from __future__ import annotations
 
@@ -19,12 +21,13 @@ TIMEOUT_S = 600  # one process: the first builds the files, then Prefect and Ray
 
 def hf_args(tmp_path, ray_address, name):
     return [*config_args(tmp_path, ray_address, name, STEPS), "--set", "trainer.test_freq=2",
-            "--set", "actor_rollout_ref.rollout.n=4"]
+            "--set", "actor_rollout_ref.rollout.n=4", "--set", "trainer.n_gpus_per_node=2"]
 
 
 def greedy_pair(run_dir, step: int) -> tuple[list[int], list[int]]:
     """Greedy tokens of the step's HF export (loaded by transformers) and of the trainer's model
-    restored from the same step's checkpoint, on the first validation prompt."""
+    restored from the same step's sharded checkpoint (into one unsharded model: DCP reshards),
+    on the first validation prompt."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -39,7 +42,9 @@ def greedy_pair(run_dir, step: int) -> tuple[list[int], list[int]]:
     tok = AutoTokenizer.from_pretrained(folder / "huggingface", local_files_only=True)
     assert tok.get_vocab() == tokenizer_for(cfg).get_vocab()
     trainer = backend_factory(cfg)()
-    trainer.load_checkpoint(folder / "actor.pt")
+    assert sorted(p.name for p in (folder / "actor").iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp", "tidal-commit.json"]  # a shard per rank
+    trainer.load_checkpoint(folder / "actor" / "tidal-commit.json")
     prompt = torch.tensor([list(dataset_for(cfg, tok, split="val")[0].prompt_tokens)])
     kwargs = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False)
     return (export.generate(prompt, **kwargs)[0, prompt.shape[1]:].tolist(),
@@ -53,7 +58,7 @@ def test_tiny_hf_lends_validates_exports_and_resumes_every_prompt_exactly_once(t
     url = store_url(tmp_path, "straight")
     summary, _, rows, want_prompts = final_state(url)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-    # the step-counting policy lends after odd steps; the next step takes the hybrid back
+    # the step-counting policy lends after odd steps; the next step takes the hybrids back
     lend, take_back = ["hybrid_sync", "activate", "rebalance"], ["deactivate"]
     assert switch_kinds(url) == {1: lend, 2: take_back, 3: lend, 4: take_back}
     assert [sorted(k for k in r if k.startswith("val-core/")) for r in rows] == [

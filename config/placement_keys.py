@@ -13,10 +13,11 @@ class PlacementSection(BaseModel):
     """`ray.placement.*`: node roles and how long placement may take.
 
     On a cluster whose nodes carry the role label (``ray start --labels='tidal.io/role=trainer'``),
-    the trainer and its hybrid replicas are placed on trainer nodes and each
-    standalone replica on a rollout node, through placement groups (one bundle per GPU of a
-    replica). A cluster without the label anywhere (a local one-node cluster) is used as before:
-    every actor asks for its ``tidal_gpu`` count and Ray puts it anywhere.
+    the trainer's ranks (and its hybrid replicas) are placed on trainer nodes and each standalone
+    replica on a rollout node, through placement groups (one bundle per trainer node, one per GPU
+    of a replica). A cluster without the label anywhere (a local one-node cluster) is placed
+    without roles. Actors ask for Ray's ``GPU`` where the cluster advertises it, else for the
+    emulated ``tidal_gpu``.
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)

@@ -1,0 +1,80 @@
+"""Fault campaign, the trainer's ranks: a 2-rank trainer (`trainer.n_gpus_per_node=2`, FSDP2 over
+gloo) whose run is hit, one process after another, by a driver SIGKILL mid-step, a background
+checkpoint write cut off (the last committed step's commit marker never written), a rank killed
+mid-step and a rank killed mid-commit. Each lost rank stops the driver with exit 3 and one line
+naming the resume command, within the test's timeout (no collective left hanging); `tidal
+resume` continues each time, and the run ends exactly where an uninterrupted run ends: steps
+1..STEPS committed once each, the same policy state, the same prompts with none trained twice."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from driver_support import config_args, final_state, pythonpath, ray_head, run_tidal, store_url
+from fault_report import record
+
+from tasks.faults import KILL_RANK_ENV
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+STEPS = 5
+RANKS = ["--set", "trainer.n_gpus_per_node=2"]
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    with ray_head({"PYTHONPATH": pythonpath()}, reuse=True) as address:
+        yield address
+
+
+def _lost_rank(code: int, log: str, uid: str) -> None:
+    assert code == 3, log[-3000:]
+    last = log.strip().splitlines()[-1]
+    assert "an actor of the run died" in last and f"tidal resume {uid}" in last, last
+
+
+def test_killed_drivers_cut_off_writes_and_lost_ranks_resume_to_the_uninterrupted_result(tmp_path, ray_address):
+    code, log = run_tidal(["run", "tiny-cpu", *config_args(tmp_path, ray_address, "straight", STEPS), *RANKS],
+                          tmp_path)
+    assert code == 0, log[-3000:]
+
+    crashed = store_url(tmp_path, "crashed")
+    store = ["--storage", crashed]
+    # 1. the driver SIGKILLed while step 2 trains (step 1's checkpoint may still be being written)
+    code, log = run_tidal(["run", "tiny-cpu", *config_args(tmp_path, ray_address, "crashed", STEPS), *RANKS],
+                          tmp_path, crash="train:2")
+    assert code == -signal.SIGKILL, log[-3000:]
+    summary, *_ = final_state(crashed)
+    uid = summary.uid
+    # 2. SIGKILLed after step 3 committed; step 3's background write then taken as cut off
+    code, log = run_tidal(["resume", uid, *store], tmp_path, crash="broadcast_sync:4")
+    assert code == -signal.SIGKILL, log[-3000:]
+    _, state, *_ = final_state(crashed)
+    assert state.step == 3
+    Path(state.checkpoint.path).unlink()  # its commit marker never written: incomplete
+    # 3. step 3 is dropped and trained again; then rank 1 dies while step 4 trains
+    code, log = run_tidal(["resume", uid, *store], tmp_path, extra={KILL_RANK_ENV: "train:4"})
+    assert "step 3's checkpoint was still being written" in log
+    _lost_rank(code, log, uid)
+    # 4. rank 1 dies in step 4's commit, before the step is recorded
+    code, log = run_tidal(["resume", uid, *store], tmp_path, extra={KILL_RANK_ENV: "commit_step:4"})
+    _lost_rank(code, log, uid)
+    assert final_state(crashed)[1].step == 3
+    # 5. to the end
+    code, log = run_tidal(["resume", uid, *store], tmp_path)
+    assert code == 0, log[-3000:]
+
+    want_summary, want_state, want_rows, want_prompts = final_state(store_url(tmp_path, "straight"))
+    got_summary, got_state, got_rows, got_prompts = final_state(crashed)
+    assert got_summary.status == want_summary.status == "finished"
+    assert [r["step"] for r in got_rows] == [r["step"] for r in want_rows] == list(range(1, STEPS + 1))
+    assert got_state.policy_state == want_state.policy_state
+    assert sorted(got_prompts) == sorted(want_prompts)
+    assert len(got_prompts) == len(set(got_prompts))
+    lost = len(set(want_prompts) - set(got_prompts))
+    duplicated = len(got_prompts) - len(set(got_prompts))
+    record("rank_death", injected=2, survived=2, samples_lost=lost, samples_duplicated=duplicated,
+           points=["train:4", "commit_step:4"])
+    record("checkpoint_cut_off", injected=1, survived=1, samples_lost=lost, samples_duplicated=duplicated)

@@ -297,6 +297,37 @@ def read_marker(path: str | os.PathLike[str]) -> dict[str, Any]:
     return info
 
 
+_METADATA_GLOBALS = {
+    "torch.distributed.checkpoint.metadata": None,  # any of DCP's own metadata classes
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+    "builtins": {"set", "frozenset", "slice"},
+}
+"""What DCP's ``.metadata`` pickle may name: its index classes, torch's sizes, dtypes and layouts,
+paths. DCP reads that file with a plain ``pickle.load``; Tidal checks it first (as it loads
+single-file checkpoints with ``weights_only=True``), so a planted file cannot run code."""
+
+
+def check_metadata(folder: str | os.PathLike[str]) -> None:
+    """Raise ``pickle.UnpicklingError`` (one line, naming the global) when the DCP metadata in
+    ``folder`` names anything outside ``_METADATA_GLOBALS`` (nothing of it is run)."""
+    import pickle
+
+    class _Allowlisted(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            allowed = _METADATA_GLOBALS.get(module, ())
+            value = getattr(torch, name, None) if module == "torch" else None
+            torch_value = name == "Size" or isinstance(value, (torch.dtype, torch.layout, torch.memory_format))
+            if not ((module == "torch" and torch_value) or (module in _METADATA_GLOBALS and (allowed is None or name in allowed))):
+                raise pickle.UnpicklingError(f"{folder}/.metadata names {module}.{name}")
+            return super().find_class(module, name)
+
+    with open(Path(folder) / ".metadata", "rb") as fh:
+        _Allowlisted(fh).load()
+
+
 def verify_shards(folder: str | os.PathLike[str], marker: Mapping[str, Any]) -> None:
     """Raise ``ValueError`` naming the first file that is missing or whose size differs from what
     the commit marker recorded."""

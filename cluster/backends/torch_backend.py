@@ -17,6 +17,7 @@ import concurrent.futures
 import copy
 import math
 import os
+import pickle
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from cluster.backends.base import (
     HF_DIRNAME,
     CheckpointInfo,
     StepResult,
+    UnsafeCheckpointError,
     write_hf_folder,
     read_checkpoint,
     rng_state,
@@ -538,6 +540,11 @@ class TorchBackend:
         try:
             marker = dp.read_marker(folder)
             dp.verify_shards(folder, marker)
+            dp.check_metadata(folder)
+        except pickle.UnpicklingError as exc:
+            raise UnsafeCheckpointError(
+                f"refused to load: the checkpoint's DCP metadata holds pickled objects besides its index "
+                f"(they could run code when loaded): {exc}") from None
         except FileNotFoundError:
             raise CheckpointError(f"{folder}: incomplete checkpoint (no {dp.COMMIT_MARKER}: its save was cut off)") from None
         except ValueError as exc:

@@ -210,3 +210,30 @@ def test_a_zero_group_checkpoint_is_one_file_gathered_by_rank_0_and_resumes_exac
     assert resumed[0]["extra"] == {"updates": 2, "loss": straight[0]["metrics"][2]["loss"]}
     for name, value in straight[0]["weights"].items():
         assert torch.equal(resumed[0]["weights"][name], value), name
+
+
+class _RunsCode:
+    """A pickle that creates a file when loaded (what a planted checkpoint could do)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_sharded_checkpoint_whose_metadata_would_run_code_is_refused_before_dcp_reads_it(tmp_path):
+    import pickle
+
+    from cluster.backends import UnsafeCheckpointError
+
+    train_on_ranks(2, make_torch, make_samples(n=2)[:2], 1, then=save(tmp_path, False))
+    folder, ran = tmp_path / "actor", tmp_path / "code-ran"
+    (folder / ".metadata").write_bytes(pickle.dumps(_RunsCode(str(ran))))
+    marker = json.loads((folder / dp.COMMIT_MARKER).read_text())
+    marker["files"][".metadata"] = (folder / ".metadata").stat().st_size  # the marker made to match
+    (folder / dp.COMMIT_MARKER).write_text(json.dumps(marker))
+    with pytest.raises(UnsafeCheckpointError) as refused:
+        make_torch().load_checkpoint(folder / dp.COMMIT_MARKER)
+    assert "refused to load" in str(refused.value) and "names io.open" in str(refused.value)
+    assert "\n" not in str(refused.value) and not ran.exists()

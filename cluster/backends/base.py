@@ -27,10 +27,10 @@ import os
 import pickle
 import random
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import IO, Any, Protocol, runtime_checkable
 
 import torch
 
@@ -123,15 +123,15 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
-def write_checkpoint(payload: Mapping[str, Any], path: str | os.PathLike[str]) -> CheckpointInfo:
-    """``torch.save`` to a temp file beside ``path``, fsync, rename over ``path``: a reader sees
-    either the old file or the complete new one, never a partial one."""
+def write_atomically(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> Path:
+    """``write`` into a temp file beside ``path``, fsync, rename over ``path`` (and fsync the folder):
+    a reader sees either the old file or the complete new one, never a partial one."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
-            torch.save(dict(payload), fh)
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
@@ -149,6 +149,12 @@ def write_checkpoint(payload: Mapping[str, Any], path: str | os.PathLike[str]) -
             pass
         finally:
             os.close(dir_fd)
+    return target
+
+
+def write_checkpoint(payload: Mapping[str, Any], path: str | os.PathLike[str]) -> CheckpointInfo:
+    """``torch.save`` the checkpoint atomically (``write_atomically``)."""
+    target = write_atomically(path, lambda fh: torch.save(dict(payload), fh))
     return CheckpointInfo(str(target), sha256_file(target), target.stat().st_size)
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -270,19 +269,11 @@ def shard_sizes(folder: str | os.PathLike[str]) -> dict[str, int]:
 
 
 def write_marker(folder: str | os.PathLike[str], info: Mapping[str, Any]) -> Path:
-    """Write the commit marker (temp file, fsync, rename): the checkpoint is complete from here on."""
-    target = Path(folder) / COMMIT_MARKER
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tidal-commit.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(dict(info), fh, indent=1, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    """Write the commit marker atomically: the checkpoint is complete from here on."""
+    from cluster.backends.base import write_atomically
+
+    body = json.dumps(dict(info), indent=1, sort_keys=True).encode()
+    return write_atomically(Path(folder) / COMMIT_MARKER, lambda fh: fh.write(body))
 
 
 def read_marker(path: str | os.PathLike[str]) -> dict[str, Any]:

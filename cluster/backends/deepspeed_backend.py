@@ -30,6 +30,7 @@ import importlib.util
 import logging
 import math
 import os
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -214,6 +215,29 @@ class DeepSpeedBackend(TorchBackend):
         if self.zero_stage > 0:  # the fp32 master copy lives apart from the module's params
             for name, value in weights.items():
                 safe_set_full_fp32_param(params[name], value.to(self.device, torch.float32))
+
+    def _move(self, device: torch.device | str, *, offload: bool) -> dict[str, float]:
+        """ZeRO 1-3 keep their optimizer state, fp32 master weights and gradients in buffers of
+        their own: DeepSpeed's ``offload_states`` / ``reload_states`` move them (the parameters too
+        with ``param_offload``); stage 0 is a plain torch optimizer (the torch backend's moves)."""
+        if self.zero_stage == 0 or self.device.type == "cpu" or offload == self._offloaded:
+            return super()._move(device, offload=offload)
+        from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum, OffloadStateTypeEnum
+
+        t0 = time.perf_counter()
+        if offload:
+            states = {OffloadStateTypeEnum.optim_states, OffloadStateTypeEnum.hp_params,
+                      OffloadStateTypeEnum.contiguous_grad_buffer, OffloadStateTypeEnum.lp_grads}
+            if self.param_offload:
+                states.add(OffloadStateTypeEnum.lp_params)
+            self.engine.offload_states(include=states, device=OffloadDeviceEnum.cpu, pin_memory=True)
+        else:
+            self.engine.reload_states()
+        torch.cuda.synchronize(self.device)
+        self._offloaded = offload
+        if offload:
+            torch.cuda.empty_cache()
+        return {f"{'offload' if offload else 'reload'}_zero_states_s": time.perf_counter() - t0}
 
     def _inner_optimizer(self) -> torch.optim.Optimizer:
         return self.optimizer if self.zero_stage == 0 else self.optimizer.optimizer

@@ -443,6 +443,7 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "step_ms_min": 1000 * min(steps),
         "step_ms_max": 1000 * max(steps),
         "cpu_ms_per_step": 1000 * statistics.median(cpu),
+        "round_step_ms": [_ms([max(col) for col in zip(*(r["step_s"] for r in run["ranks"]))]) for run in runs],
         "per_rank_step_ms": [_ms([s for run in runs for s in run["ranks"][r]["step_s"]]) for r in range(world)],
         "per_rank_cpu_ms_per_step": [_ms([s for run in runs for s in run["ranks"][r]["step_cpu_s"]])
                                      for r in range(world)],
@@ -535,6 +536,7 @@ def train_ranks_lines(data: dict[str, Any]) -> list[str]:
         row("params per rank (local shard)", lambda b: numbers(b["params_per_rank"], ",")),
         row("**train_step ms** (median; min–max)",
             lambda b: f"**{b['step_ms']:.1f}** ({b['step_ms_min']:.1f}–{b['step_ms_max']:.1f})"),
+        row("per-round median ms", lambda b: numbers(b["round_step_ms"])),
         row("per-rank median ms", lambda b: numbers(b["per_rank_step_ms"])),
         row("CPU ms per step, all ranks (per rank)",
             lambda b: f"{b['cpu_ms_per_step']:.1f} ({numbers(b['per_rank_cpu_ms_per_step'])})"),
@@ -604,8 +606,10 @@ def markdown(command: str, backend_data: dict[str, dict[str, Any]], ranks: dict[
             "costs beyond that is FSDP2's sharding (an all-gather of each layer's parameters in every forward and "
             "backward, a reduce-scatter of the gradients) and the collectives over gloo on one host (the global "
             "token counts, the metrics, the clip norm), not a GPU speed-up: on a GPU the collectives go over "
-            "NCCL and each rank's compute is a GPU's. The CPU column is summed over the ranks: what a rank "
-            "spends short of its wall time it spends waiting for the other.", "",
+            "NCCL and each rank's compute is a GPU's. The CPU row is summed over the ranks: what a rank "
+            "spends short of its wall time it spends waiting for the other. Other jobs on the machine slow "
+            "2 ranks more than 1 (they need both cores at once): read the per-round medians beside the load "
+            "average above.", "",
             f"Offload: {OFFLOAD_NOTE} Bytes are summed over the ranks. Grads are 0 bytes: the backend frees them "
             "after each update (`zero_grad(set_to_none=True)`) and `offload()` runs between steps (`gpu_check.py`'s "
             "trainer keeps them, so its optimizer_and_grads includes them). The GPU figures to read this against: "

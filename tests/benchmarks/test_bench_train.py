@@ -70,6 +70,7 @@ def test_each_rank_trains_its_share_and_every_save_is_timed(written):
         for key in ("step_ms", "cpu_ms_per_step", "init_s"):
             assert positive(b[key]), key
         assert len(b["per_rank_step_ms"]) == b["world"] and all(map(positive, b["per_rank_step_ms"]))
+        assert b["round_step_ms"] == pytest.approx([b["step_ms"]])  # one round of one step
         for key in ("sync_ms", "async_return_ms", "async_done_ms"):
             assert positive(b["ckpt"][key]), key
         assert b["trains_after_reload"] is True
@@ -144,6 +145,7 @@ def test_a_step_counts_its_slowest_rank_and_cpu_adds_up_over_the_ranks():
     # slowest rank per step: 30, 50 (round 1), 40, 60 (round 2) ms -> median 45
     assert out["step_ms"] == pytest.approx(45.0) and out["step_ms_min"] == pytest.approx(30.0)
     assert out["steps_measured"] == 4 and out["rounds"] == 2
+    assert out["round_step_ms"] == pytest.approx([40.0, 50.0])
     assert out["cpu_ms_per_step"] == pytest.approx(statistics.median([10, 12, 2, 2]))
     assert out["ckpt"]["sync_ms"] == pytest.approx(250.0)  # max over ranks 300, 200 -> median 250
     assert out["ckpt"]["bytes_written"] == 7 and out["ckpt"]["async_bytes_written"] == 8

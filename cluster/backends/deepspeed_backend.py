@@ -192,13 +192,16 @@ class DeepSpeedBackend(TorchBackend):
         if self.zero_stage == 3:
             params = list(self.engine.module.parameters())
             with self._ds.zero.GatheredParameters(params, modifier_rank=None):
-                return {n: p.detach().to("cpu", copy=True) for n, p in self.engine.module.named_parameters()}
+                out = {n: p.detach().to("cpu", copy=True) for n, p in self.engine.module.named_parameters()}
+            out.update({alias: out[name] for alias, name in self._tied.items()})  # as the state dict lists them
+            return out
         return dict(self.engine.module.state_dict())
 
     def _import_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         from deepspeed.utils import safe_set_full_fp32_param
 
         params = self._params()
+        weights = {name: value for name, value in weights.items() if name not in self._tied}  # set through their source
         if self.zero_stage == 3:
             # The module's (partitioned) params and the fp32 master partitions are separate:
             # write the gathered params (re-partitioned on exit), then the masters.

@@ -278,6 +278,7 @@ class TorchBackend:
             self.ref_model = copy.deepcopy(self.model).eval()
             self.ref_model.requires_grad_(False)
         self._param_names = list(self.model.state_dict().keys())
+        self._tied = tied_names(self.model)
         if self.rank.sharded and self.shards_with_fsdp:
             dp.shard(self.model, device=self.device, param_dtype=self.compute_dtype,
                      reshard_after_forward=reshard_after_forward)
@@ -782,6 +783,20 @@ class TorchBackend:
                 "step": st["step"].detach().to(torch.float32).cpu().clone(),
                 **{k: st[k].detach().to(p.device, p.dtype).clone() for k in _ADAM_KEYS},
             }
+
+
+def tied_names(model: torch.nn.Module) -> dict[str, str]:
+    """Each parameter name that shares its tensor with an earlier one (an HF ``lm_head.weight``
+    tied to the embedding) → that one's name: the state dict lists both, ``named_parameters`` the
+    first only."""
+    first: dict[int, str] = {}
+    tied = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            tied[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return tied
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:

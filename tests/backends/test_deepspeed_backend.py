@@ -170,3 +170,32 @@ def test_after_close_and_shutdown_a_new_backend_starts_a_fresh_group_and_trains(
 def test_an_unknown_zero_stage_is_rejected():
     with pytest.raises(ValueError, match="zero_stage"):
         DeepSpeedBackend(CFG, TOK, PROBLEMS, zero_stage=4)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_a_deepspeed_checkpoint_of_an_hf_model_with_tied_embeddings_round_trips(stage, tmp_path):
+    """A Qwen2 whose output head shares the embedding (``tie_word_embeddings``: the state dict
+    lists both names, ``named_parameters`` only the embedding) saves and loads at every stage."""
+    import transformers
+    from test_hf_training import make_samples as hf_samples
+    from test_hf_training import tiny_qwen2, tiny_tokenizer
+
+    def tied(seed):
+        model = tiny_qwen2(seed)
+        model.config.tie_word_embeddings = True
+        model.tie_weights()
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+        return model
+
+    assert transformers  # the HF models are built from configs, nothing downloaded
+    a = DeepSpeedBackend(None, tiny_tokenizer(), [], model=tied(0), zero_stage=stage, lr=5e-3)
+    samples = hf_samples(a.model)
+    a.train_step(samples)
+    info = a.save_checkpoint(tmp_path / "actor.pt", export_hf=False)
+    b = DeepSpeedBackend(None, tiny_tokenizer(), [], model=tied(1), zero_stage=stage, lr=5e-3)
+    b.load_checkpoint(info.path, expected_sha256=info.sha256)
+    assert b.train_step(samples).metrics["loss"] == a.train_step(samples).metrics["loss"]
+    for name, value in a.state_dict_for_rollout().items():
+        assert torch.equal(b.state_dict_for_rollout()[name], value), name
+    a.close()
+    b.close()

@@ -51,7 +51,7 @@ class _FakeTrainer:
         self.save_checkpoint = _Remote(self._save)
 
     @staticmethod
-    def _save(path, export_hf=True):
+    def _save(path, export_hf=True, async_save=False):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_bytes(b"weights")
         return {"path": path, "sha256": "0" * 64, "size_bytes": 7}

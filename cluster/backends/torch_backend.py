@@ -255,6 +255,7 @@ class TorchBackend:
         self.compute_dtype = dp.param_dtype_of(param_dtype, self.device)
         self.param_offload, self.optimizer_offload = param_offload, optimizer_offload
         self._offloaded = False
+        self._parked: dict[str, torch.Tensor] | None = None
         self._saver: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: tuple[concurrent.futures.Future[Any], CheckpointInfo] | None = None
 
@@ -389,6 +390,8 @@ class TorchBackend:
     def state_dict_for_rollout(self) -> dict[str, torch.Tensor]:
         """Detached fp32 CPU copies of the whole weights. One rank of many: every rank must call it
         (the shards are gathered); rank 0 gets the weights, the others ``{}``."""
+        if self._parked is not None:  # the parameters are in host memory while lent: as they were
+            return dict(self._parked)
         if self.rank.sharded and self.shards_with_fsdp:
             return dp.full_weights(self.model)
         return {k: v.detach().to("cpu", copy=True) for k, v in self._export_weights().items()}
@@ -566,6 +569,12 @@ class TorchBackend:
         if self.device.type == "cpu" or offload == self._offloaded:
             return report
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        if offload and self.param_offload:
+            # the lent hybrids load these weights next, and the group's gather runs on the device:
+            # take them now (they do not change until the take-back)
+            self._parked = self.state_dict_for_rollout()
+        elif not offload:
+            self._parked = None
         moves = [("optimizer", self.optimizer_offload, lambda: dp.move_optimizer_state(self.optimizer, device)),
                  ("grads", self.optimizer_offload, lambda: dp.move_grads(self.model.parameters(), device)),
                  ("params", self.param_offload, lambda: _move_params(self.model, device))]

@@ -386,8 +386,10 @@ def _rank_main(rank: int, world: int, workdir: str, config: str, options: dict[s
     try:
         result = measure_rank(config, rank, world, f"{workdir}/ckpt", **options)
         Path(f"{workdir}/rank.{rank}.json").write_text(json.dumps(result))
-    finally:
+    except BaseException:
         dp.leave_group()
+        raise
+    dp.leave_and_exit()
 
 
 def files_of(path: Path) -> dict[str, int]:

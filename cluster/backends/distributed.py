@@ -78,6 +78,18 @@ def init_group(*, rank: int, world: int, master_addr: str, master_port: int, dev
     return backend
 
 
+def leave_and_exit() -> None:
+    """End a rank process whose work is done and saved (the test and benchmark harnesses' spawned
+    ranks): wait for every rank, leave the group, and exit 0 without the interpreter's teardown.
+    On a loaded 2-core machine a finished rank's teardown once aborted in gloo ("terminate called
+    without an active exception", SIGABRT) in about one group of twenty; nothing is left to tear
+    down that matters once the results are on disk."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    leave_group()
+    os._exit(0)
+
+
 # ------------------------------------------------------------------------------------- sharding
 
 

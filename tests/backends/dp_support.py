@@ -27,8 +27,10 @@ def _rank_main(rank: int, world: int, store: str, make: Callable[[], Any], sampl
         weights = backend.state_dict_for_rollout()
         backend.close()
         torch.save({"metrics": metrics, "weights": weights, "extra": extra}, f"{out}.{rank}")
-    finally:
+    except BaseException:
         dp.leave_group()
+        raise
+    dp.leave_and_exit()
 
 
 def train_on_ranks(world: int, make: Callable[[], Any], samples: Sequence[Any], updates: int,

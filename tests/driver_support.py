@@ -51,6 +51,28 @@ def ray_head(env: Mapping[str, str] | None = None, *, reuse: bool = False) -> It
         cluster.stop()
 
 
+@contextmanager
+def attached_to(cluster: Any) -> Iterator[Any]:
+    """Start ``cluster`` (a ``LocalRayCluster`` or ``LocalMultiNodeCluster``) and attach this process
+    to it; this process may be attached to the session's cluster (tests/integration/conftest):
+    leave it for this one, stop this one at the end and attach back."""
+    import ray
+
+    previous = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
+    if previous:
+        ray.shutdown()
+    try:
+        cluster.start()
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        yield cluster
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.stop()
+        if previous:
+            ray.init(address=previous, log_to_driver=False, configure_logging=False)
+
+
 def pythonpath() -> str:
     """PYTHONPATH with the folder of the test-only policy first (Ray workers import it by name)."""
     return os.pathsep.join(filter(None, [str(POLICY_DIR), os.environ.get("PYTHONPATH", "")]))

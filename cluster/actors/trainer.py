@@ -93,12 +93,6 @@ class TrainerActor:
         return {"path": info.path, "sha256": info.sha256, "size_bytes": info.size_bytes,
                 "blocking_s": time.perf_counter() - t0}
 
-    async def wait_checkpoint(self) -> dict[str, Any] | None:
-        """Wait until the save in flight (if any) is on disk."""
-        wait = getattr(self.backend, "wait_checkpoint", None)
-        info = await asyncio.to_thread(wait) if wait is not None else None
-        return None if info is None else {"path": info.path, "sha256": info.sha256, "size_bytes": info.size_bytes}
-
     async def load_checkpoint(self, path: str, sha256: str | None = None) -> int:
         await asyncio.to_thread(self.backend.load_checkpoint, path, expected_sha256=sha256)
         return self.backend.updates

@@ -74,9 +74,6 @@ class TrainRankActor:
     def save_checkpoint(self, path: str, export_hf: bool, async_save: bool) -> CheckpointInfo:
         return self.backend.save_checkpoint(path, export_hf=export_hf, async_save=async_save)
 
-    def wait_checkpoint(self) -> CheckpointInfo | None:
-        return self.backend.wait_checkpoint()
-
     def load_checkpoint(self, path: str, sha256: str | None) -> int:
         self.backend.load_checkpoint(path, expected_sha256=sha256)
         return self.backend.updates
@@ -156,9 +153,6 @@ class RankGroup:
 
     def save_checkpoint(self, path: Any, *, export_hf: bool = True, async_save: bool = False) -> CheckpointInfo:
         return gather([r.save_checkpoint.remote(str(path), export_hf, async_save) for r in self.ranks])[0]
-
-    def wait_checkpoint(self) -> CheckpointInfo | None:
-        return gather([r.wait_checkpoint.remote() for r in self.ranks])[0]
 
     def load_checkpoint(self, path: Any, *, expected_sha256: str | None = None) -> None:
         self._updates = gather([r.load_checkpoint.remote(str(path), expected_sha256) for r in self.ranks])[0]

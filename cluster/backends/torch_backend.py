@@ -257,7 +257,7 @@ class TorchBackend:
         self._offloaded = False
         self._parked: dict[str, torch.Tensor] | None = None
         self._saver: concurrent.futures.ThreadPoolExecutor | None = None
-        self._pending: tuple[concurrent.futures.Future[Any], CheckpointInfo] | None = None
+        self._pending: concurrent.futures.Future[CheckpointInfo] | None = None
 
         if model is None:
             assert model_cfg is not None
@@ -417,19 +417,15 @@ class TorchBackend:
             return CheckpointInfo(str(path), "", 0)
         if not async_save:
             return write_checkpoint(payload, path)
-        size = sum(t.numel() * t.element_size() for t in _tensors(payload))
+        size = dp.tensor_bytes(_tensors(payload))
         info = CheckpointInfo(str(path), "", size)
-        self._pending = (self._background().submit(write_checkpoint, payload, path), info)
+        self._pending = self._background().submit(write_checkpoint, payload, path)
         return info
 
     def wait_checkpoint(self) -> CheckpointInfo | None:
         """Wait for the save in flight (if any) to be on disk; returns its info, raises its error."""
         pending, self._pending = self._pending, None
-        if pending is None:
-            return None
-        future, info = pending
-        done = future.result()
-        return done if isinstance(done, CheckpointInfo) else info
+        return None if pending is None else pending.result()
 
     def load_checkpoint(self, path: str | os.PathLike[str], *, expected_sha256: str | None = None) -> None:
         """Restore a checkpoint: the single file (``expected_sha256`` checked unless empty) or a
@@ -522,7 +518,7 @@ class TorchBackend:
         state = dp.sharded_state(self.model, self.optimizer)
         marker = {"format": dp.SHARDED_FORMAT, "backend": self.name, "world": self.rank.world,
                   "updates": self._updates}
-        size = sum(t.numel() * t.element_size() for t in _tensors(state))
+        size = dp.tensor_bytes(_tensors(state))
         info = CheckpointInfo(str(folder / dp.COMMIT_MARKER), "", size)
 
         def finish(_: Any = None) -> CheckpointInfo:
@@ -536,7 +532,7 @@ class TorchBackend:
             dcp.save(state, checkpoint_id=str(folder), process_group=dp.checkpoint_group())
             return finish()
         future = dcp.async_save(state, checkpoint_id=str(folder), process_group=dp.checkpoint_group())
-        self._pending = (self._background().submit(lambda: (future.result(), finish())[1]), info)
+        self._pending = self._background().submit(lambda: (future.result(), finish())[1])
         return info
 
     def _load_sharded(self, path: Path) -> None:
@@ -555,11 +551,8 @@ class TorchBackend:
             raise CheckpointError(str(exc)) from None
         if marker.get("backend") not in (self.name, "torch") and self.shards_with_fsdp:
             raise CheckpointError(f"{folder}: written by the {marker.get('backend')} backend, not {self.name}")
-        dp.load_sharded_state(self.model, self._forward_optimizer(), folder)
+        dp.load_sharded_state(self.model, self.optimizer, folder)
         self._updates = int(marker["updates"])
-
-    def _forward_optimizer(self) -> torch.optim.Optimizer:
-        return self.optimizer
 
     def _move(self, device: torch.device | str, *, offload: bool) -> dict[str, float]:
         """Move optimizer state and gradients (and the parameters, with ``param_offload``) to
@@ -821,7 +814,7 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
 
 
 def _move_params(model: torch.nn.Module, device: torch.device | str) -> int:
-    moved = sum(p.numel() * p.element_size() for p in model.parameters())
+    moved = dp.tensor_bytes(model.parameters())
     model.to(device)
     return moved
 

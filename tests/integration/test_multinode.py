@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from driver_support import POLICY, end_group, final_state, next_log, pythonpath, start, store_url
+from driver_support import POLICY, attached_to, end_group, final_state, next_log, pythonpath, start, store_url
 
 from cluster.actors import CONTROLLER, ROLLOUT_SERVICE, TRAINER, replica_name
 from cluster.builders import prompts_for
@@ -36,21 +36,10 @@ def cluster():
     nodes = LocalMultiNodeCluster(NodeSpec(gpus=0, num_cpus=2, memory_gb=2.0),
                                   [NodeSpec(labels={ROLE: "trainer"}), NodeSpec(labels={ROLE: "rollout"}),
                                    NodeSpec(labels={ROLE: "rollout"})])
-    # This process may be attached to the session's one-node cluster (tests/integration/conftest):
-    # leave it for this module's cluster, and attach back after.
-    previous = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
-    if previous:
-        ray.shutdown()
     try:
-        nodes.start()
-        ray.init(address=nodes.address, log_to_driver=False, configure_logging=False)
-        yield nodes
+        with attached_to(nodes):
+            yield nodes
     finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        nodes.stop()
-        if previous:
-            ray.init(address=previous, log_to_driver=False, configure_logging=False)
         if saved is None:
             os.environ.pop("PYTHONPATH", None)
         else:
@@ -74,6 +63,18 @@ def _env() -> dict[str, str]:
             "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
 
 
+def _run(overrides: list[str], tmp_path, *, timeout: float) -> tuple[int, str]:
+    """`tidal run tiny-cpu` with ``overrides`` to its end; (exit code, log)."""
+    log = next_log(tmp_path)
+    with open(log, "w") as out:
+        proc = start(_args(overrides), tmp_path, out, _env())
+        try:
+            code = proc.wait(timeout=timeout)
+        finally:
+            end_group(proc)
+    return code, log.read_text()
+
+
 def _committed_steps(url: str) -> int:
     try:
         _, state, _, _ = final_state(url)
@@ -89,16 +90,10 @@ def _actor_nodes() -> dict[str, str]:
 
 def test_a_cluster_too_small_for_the_config_fails_at_start_in_one_line(cluster, tmp_path):
     overrides = _overrides(tmp_path, cluster.address, "rollout.nnodes=3")
-    log = next_log(tmp_path)
     t0 = time.monotonic()
-    with open(log, "w") as out:
-        proc = start(_args(overrides), tmp_path, out, _env())
-        try:
-            code = proc.wait(timeout=120)
-        finally:
-            end_group(proc)
+    code, text = _run(overrides, tmp_path, timeout=120)
     elapsed = time.monotonic() - t0
-    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    lines = [line for line in text.splitlines() if line.strip()]
     assert code == 2, lines[-20:]
     assert [line for line in lines if line.startswith("tidal: error:")] == [
         f"tidal: error: the Ray cluster at {cluster.address} is too small for this config: it needs 3 rollout "
@@ -203,14 +198,7 @@ def test_a_trainer_of_two_nodes_trains_as_one_rank_group_across_them(cluster, tm
     overrides = _overrides(tmp_path, cluster.address, "trainer.nnodes=2", "trainer.n_gpus_per_node=1",
                            "rollout.nnodes=1")
     url = store_url(tmp_path, "mn")
-    log = next_log(tmp_path)
-    with open(log, "w") as out:
-        proc = start(_args(overrides), tmp_path, out, _env())
-        try:
-            code = proc.wait(timeout=600)
-        finally:
-            end_group(proc)
-    text = log.read_text()
+    code, text = _run(overrides, tmp_path, timeout=600)
     assert code == 0, text[-3000:]
 
     placed = _actor_nodes()

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import ray
+from driver_support import attached_to
 
 from cluster.placement import place, release_placement
 from cluster.ray_cluster import LocalMultiNodeCluster, LocalRayCluster, NodeSpec
@@ -28,22 +29,12 @@ OVERRIDES = ["trainer.n_gpus_per_node=2", "rollout.nnodes=0"]  # N = 2 ranks on 
 
 @contextmanager
 def _attached(cluster: LocalRayCluster | LocalMultiNodeCluster) -> Iterator[None]:
-    """Start ``cluster`` and attach this process to it; this process may be attached to the
-    session's cluster (tests/integration/conftest): leave it for this one and attach back after."""
-    previous = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
-    if previous:
-        ray.shutdown()
-    try:
-        cluster.start()
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-        yield
-    finally:
-        release_placement(NAMESPACE)
-        if ray.is_initialized():
-            ray.shutdown()
-        cluster.stop()
-        if previous:
-            ray.init(address=previous, log_to_driver=False, configure_logging=False)
+    """``driver_support.attached_to``, giving back this module's placement groups first."""
+    with attached_to(cluster):
+        try:
+            yield
+        finally:
+            release_placement(NAMESPACE)
 
 
 def _probe_class() -> Any:

@@ -119,6 +119,23 @@ class RolloutPool(_Section):
     slower one is killed and counts as one spent replacement."""
 
 
+class WeightSyncSection(_Section):
+    """`actor_rollout_ref.rollout.weight_sync.*`: how the weights travel (``docs/weight-sync.md``)."""
+
+    transport: Literal["auto", "collective", "object_store"] = "auto"
+    """Trainer → standalone replicas: `collective` (buckets broadcast over a group of their own,
+    NCCL on GPU, gloo on CPU), `object_store` (the whole state dict through Ray's object store, the
+    fallback) or `auto` (collective, except with a simulated trainer, which has no weights)."""
+
+    hybrid_transport: Literal["in_rank", "object_store"] = "in_rank"
+    """Trainer rank → the hybrid replica it hosts: `in_rank` (copied in the rank's process) or
+    `object_store` (through Ray's object store, for comparison)."""
+
+    timeout_s: float = Field(60.0, gt=0.0, le=3600.0)
+    """A collective sync that has not finished by then has lost a member: the member is marked
+    dead (and replaced) and the rest sync again without it."""
+
+
 class RolloutEngineSection(_Section):
     """`actor_rollout_ref.rollout.*`: sampling."""
 
@@ -138,7 +155,14 @@ class RolloutEngineSection(_Section):
     """Nucleus sampling mass."""
 
     tensor_model_parallel_size: int = Field(1, ge=1, le=64)
-    """GPUs per rollout replica."""
+    """GPUs per rollout replica (vLLM's `tensor_parallel_size`; a hybrid replica spans that many
+    trainer ranks of one node)."""
+
+    update_weights_bucket_megabytes: int = Field(512, ge=1, le=65536)
+    """Size of one bucket of a collective weight sync (in the engine's dtype), as in verl."""
+
+    weight_sync: WeightSyncSection = Field(default_factory=WeightSyncSection)
+    """Which transport carries the weights to standalone and to hybrid replicas."""
 
     val_kwargs: ValKwargs = Field(default_factory=ValKwargs)
     """Sampling for validation."""
@@ -487,6 +511,14 @@ class TidalConfig(_Section):
         if not self.async_training.use_dynamic_resource_scheduling:
             return 0
         return self.trainer_gpus // self.gpus_per_replica
+
+    @property
+    def standalone_transport(self) -> str:
+        """How weights reach standalone replicas (`weight_sync.transport` with `auto` resolved)."""
+        chosen = self.actor_rollout_ref.rollout.weight_sync.transport
+        if chosen == "auto":
+            return "object_store" if self.engines.train == "simulated" else "collective"
+        return chosen
 
     @property
     def required_samples(self) -> int:

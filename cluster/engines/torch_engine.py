@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
+from cluster import weight_sync as ws
 from cluster.model import KVCache, TinyLM, TinyLMConfig
 from cluster.engines.base import EngineState, check_request, check_state_dict
 from cluster.engines.batching import Batcher, SequenceState, StepOutput
@@ -191,6 +192,9 @@ class TorchEngine(EngineState):
         self._batch = Batcher(max_batch=max_batch, eos_id=eos_id, step=self._iterate,
                               version=lambda: self._version, name="torch-engine", stops=stops)
         self._stats = {"decode_steps": 0, "busy_s": 0.0}
+        self._receiver = ws.Receiver(self.device)
+        self.weight_ranks = 1
+        """Ranks this engine takes in a collective weight-sync group (one process, one rank)."""
 
     # ---------------------------------------------------------------- state
 
@@ -265,6 +269,15 @@ class TorchEngine(EngineState):
         self._check_awake()
         await self._on_worker(self._copy_weights, state, version)
 
+    async def receive_weights(self, spec: ws.GroupSpec, rank: int, manifest: ws.Manifest, version: int) -> float:
+        """The collective transport: join the weight-sync group ``spec`` at ``rank`` (or keep the
+        membership of this generation) and load each bucket as it arrives. Names and shapes are
+        checked against the model first (``ValueError``, nothing joined); a member lost mid-sync
+        raises after ``spec.timeout_s`` and leaves the weights unloaded until the next sync."""
+        self._check_awake()
+        ws.check_manifest(manifest, self._runner.shapes, model=self._runner.name)
+        return await self._on_worker(self._receive, spec, rank, manifest, version)
+
     async def shutdown(self) -> None:
         """Abort everything, stop the scheduler, free memory and the worker thread."""
         if self._closed:
@@ -272,6 +285,7 @@ class TorchEngine(EngineState):
         self._closed = True
         await self._batch.close()
         await self._on_worker(self._release)
+        self._receiver.leave()
         self._worker.shutdown(wait=False)
 
     # ---------------------------------------------------------------- one iteration (event loop)
@@ -325,6 +339,19 @@ class TorchEngine(EngineState):
         self._runner.release()
         self._memory = False
         self._weights_loaded = False
+
+    def _receive(self, spec: ws.GroupSpec, rank: int, manifest: ws.Manifest, version: int) -> float:
+        if not self._memory:
+            raise RuntimeError("engine is asleep: call wake_up() before receive_weights()")
+        t0 = time.perf_counter()
+        group = self._receiver.join(spec, rank)
+        self._weights_loaded = False
+        targets = self._runner.model.state_dict()  # detached views of the live weights
+        for bucket in ws.receive(group, manifest):
+            ws.copy_into(targets, bucket)
+        self._version = version
+        self._weights_loaded = True
+        return time.perf_counter() - t0
 
     def _copy_weights(self, state: Mapping[str, Any], version: int) -> None:
         if not self._memory:

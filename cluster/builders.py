@@ -25,7 +25,7 @@ from cluster.actors import (
     TrainerActor,
     replica_name,
 )
-from cluster.actors.trainer_rank import RankGroup, TrainRankActor, rank_name
+from cluster.actors.trainer_rank import RankGroup, TrainRankActor, hybrid_hosts, rank_name
 from cluster.model import TinyLMConfig
 from cluster.data_builders import dataset_for, prompt_length, response_length, scorer_factory, tokenizer_for
 from cluster.problems import CharTokenizer, Problem, make_problems
@@ -50,11 +50,12 @@ def requests_per_replica(cfg: TidalConfig) -> int:
     return cfg.async_training.concurrent_samples_per_replica * cfg.actor_rollout_ref.rollout.n
 
 
-def _torch_engine(model_cfg: TinyLMConfig, max_batch: int, device: str, threads: int, eos: int, seed: int) -> Any:
+def _torch_engine(model_cfg: TinyLMConfig, max_batch: int, device: str, threads: int, eos: int, seed: int,
+                  start_asleep: bool = False) -> Any:
     from cluster.engines.torch_engine import TorchEngine
 
     return TorchEngine(model_cfg, max_batch=max_batch, device="cpu" if device == "auto" else device,
-                       threads=threads, eos_id=eos, seed=seed)
+                       threads=threads, eos_id=eos, seed=seed, start_asleep=start_asleep)
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,8 @@ def hf_model_spec(cfg: TidalConfig) -> HFModelSpec | None:
                        cfg.actor_rollout_ref.rollout.dtype)
 
 
-def _hf_torch_engine(spec: HFModelSpec, max_batch: int, device: str, threads: int, seed: int) -> Any:
+def _hf_torch_engine(spec: HFModelSpec, max_batch: int, device: str, threads: int, seed: int,
+                     start_asleep: bool = False) -> Any:
     """The torch engine serving ``spec``'s folder: EOS ids from its tokenizer and generation config."""
     from cluster.engines.hf_runner import HFRunner
     from cluster.engines.torch_engine import TorchEngine
@@ -92,24 +94,27 @@ def _hf_torch_engine(spec: HFModelSpec, max_batch: int, device: str, threads: in
         raise ValueError(f"{spec.tokenizer_path}: the tokenizer names no EOS token (eos_token) and the model no eos_token_id")
     eos, *extra = ids
     return TorchEngine(HFRunner(model, device=device), max_batch=max_batch, device=device, threads=threads,
-                       eos_id=eos, seed=seed, extra_eos_ids=extra, detokenize=tokenizer.decode)
+                       eos_id=eos, seed=seed, extra_eos_ids=extra, detokenize=tokenizer.decode,
+                       start_asleep=start_asleep)
 
 
-def _vllm_engine(model_cfg: TinyLMConfig, max_batch: int, threads: int, eos: int, seed: int) -> Any:
+def _vllm_engine(model_cfg: TinyLMConfig, max_batch: int, threads: int, eos: int, seed: int, tp: int = 1) -> Any:
     # vLLM lives in its own venv (README, "vLLM"); importing it here, where the engine is built
     # (inside a Ray actor), keeps every other kind free of it.
     from cluster.engines.vllm_engine import VLLMEngine
 
-    return VLLMEngine(model_cfg, max_batch=max_batch, eos_id=eos, seed=seed, threads=threads)
+    return VLLMEngine(model_cfg, max_batch=max_batch, eos_id=eos, seed=seed, threads=threads, tensor_parallel_size=tp)
 
 
-def _vllm_hf_engine(spec: HFModelSpec, max_batch: int, threads: int, seed: int, max_model_len: int) -> Any:
+def _vllm_hf_engine(spec: HFModelSpec, max_batch: int, threads: int, seed: int, max_model_len: int,
+                    tp: int = 1) -> Any:
     """The vLLM engine serving ``spec``'s folder: EOS ids from its tokenizer and generation config."""
     from cluster.engines.vllm_engine import VLLMEngine, hf_model
 
     served = hf_model(spec.path, tokenizer_path=spec.tokenizer_path, trust_remote_code=spec.trust_remote_code,
                       max_model_len=max_model_len, custom_chat_template=spec.custom_chat_template)
-    return VLLMEngine(served, max_batch=max_batch, seed=seed, threads=threads, dtype=spec.dtype)
+    return VLLMEngine(served, max_batch=max_batch, seed=seed, threads=threads, dtype=spec.dtype,
+                      tensor_parallel_size=tp)
 
 
 def _simulated_engine(base_s: float, per_seq_s: float, prefill_s_per_token: float, max_batch: int,
@@ -145,18 +150,20 @@ def engine_factory(cfg: TidalConfig, tokenizer: CharTokenizer, *, hybrid: bool, 
     """A picklable zero-argument callable that builds one replica's engine where it is called."""
     kind = cfg.engines.rollout
     hf = hf_model_spec(cfg)
+    tp = cfg.gpus_per_replica
     if kind == "torch" and hf is not None:
         return functools.partial(_hf_torch_engine, hf, requests_per_replica(cfg), cfg.engines.device,
-                                 cfg.engines.torch_threads_per_actor, seed)
+                                 cfg.engines.torch_threads_per_actor, seed, start_asleep=hybrid)
     if kind == "torch":
         return functools.partial(_torch_engine, model_config(cfg, tokenizer), requests_per_replica(cfg),
-                                 cfg.engines.device, cfg.engines.torch_threads_per_actor, tokenizer.eos_id, seed)
+                                 cfg.engines.device, cfg.engines.torch_threads_per_actor, tokenizer.eos_id, seed,
+                                 start_asleep=hybrid)
     if kind == "vllm" and hf is not None:
         return functools.partial(_vllm_hf_engine, hf, requests_per_replica(cfg), cfg.engines.torch_threads_per_actor,
-                                 seed, prompt_length(cfg) + response_length(cfg))
+                                 seed, prompt_length(cfg) + response_length(cfg), tp)
     if kind == "vllm":
         return functools.partial(_vllm_engine, model_config(cfg, tokenizer), requests_per_replica(cfg),
-                                 cfg.engines.torch_threads_per_actor, tokenizer.eos_id, seed)
+                                 cfg.engines.torch_threads_per_actor, tokenizer.eos_id, seed, tp)
     if kind == "simulated":
         # The simulator's replica and workload: up to max_num_seqs running, lengths drifting over
         # the run's steps; one token seed for every replica (a retry elsewhere continues its response).
@@ -187,13 +194,19 @@ def backend_factory(cfg: TidalConfig) -> Callable[[], Any]:
     return make
 
 
-def start_ranks(cfg: TidalConfig, namespace: str, scheduling: list[dict[str, Any]]) -> list[Any]:
+def start_ranks(cfg: TidalConfig, namespace: str, scheduling: list[dict[str, Any]],
+                hybrid_factories: Mapping[str, Callable[[], Any]] | None = None) -> list[Any]:
     """The trainer's rank actors (none when it has one GPU), named in the run's namespace, each
-    where its ``cluster.placement`` options put it, each building the train backend itself."""
+    where its ``cluster.placement`` options put it, each building the train backend itself and
+    the hybrid engines it hosts (``trainer_rank.hybrid_hosts``: a hybrid on the first of its
+    ``tensor_model_parallel_size`` ranks)."""
     per_node = cfg.trainer.n_gpus_per_node
     make = backend_factory(cfg)
+    factories = dict(hybrid_factories or {})
+    hosts = hybrid_hosts(list(factories), len(scheduling), per_node, cfg.gpus_per_replica) if scheduling else {}
+    on_rank = {r: {rid: factories[rid] for rid, ranks in hosts.items() if ranks[0] == r} for r in range(len(scheduling))}
     return [TrainRankActor.options(name=rank_name(r), namespace=namespace, lifetime=None, **options).remote(
-                r, len(scheduling), r % per_node, make, cfg.engines.device)
+                r, len(scheduling), r % per_node, make, cfg.engines.device, on_rank[r])
             for r, options in enumerate(scheduling)]
 
 
@@ -257,6 +270,14 @@ def run_sizes(cfg: TidalConfig, *, consumed_before: int = 0) -> RunSizes:
         consumed_before=consumed_before, generated_before=consumed_before,
         max_required_samples=cfg.max_required_samples,
     )
+
+
+def sync_options(cfg: TidalConfig) -> dict[str, Any]:
+    """The controller's weight-sync keywords: the standalones' transport and, for the collective,
+    the wire dtype (the engines'), the bucket size and the timeout."""
+    rollout = cfg.actor_rollout_ref.rollout
+    return dict(transport=cfg.standalone_transport, sync_dtype=rollout.dtype,
+                bucket_bytes=rollout.update_weights_bucket_megabytes << 20, sync_timeout_s=rollout.weight_sync.timeout_s)
 
 
 def standalone_ids(cfg: TidalConfig) -> list[str]:
@@ -329,12 +350,14 @@ class DataPlane:
         seed = cfg.trainer.seed
         hyb = hybrid_ids(cfg)
         opts = dict(namespace=namespace, lifetime=None)
-        ranks = start_ranks(cfg, namespace, placement.trainer_ranks)
+        hybrid_factories = {rid: engine_factory(cfg, tokenizer, hybrid=True, seed=seed * 1000 + 500 + i)
+                            for i, rid in enumerate(hyb)}
+        ranks = start_ranks(cfg, namespace, placement.trainer_ranks, hybrid_factories)
         trainer = TrainerActor.options(name=TRAINER, **placement.trainer, **opts).remote(
-            trainer_backend_factory(cfg, ranks),
-            {rid: engine_factory(cfg, tokenizer, hybrid=True, seed=seed * 1000 + 500 + i) for i, rid in enumerate(hyb)},
+            trainer_backend_factory(cfg, ranks), hybrid_factories,
             namespace=namespace,
             required_samples=cfg.required_samples,
+            hybrid_transport=cfg.actor_rollout_ref.rollout.weight_sync.hybrid_transport,
         )
         # one starter per standalone slot; a replacement is started with its slot's engine
         starters = {
@@ -355,12 +378,14 @@ class DataPlane:
             max_replacements=r.max_replacements, replacement_timeout_s=r.replacement_timeout_s,
             replacement_state=replacement_state,
             scorer_factory=None if cfg.engines.rollout == "simulated" else scorer_factory(cfg),
+            hybrid_handles=ray.get(trainer.hybrid_handles.remote()),
         )
         ray.get([trainer.ping.remote(), rollout.ping.remote(), *(h.ping.remote() for h in standalone.values())])
         controller = ControllerActor.options(name=CONTROLLER, **placement.control, **opts).remote(
             policy_factory(cfg), namespace=namespace, standalone_ids=list(standalone), hybrid_ids=hyb,
             enable_rebalance=a.dynamic_schedule_enable_rebalance, only_hybrid=cfg.only_hybrid,
             sizes=run_sizes(cfg, consumed_before=len(consumed)), keep_broadcast_weights=r.replace_failed_replicas,
+            **sync_options(cfg),
         )
         ray.get(controller.ping.remote())
         return cls(namespace, trainer, rollout, controller, standalone, ranks)

@@ -99,6 +99,12 @@ class BroadcastReport:
     replicas: int = 0
     window: dict[str, float] = field(default_factory=dict)
     hybrid: SwitchReport | None = None
+    transport: str = "object_store"
+    """How the weights went to the standalones (``collective`` or ``object_store``)."""
+    sent_bytes: int = 0
+    """Bytes the collective sent (once, whatever the number of replicas); 0 through the object store."""
+    retries: int = 0
+    """Syncs re-run without a member lost on the way."""
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,9 @@ from typing import Any
 
 import ray
 
+from cluster import weight_sync as ws
 from cluster.actors.names import ROLLOUT_SERVICE, TRAINER, replica_name
-from cluster.actors.remote_engine import actor_is_dead
+from cluster.actors.remote_engine import actor_is_dead, kill_actor
 from cluster.controller import DynamicResourceController
 from cluster.membership import Membership
 from cluster.types import RolloutCounters
@@ -129,6 +130,96 @@ class _PoolAdapter:
             ray.get(self.trainer.hybrid_load_weights.remote(hyb, version))
 
 
+class _InThread:
+    """``fn(*args)`` on a thread of its own; ``result()`` joins it (and raises what it raised)."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any):
+        import concurrent.futures
+
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-sync")
+        self._future = self._pool.submit(fn, *args)
+
+    def result(self) -> Any:
+        try:
+            return self._future.result()
+        finally:
+            self._pool.shutdown(wait=False)
+
+
+class CollectiveSync:
+    """The collective transport driven from the controller: the trainer sends, every replica of
+    ``run``'s receives, in a group re-formed (a new generation) whenever its members change.
+
+    A sync that loses a member (its actor dies, or the group's timeout passes) marks it dead
+    through ``members`` (a hung one is killed first, so the rollout service replaces it) and
+    syncs the rest again in a new generation, at most ``retries`` times: the step goes on.
+    """
+
+    def __init__(self, trainer: Any, members: Membership, dtype: str, bucket_bytes: int, timeout_s: float,
+                 retries: int = 2):
+        self.trainer, self.members = trainer, members
+        self.dtype, self.bucket_bytes, self.timeout_s, self.retries = dtype, int(bucket_bytes), float(timeout_s), retries
+        self._manifest: ws.Manifest | None = None
+        self._address: tuple[str, int, str] | None = None
+        self._generation = 0
+        self._members: tuple[tuple[str, int], ...] | None = None
+        self._ranks: dict[str, int] = {}
+
+    def _spec(self, layout: tuple[tuple[str, int], ...], world: int, fresh: bool) -> ws.GroupSpec:
+        if fresh or layout != self._members:
+            self._generation += 1
+            self._members = layout
+        host, port, backend = self._address
+        return ws.GroupSpec(host, port, world, self._generation, backend, self.timeout_s)
+
+    def run(self, handles: Mapping[str, Any], version: int) -> tuple[dict[str, float], dict[str, Any]]:
+        """Sync ``version`` into ``handles``' replicas; returns each loaded replica's seconds and
+        the sender's report (bytes, buckets, seconds, and ``retries``)."""
+        if self._manifest is None:
+            self._manifest = ray.get(self.trainer.weight_manifest.remote(self.dtype, self.bucket_bytes))
+            self._address = tuple(ray.get(self.trainer.sync_address.remote()))
+        fresh = False
+        for attempt in range(self.retries + 1):
+            alive = {rid: h for rid, h in handles.items() if not self.members.is_dead(rid)}
+            if not alive:
+                return {}, {"retries": attempt}
+            for rid, handle in alive.items():
+                if rid not in self._ranks:
+                    self._ranks[rid] = int(ray.get(handle.weight_ranks.remote()))
+            layout, rank = [], 1
+            for rid in alive:
+                layout.append((rid, rank))
+                rank += self._ranks[rid]
+            spec = self._spec(tuple(layout), rank, fresh)
+            receives = {rid: alive[rid].receive_weights.remote(spec, r, self._manifest, version) for rid, r in layout}
+            send = self.trainer.send_weights.remote(spec, self._manifest)
+            refs = [send, *receives.values()]
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s + 30)
+            loaded, lost = {}, False
+            for rid, ref in receives.items():
+                try:
+                    if ref not in ready:
+                        raise TimeoutError(f"{rid} did not finish the weight sync in {self.timeout_s:g}s")
+                    loaded[rid] = ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - a lost member; the others sync again
+                    lost = True
+                    if actor_is_dead(exc) or isinstance(exc, TimeoutError):
+                        kill_actor(alive[rid])  # a hung one too: the rollout service replaces it
+                        self.members.died(rid)
+            try:
+                if send not in ready:
+                    raise TimeoutError(f"the trainer did not finish sending in {self.timeout_s:g}s")
+                sent = ray.get(send)
+            except Exception as exc:  # noqa: BLE001
+                if actor_is_dead(exc):
+                    raise  # the trainer is gone: the run stops (exit 3, resumable)
+                lost = True
+            if not lost:
+                return loaded, {**sent, "retries": attempt}
+            fresh = True
+        raise RuntimeError(f"weight sync of version {version} failed {self.retries + 1} times")
+
+
 def call(handle: Any, method: Callable[..., Any], *args: Any) -> Any:
     """``handle.<method>.remote(*args)`` for a method of ``ControllerHost`` (or any actor class):
     the method is named by reference, not by a string, so an editor finds its definition."""
@@ -149,6 +240,10 @@ class ControllerHost:
         only_hybrid: bool,
         sizes: RunSizes,
         keep_broadcast_weights: bool = False,
+        transport: str = ws.OBJECT_STORE,
+        sync_dtype: str = "float32",
+        bucket_bytes: int = 512 << 20,
+        sync_timeout_s: float = 60.0,
     ):
         self.service = ray.get_actor(ROLLOUT_SERVICE, namespace=namespace)
         self.trainer = ray.get_actor(TRAINER, namespace=namespace)
@@ -166,6 +261,10 @@ class ControllerHost:
         """(weights ref, version) of the last broadcast, kept for replacements when asked to."""
         self._version: int | None = None
         """The param version of the last broadcast (what a refill loads into the hybrids)."""
+        if transport not in ws.STANDALONE_TRANSPORTS:
+            raise ValueError(f"standalone transport {transport!r}: expected one of {ws.STANDALONE_TRANSPORTS}")
+        self.sync = CollectiveSync(self.trainer, self.members, sync_dtype, bucket_bytes, sync_timeout_s) \
+            if transport == ws.COLLECTIVE else None
 
     def _counters(self) -> RolloutCounters:
         """One read of the rollout service per policy question, with a check of membership made
@@ -207,22 +306,34 @@ class ControllerHost:
         ``lend`` (a plan that lends), the lent hybrids wake and load ``version`` in the trainer's
         process while the standalones' loads are in flight (``overlap_hybrid_sync``)."""
         t0 = time.perf_counter()
-        weights = self.trainer.weights.remote()
         routable = self.members.routable()
-        loads = {rid: self.standalone[rid].load_weights.remote(weights, version) for rid in routable}
         hybrid = None
-        if lend is not None:
-            assert lend.lends, f"a broadcast that syncs the hybrids for a plan that lends nothing: {lend}"
-            hybrid = self.ctl.hybrid_sync(version, lend.count)
-        per_replica = self.pool.get_alive(loads)
+        if self.sync is not None:
+            # the sync runs in a thread: a lent hybrid syncs meanwhile (its trainer call waits
+            # for the send, which holds the trainer's lock)
+            pending = _InThread(self.sync.run, {rid: self.standalone[rid] for rid in routable}, int(version))
+            if lend is not None:
+                assert lend.lends, f"a broadcast that syncs the hybrids for a plan that lends nothing: {lend}"
+                hybrid = self.ctl.hybrid_sync(version, lend.count)
+            per_replica, sent = pending.result()
+        else:
+            weights = self.trainer.weights.remote()
+            loads = {rid: self.standalone[rid].load_weights.remote(weights, version) for rid in routable}
+            if lend is not None:
+                assert lend.lends, f"a broadcast that syncs the hybrids for a plan that lends nothing: {lend}"
+                hybrid = self.ctl.hybrid_sync(version, lend.count)
+            per_replica = self.pool.get_alive(loads)
+            sent = {}
+            if self._keep_weights:
+                self._last_broadcast = (weights, int(version))
         self._version = int(version)
-        if self._keep_weights:
-            self._last_broadcast = (weights, int(version))
         broadcast_s = time.perf_counter() - t0
         metrics = ray.get(self.service.on_weight_sync.remote(version)) if window else {}
         return BroadcastReport(version=int(version), broadcast_s=broadcast_s,
                                max_replica_load_s=max(per_replica.values(), default=0.0),
-                               replicas=len(per_replica), window=dict(metrics), hybrid=hybrid)
+                               replicas=len(per_replica), window=dict(metrics), hybrid=hybrid,
+                               transport=ws.COLLECTIVE if self.sync is not None else ws.OBJECT_STORE,
+                               sent_bytes=int(sent.get("nbytes", 0)), retries=int(sent.get("retries", 0)))
 
     def after_sync(self, step: int, micro: Sequence[MicroSummary]) -> LendPlan:
         """Lend the trainer's GPUs to rollout until the next step?"""
@@ -287,7 +398,13 @@ class ControllerHost:
         loads it, as it does the others). Runs between broadcasts, never during one (this actor
         serves one call at a time), so the new replica holds the version the others hold."""
         version = None
-        if self._last_broadcast is not None:
+        if self.sync is not None and self._version is not None:
+            # the same transport as the others: a group of the trainer and the newcomer alone
+            loaded, _ = self.sync.run({new: handle}, self._version)
+            if new not in loaded:
+                raise RuntimeError(f"replacement {new} did not load version {self._version}")
+            version = self._version
+        elif self._last_broadcast is not None:
             weights, version = self._last_broadcast
             ray.get(handle.load_weights.remote(weights, version))  # a dead new actor raises: not adopted
         for handles in (self.standalone, self.pool.standalone):

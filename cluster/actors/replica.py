@@ -6,6 +6,7 @@ Must not: know the load balancer, the queue or the controller; it only runs its 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -52,6 +53,16 @@ class _EngineHost:
         await self.engine.load_weights(state, version)
         return time.perf_counter() - t0
 
+    async def receive_weights(self, spec: Any, rank: int, manifest: Any, version: int) -> float:
+        """The collective transport: join ``spec``'s group at ``rank`` and load the buckets."""
+        t0 = time.perf_counter()
+        await self.engine.receive_weights(spec, rank, manifest, version)
+        return time.perf_counter() - t0
+
+    def weight_ranks(self) -> int:
+        """Ranks this replica's engine takes in a weight-sync group (its tensor-parallel workers)."""
+        return int(getattr(self.engine, "weight_ranks", 1))
+
     def engine_stats(self) -> dict[str, float]:
         return dict(self.engine.stats())
 
@@ -70,4 +81,21 @@ class ReplicaActor(_EngineHost):
     def __init__(self, replica_id: str, engine_factory: Callable[[], Any]):
         self.replica_id = replica_id
         self.engine = engine_factory()
+
+    async def receive_weights(self, spec: Any, rank: int, manifest: Any, version: int) -> float:
+        if os.environ.get(KILL_IN_SYNC_ENV) == f"{self.replica_id}:{version}":
+            _die_in_sync(spec, rank)
+        return await _EngineHost.receive_weights(self, spec, rank, manifest, version)
+
+
+KILL_IN_SYNC_ENV = "TIDAL_KILL_REPLICA_IN_SYNC"
+"""Failpoint ``<replica id>:<version>``: that replica joins the sync group of that version, then
+its process exits while the trainer broadcasts (a member lost mid-sync)."""
+
+
+def _die_in_sync(spec: Any, rank: int) -> None:
+    from cluster import weight_sync as ws
+
+    ws.Receiver().join(spec, rank)
+    os._exit(1)
 

@@ -63,13 +63,16 @@ class RolloutService:
         replacement_timeout_s: float = 300.0,
         replacement_state: Mapping[str, Any] | None = None,
         scorer_factory: Callable[[], Any] | None = None,
+        hybrid_handles: Mapping[str, Any] | None = None,
     ):
         self.lb = LoadBalancer()
         self._scorer = scorer_factory() if scorer_factory is not None else None
         """Scores each finished sample where it completes (``cluster.reward.SampleScorer``)."""
         self.queue = MessageQueue(max_required_samples)
         engines = {rid: RemoteEngine(rid, h, False) for rid, h in standalone.items()}
-        engines.update({rid: RemoteEngine(rid, trainer, True) for rid in hybrid_ids})
+        # a hybrid's generate calls go to the actor hosting it: a trainer rank, else the trainer
+        hosts = dict(hybrid_handles or {})
+        engines.update({rid: RemoteEngine(rid, hosts.get(rid, trainer), True) for rid in hybrid_ids})
         self._engines = engines
         self._standalone = dict(standalone)  # every standalone actor started for this run, by id
         self._namespace = namespace

@@ -6,26 +6,34 @@ N rank actors (``cluster.actors.trainer_rank``), so the rest of the run still se
 Before the hybrids wake, the backend moves its optimizer state and gradients (and parameters, if
 configured) to host memory (``offload``), and brings them back once they sleep (``reload``).
 Checkpoints may be written in the background: a save first waits for the one before it, and
-``close`` waits for the last. Must not: decide when to lend (the controller does).
+``close`` waits for the last. With N ranks the hybrid engines live on the ranks that host them
+(``trainer_rank.hybrid_hosts``) and this actor forwards their verbs there. Weights leave by the
+transports of ``cluster.weight_sync``: ``send_weights`` (collective, to standalones) and
+``hybrid_load_weights`` (in-rank or object store, to hybrids); every use of the backend
+(training, syncs, moves) takes one lock, so the ranks see their collectives in one order.
+Must not: decide when to lend (the controller does).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ray
 
+from cluster import weight_sync as ws
 from cluster.actors.names import ROLLOUT_SERVICE
-from cluster.actors.replica import generate_each
-from cluster.types import GenerationRequest, GenerationResult, Sample
+from cluster.actors.trainer_rank import HybridHost, RankGroup, load_in_rank, rollout_shapes, send_from
+from cluster.types import Sample
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
-class TrainerActor:
-    """The train backend and, beside it, the engines of the hybrid replicas it can lend."""
+class TrainerActor(HybridHost):
+    """The train backend and, beside it (or on its ranks), the engines of the hybrid replicas it
+    can lend."""
 
     def __init__(
         self,
@@ -34,12 +42,21 @@ class TrainerActor:
         *,
         namespace: str,
         required_samples: int,
+        hybrid_transport: str = ws.IN_RANK,
     ):
+        if hybrid_transport not in ws.HYBRID_TRANSPORTS:
+            raise ValueError(f"hybrid transport {hybrid_transport!r}: expected one of {ws.HYBRID_TRANSPORTS}")
         self.backend = backend_factory()
-        self.hybrids = {rid: make() for rid, make in hybrid_factories.items()}
+        self.ranks: list[Any] = list(self.backend.ranks) if isinstance(self.backend, RankGroup) else []
+        # the rank hosting each hybrid when the ranks host them (they built their engines in setup)
+        hosted = {rid: i for i, info in enumerate(getattr(self.backend, "info", ())) for rid in info.get("hybrids", ())}
+        self._host_rank = hosted
+        self.hybrids = {rid: make() for rid, make in hybrid_factories.items() if rid not in hosted}
         self.namespace = namespace
         self.required_samples = required_samples
+        self.hybrid_transport = hybrid_transport
         self._train_lock = asyncio.Lock()
+        self._sender: ws.Sender | None = None
 
     # -- training ---------------------------------------------------------------------------
 
@@ -79,9 +96,40 @@ class TrainerActor:
                 "allocated_s": allocated,
             }
 
-    def weights(self) -> dict[str, Any]:
-        """Current weights for the broadcast (Ray puts the return value in the object store)."""
-        return self.backend.state_dict_for_rollout()
+    async def weights(self) -> dict[str, Any]:
+        """Current weights for the object-store broadcast (Ray puts the return value there)."""
+        async with self._train_lock:
+            return await asyncio.to_thread(self.backend.state_dict_for_rollout)
+
+    # -- the collective transport (cluster.weight_sync) -----------------------------------------
+
+    async def weight_manifest(self, dtype: str, bucket_bytes: int) -> ws.Manifest:
+        """The buckets a collective sync sends, in the engines' dtype."""
+        async with self._train_lock:
+            shapes = await asyncio.to_thread(
+                self.backend.rollout_shapes if self.ranks else functools.partial(rollout_shapes, self.backend))
+        return ws.plan(shapes, dtype=dtype, bucket_bytes=bucket_bytes)
+
+    def sync_address(self) -> tuple[str, int, str]:
+        """Where the sender (rank 0, or this process) hosts the weight-sync group's store, and the
+        group's backend."""
+        if self.ranks:
+            return self.backend.sync_address()
+        if self._sender is None:
+            from cluster.ports import free_port
+
+            host = ray.util.get_node_ip_address()
+            self._sender = ws.Sender(host, free_port(host), getattr(self.backend, "device", "cpu"))
+        return self._sender.address, self._sender.port, ws.backend_for(self._sender.device)
+
+    async def send_weights(self, spec: ws.GroupSpec, manifest: ws.Manifest) -> dict[str, Any]:
+        """Broadcast the current weights to the group ``spec`` (its receivers call in concurrently);
+        between micro-steps, never during one."""
+        async with self._train_lock:
+            if self.ranks:
+                return await asyncio.to_thread(self.backend.send_weights, spec, manifest)
+            self.sync_address()
+            return await asyncio.to_thread(send_from, self.backend, self._sender, spec, manifest)
 
     async def save_checkpoint(self, path: str, export_hf: bool = True, async_save: bool = False) -> dict[str, Any]:
         """Write this step's checkpoint (after the previous save is on disk). ``async_save``: return
@@ -102,40 +150,61 @@ class TrainerActor:
     async def offload(self) -> dict[str, float]:
         """Move the trainer's state out of the hybrids' way (seconds and GB of each move)."""
         move = getattr(self.backend, "offload", None)
-        return dict(await asyncio.to_thread(move)) if move is not None else {}
+        async with self._train_lock:
+            return dict(await asyncio.to_thread(move)) if move is not None else {}
 
     async def reload(self) -> dict[str, float]:
         """Bring it back for the next update."""
         move = getattr(self.backend, "reload", None)
-        return dict(await asyncio.to_thread(move)) if move is not None else {}
+        async with self._train_lock:
+            return dict(await asyncio.to_thread(move)) if move is not None else {}
 
-    # -- hybrid engines (same process: the weights never leave it) ----------------------------
+    # -- hybrid engines: here, or on the ranks that host them ----------------------------------
 
-    async def hybrid_generate_batch(
-        self, replica_id: str, requests: Sequence[GenerationRequest]
-    ) -> list[GenerationResult | BaseException]:
-        return await generate_each(self.hybrids[replica_id], requests)
+    def hybrid_handles(self) -> dict[str, Any]:
+        """The actor each hybrid's ``generate`` calls go to (a rank actor, or None for this one)."""
+        return {rid: self.ranks[r] for rid, r in self._host_rank.items()}
 
     async def hybrid(self, op: str, replica_ids: Sequence[str]) -> int:
-        """Run an engine verb (abort_all, pause, resume, sleep, wake_up) on hybrid engines."""
-        if op not in {"abort_all", "pause", "resume", "sleep", "wake_up"}:
-            raise ValueError(f"unknown hybrid op {op!r}")
-        results = await asyncio.gather(*(getattr(self.hybrids[rid], op)() for rid in replica_ids))
-        return int(sum(r or 0 for r in results))
+        """Run an engine verb (abort_all, pause, resume, sleep, wake_up) on hybrid engines, here
+        and on the ranks hosting the others."""
+        here = [rid for rid in replica_ids if rid not in self._host_rank]
+        by_rank: dict[int, list[str]] = {}
+        for rid in replica_ids:
+            if rid in self._host_rank:
+                by_rank.setdefault(self._host_rank[rid], []).append(rid)
+        remote = [self.ranks[r].hybrid.remote(op, ids) for r, ids in by_rank.items()]
+        total = await HybridHost.hybrid(self, op, here) if here else 0
+        return int(total + sum(await asyncio.gather(*remote)))
 
     async def hybrid_load_weights(self, replica_ids: Sequence[str], version: int) -> float:
+        """Load ``version`` into the hybrids: in their rank's process (``in_rank``), or one
+        gathered copy through the object store (``object_store``)."""
         t0 = time.perf_counter()
-        state = self.backend.state_dict_for_rollout()
-        for rid in replica_ids:
-            await self.hybrids[rid].load_weights(state, version)
+        async with self._train_lock:
+            if self.hybrid_transport == ws.IN_RANK and self.ranks:
+                return await asyncio.to_thread(self.backend.hybrid_load, list(replica_ids), version)
+            if self.hybrid_transport == ws.IN_RANK:
+                return await load_in_rank(self.backend, [self.hybrids[rid] for rid in replica_ids], version)
+            state = await asyncio.to_thread(self.backend.state_dict_for_rollout)
+        ref = ray.put(state)
+        hosted = [rid for rid in replica_ids if rid in self._host_rank]
+        await self.hybrid_load_state([rid for rid in replica_ids if rid not in self._host_rank], state, version)
+        await asyncio.gather(*(self.ranks[self._host_rank[rid]].hybrid_load_state.remote([rid], ref, version)
+                               for rid in hosted))
         return time.perf_counter() - t0
 
-    def hybrid_stats(self) -> dict[str, dict[str, float]]:
-        return {rid: dict(engine.stats()) for rid, engine in self.hybrids.items()}
+    async def hybrid_stats(self) -> dict[str, dict[str, float]]:
+        stats = HybridHost.hybrid_stats(self)
+        for part in await asyncio.gather(*(rank.hybrid_stats.remote() for rank in self.ranks)):
+            stats.update(part)
+        return stats
 
     async def close(self) -> None:
         """Shut the hybrid engines and the backend down (the save in flight finishes first)."""
-        await asyncio.gather(*(engine.shutdown() for engine in self.hybrids.values()))
+        await self.close_hybrids()
+        if self._sender is not None:
+            self._sender.leave()
         await asyncio.to_thread(self.backend.close)
 
     def ping(self) -> str:

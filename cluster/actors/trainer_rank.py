@@ -7,6 +7,12 @@ a free port, every rank is handed it through its actor), deals each micro-step's
 ranks, and answers the train-backend calls (``cluster.backends.base.TrainBackend``) with rank 0's
 results, so the controller, the flows and the step API still see one trainer.
 
+Weights leave a rank two ways (``cluster.weight_sync``): rank 0 hosts the collective group's
+store and sends the buckets to the standalone replicas while every rank gathers its shards one
+parameter at a time (``send_weights``); and each rank loads the hybrid replica it hosts in its own
+process (``hybrid_load``, the in-rank transport). A hybrid replica of ``tensor_model_parallel_size``
+ranks lives on the first of them (``hybrid_hosts``).
+
 A rank that dies fails the call at once (``ray.wait`` on the ranks, not a collective's timeout):
 the ``RayActorError`` reaches the driver, which stops with exit 3 and a resume line.
 Must not: decide anything about lending, or read the config (``cluster/builders.py`` does).
@@ -14,12 +20,15 @@ Must not: decide anything about lending, or read the config (``cluster/builders.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import ray
 
-from cluster.types import Sample
+from cluster.actors.replica import generate_each
+from cluster.types import GenerationRequest, GenerationResult, Sample
 
 if TYPE_CHECKING:  # torch is imported where a backend runs, not where the actors are named
     from cluster.backends.base import CheckpointInfo, StepResult
@@ -32,14 +41,119 @@ def rank_name(rank: int) -> str:
     return f"{RANK_PREFIX}{rank}"
 
 
-@ray.remote(num_cpus=0)
-class TrainRankActor:
-    """One rank of the trainer: its share of every micro-step, its shard of the state."""
+def hybrid_hosts(hybrid_ids: Sequence[str], world: int, per_node: int, tp: int) -> dict[str, list[int]]:
+    """The trainer ranks each hybrid replica spans: ``tp`` consecutive ranks of one node, in order
+    (hybrid k on ranks k·tp … k·tp + tp − 1); its engine lives on the first of them."""
+    if tp < 1 or per_node % tp or world % per_node:
+        raise ValueError(f"{world} trainer ranks of {per_node} per node cannot host replicas of "
+                         f"tensor_model_parallel_size={tp} within one node")
+    if len(hybrid_ids) > world // tp:
+        raise ValueError(f"{len(hybrid_ids)} hybrid replicas need {len(hybrid_ids) * tp} trainer ranks, "
+                         f"the trainer has {world}")
+    return {rid: list(range(k * tp, (k + 1) * tp)) for k, rid in enumerate(hybrid_ids)}
 
-    def __init__(self, rank: int, world: int, local_rank: int, backend_factory: Callable[[], Any], device: str):
+
+def full_tensor(tensor: Any) -> Any:
+    """The whole tensor of a (possibly FSDP2-sharded) parameter: a gather over the training group
+    that every rank makes in the same order."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def rollout_tensors(backend: Any) -> tuple[Mapping[str, Any], bool]:
+    """What a sync reads, one tensor at a time, and whether it is a gathered whole copy (a ZeRO
+    backend has no per-parameter view: rank 0 holds the whole model for the sync)."""
+    live = getattr(backend, "rollout_tensors", None)
+    tensors = live() if live is not None else None
+    if tensors is not None:
+        return tensors, False
+    return backend.state_dict_for_rollout(), True
+
+
+def rollout_shapes(backend: Any) -> list[tuple[str, tuple[int, ...]]]:
+    tensors, _ = rollout_tensors(backend)
+    return [(name, tuple(t.shape)) for name, t in tensors.items()]
+
+
+def send_from(backend: Any, sender: Any, spec: Any, manifest: Any) -> dict[str, Any]:
+    """One rank's part of a collective sync: the sender (``sender`` given) packs and broadcasts
+    each bucket; the other ranks gather their shards with it and drop the result."""
+    from cluster import weight_sync as ws
+
+    tensors, gathered = rollout_tensors(backend)
+    if sender is None and gathered:
+        return {}  # it took part in the gather; rank 0 holds the copy
+    group = sender.join(spec) if sender is not None else None
+    stats = ws.send(group, manifest, lambda name: full_tensor(tensors[name]))
+    return {**dataclasses.asdict(stats), "gathered_whole_model": gathered} if sender is not None else {}
+
+
+async def load_in_rank(backend: Any, engines: Sequence[Any], version: int) -> float:
+    """The in-rank transport: the weights of this rank's process, gathered one parameter at a time
+    (every rank takes part), copied into the hybrid engines it hosts (``engines``, maybe none)."""
+    import time
+
+    t0 = time.perf_counter()
+    tensors, gathered = rollout_tensors(backend)
+    if engines and gathered and not tensors:
+        raise RuntimeError("the hybrids of this rank need its own copy of the weights, but this backend gathers them "
+                           "on rank 0 only (ZeRO, or fsdp_config.param_offload while lent): set "
+                           "actor_rollout_ref.rollout.weight_sync.hybrid_transport=object_store")
+    state = {name: full_tensor(t) for name, t in tensors.items()}
+    for engine in engines:
+        await engine.load_weights(state, version)
+    return time.perf_counter() - t0
+
+
+class HybridHost:
+    """The hybrid engines one process hosts (the trainer actor, or a rank actor), and the engine
+    verbs on them."""
+
+    hybrids: dict[str, Any]
+
+    async def hybrid_generate_batch(
+        self, replica_id: str, requests: Sequence[GenerationRequest]
+    ) -> list[GenerationResult | BaseException]:
+        return await generate_each(self.hybrids[replica_id], requests)
+
+    async def hybrid(self, op: str, replica_ids: Sequence[str]) -> int:
+        """Run an engine verb (abort_all, pause, resume, sleep, wake_up) on hybrid engines here."""
+        if op not in {"abort_all", "pause", "resume", "sleep", "wake_up"}:
+            raise ValueError(f"unknown hybrid op {op!r}")
+        results = await asyncio.gather(*(getattr(self.hybrids[rid], op)() for rid in replica_ids))
+        return int(sum(r or 0 for r in results))
+
+    async def hybrid_load_state(self, replica_ids: Sequence[str], state: Mapping[str, Any], version: int) -> None:
+        """The object-store transport for hybrids: a whole state dict (a Ray reference resolved)."""
+        for rid in replica_ids:
+            await self.hybrids[rid].load_weights(state, version)
+
+    def hybrid_stats(self) -> dict[str, dict[str, float]]:
+        return {rid: dict(engine.stats()) for rid, engine in self.hybrids.items()}
+
+    async def close_hybrids(self) -> None:
+        await asyncio.gather(*(engine.shutdown() for engine in self.hybrids.values()))
+
+
+@ray.remote(num_cpus=0, max_concurrency=1000)
+class TrainRankActor(HybridHost):
+    """One rank of the trainer: its share of every micro-step, its shard of the state, and the
+    hybrid engines it hosts. Backend calls run one at a time, in the order they arrive."""
+
+    def __init__(self, rank: int, world: int, local_rank: int, backend_factory: Callable[[], Any], device: str,
+                 hybrid_factories: Mapping[str, Callable[[], Any]] | None = None):
         self.rank, self.world, self.local_rank = rank, world, local_rank
         self._factory, self._device = backend_factory, device
+        self._hybrid_factories = dict(hybrid_factories or {})
+        self.hybrids = {}
         self.backend: Any = None
+        self._sender: Any = None
+        self._lock = asyncio.Lock()
+
+    async def _locked(self, fn: Callable[..., Any], *args: Any) -> Any:
+        async with self._lock:
+            return await asyncio.to_thread(fn, *args)
 
     def address(self) -> tuple[str, int]:
         """Rank 0's node address and a free port on it, for the group's TCP store."""
@@ -48,7 +162,10 @@ class TrainRankActor:
         host = ray.util.get_node_ip_address()
         return host, free_port(host)
 
-    def setup(self, master_addr: str, master_port: int, timeout_s: float) -> dict[str, Any]:
+    async def setup(self, master_addr: str, master_port: int, timeout_s: float) -> dict[str, Any]:
+        return await self._locked(self._setup, master_addr, master_port, timeout_s)
+
+    def _setup(self, master_addr: str, master_port: int, timeout_s: float) -> dict[str, Any]:
         """Join the group, then build this rank's backend (which shards over it)."""
         import torch
 
@@ -61,35 +178,69 @@ class TrainRankActor:
         backend = dp.init_group(rank=self.rank, world=self.world, local_rank=self.local_rank,
                                 master_addr=master_addr, master_port=master_port, device=device, timeout_s=timeout_s)
         self.backend = self._factory()
+        self.hybrids = {rid: make() for rid, make in self._hybrid_factories.items()}
         return {"rank": self.rank, "backend": backend, "device": str(self.backend.device),
-                "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "node": ray.get_runtime_context().get_node_id()}
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "node": ray.get_runtime_context().get_node_id(),
+                "hybrids": sorted(self.hybrids)}
 
-    def train_step(self, samples: Sequence[Sample]) -> tuple[StepResult, int]:
-        result = self.backend.train_step(samples)
+    async def train_step(self, samples: Sequence[Sample]) -> tuple[StepResult, int]:
+        result = await self._locked(self.backend.train_step, samples)
         return result, self.backend.updates
 
-    def weights(self) -> dict[str, Any]:
-        return self.backend.state_dict_for_rollout()
+    async def weights(self) -> dict[str, Any]:
+        return await self._locked(self.backend.state_dict_for_rollout)
 
-    def save_checkpoint(self, path: str, export_hf: bool, async_save: bool) -> CheckpointInfo:
-        return self.backend.save_checkpoint(path, export_hf=export_hf, async_save=async_save)
+    # -- weight sync (cluster.weight_sync) ------------------------------------------------------
 
-    def load_checkpoint(self, path: str, sha256: str | None) -> int:
-        self.backend.load_checkpoint(path, expected_sha256=sha256)
+    async def rollout_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        return await self._locked(rollout_shapes, self.backend)
+
+    def sync_address(self) -> tuple[str, int, str]:
+        """Where this rank (rank 0) hosts the weight-sync group's store (started on first use), and
+        the group's backend (NCCL from a GPU, gloo from a CPU)."""
+        from cluster import weight_sync as ws
+        from cluster.ports import free_port
+
+        if self._sender is None:
+            host = ray.util.get_node_ip_address()
+            self._sender = ws.Sender(host, free_port(host), self.backend.device)
+        return self._sender.address, self._sender.port, ws.backend_for(self._sender.device)
+
+    async def send_weights(self, spec: Any, manifest: Any) -> dict[str, Any]:
+        sender = self._sender if self.rank == 0 else None
+        return await self._locked(send_from, self.backend, sender, spec, manifest)
+
+    async def hybrid_load(self, replica_ids: Sequence[str], version: int) -> float:
+        """In-rank: every rank gathers (a collective); the ones hosting ``replica_ids`` load."""
+        async with self._lock:
+            engines = [self.hybrids[rid] for rid in replica_ids if rid in self.hybrids]
+            return await load_in_rank(self.backend, engines, version)
+
+    # -- checkpoints and room ------------------------------------------------------------------
+
+    async def save_checkpoint(self, path: str, export_hf: bool, async_save: bool) -> CheckpointInfo:
+        return await self._locked(lambda: self.backend.save_checkpoint(path, export_hf=export_hf,
+                                                                        async_save=async_save))
+
+    async def load_checkpoint(self, path: str, sha256: str | None) -> int:
+        await self._locked(lambda: self.backend.load_checkpoint(path, expected_sha256=sha256))
         return self.backend.updates
 
-    def offload(self) -> dict[str, float]:
-        return self.backend.offload()
+    async def offload(self) -> dict[str, float]:
+        return await self._locked(self.backend.offload)
 
-    def reload(self) -> dict[str, float]:
-        return self.backend.reload()
+    async def reload(self) -> dict[str, float]:
+        return await self._locked(self.backend.reload)
 
-    def close(self) -> None:
+    async def close(self) -> None:
         from cluster.backends import distributed as dp
 
         try:
+            await self.close_hybrids()
+            if self._sender is not None:
+                self._sender.leave()
             if self.backend is not None:
-                self.backend.close()
+                await self._locked(self.backend.close)
         finally:
             dp.leave_group()
 
@@ -150,6 +301,19 @@ class RankGroup:
 
     def state_dict_for_rollout(self) -> dict[str, Any]:
         return gather([r.weights.remote() for r in self.ranks])[0]
+
+    def rollout_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        return gather([r.rollout_shapes.remote() for r in self.ranks])[0]
+
+    def sync_address(self) -> tuple[str, int, str]:
+        return ray.get(self.ranks[0].sync_address.remote())
+
+    def send_weights(self, spec: Any, manifest: Any) -> dict[str, Any]:
+        """Every rank gathers, rank 0 sends (``send_from``)."""
+        return gather([r.send_weights.remote(spec, manifest) for r in self.ranks])[0]
+
+    def hybrid_load(self, replica_ids: Sequence[str], version: int) -> float:
+        return max(gather([r.hybrid_load.remote(list(replica_ids), version) for r in self.ranks]))
 
     def save_checkpoint(self, path: Any, *, export_hf: bool = True, async_save: bool = False) -> CheckpointInfo:
         return gather([r.save_checkpoint.remote(str(path), export_hf, async_save) for r in self.ranks])[0]

@@ -396,6 +396,16 @@ class TorchBackend:
             return dp.full_weights(self.model)
         return {k: v.detach().to("cpu", copy=True) for k, v in self._export_weights().items()}
 
+    def rollout_tensors(self) -> dict[str, torch.Tensor] | None:
+        """The weights a sync reads one tensor at a time, without copying them first: the live
+        parameters and buffers (FSDP2 shards as ``DTensor``s: each is gathered where it is read,
+        on every rank in the same order). None where no per-tensor view exists: a ZeRO group, or
+        parameters parked in host memory while lent (``state_dict_for_rollout`` has the whole
+        model on rank 0 then)."""
+        if self._parked is not None or (self.rank.sharded and not self.shards_with_fsdp):
+            return None
+        return {k: v.detach() for k, v in self._export_weights().items()}
+
     def save_checkpoint(self, path: str | os.PathLike[str], *, export_hf: bool = True,
                         async_save: bool = False) -> CheckpointInfo:
         """Write the checkpoint of this step; for an HF model (and ``export_hf``) also its Hugging

@@ -166,6 +166,7 @@ class TorchEngine(EngineState):
         seed: int = 0,
         extra_eos_ids: Sequence[int] = (),
         detokenize: Callable[[list[int]], str] | None = None,
+        start_asleep: bool = False,
     ):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -195,6 +196,9 @@ class TorchEngine(EngineState):
         self._receiver = ws.Receiver(self.device)
         self.weight_ranks = 1
         """Ranks this engine takes in a collective weight-sync group (one process, one rank)."""
+        if start_asleep:  # a hybrid replica: no memory until it is lent (wake_up, load_weights)
+            self._release()
+            self._sleeping = True
 
     # ---------------------------------------------------------------- state
 

@@ -125,7 +125,7 @@ class WeightSyncSection(_Section):
     transport: Literal["auto", "collective", "object_store"] = "auto"
     """Trainer → standalone replicas: `collective` (buckets broadcast over a group of their own,
     NCCL on GPU, gloo on CPU), `object_store` (the whole state dict through Ray's object store, the
-    fallback) or `auto` (collective, except with a simulated trainer, which has no weights)."""
+    fallback) or `auto` (collective, except with a simulated trainer or rollout engine)."""
 
     hybrid_transport: Literal["in_rank", "object_store"] = "in_rank"
     """Trainer rank → the hybrid replica it hosts: `in_rank` (copied in the rank's process) or
@@ -517,7 +517,8 @@ class TidalConfig(_Section):
         """How weights reach standalone replicas (`weight_sync.transport` with `auto` resolved)."""
         chosen = self.actor_rollout_ref.rollout.weight_sync.transport
         if chosen == "auto":
-            return "object_store" if self.engines.train == "simulated" else "collective"
+            simulated = "simulated" in (self.engines.train, self.engines.rollout)
+            return "object_store" if simulated else "collective"
         return chosen
 
     @property

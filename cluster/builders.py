@@ -8,6 +8,7 @@ process (a Prefect task on a Ray worker, say).
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from cluster.actors import (
     TrainerActor,
     replica_name,
 )
+from cluster.actors.replica import KILL_IN_SYNC_ENV
 from cluster.actors.trainer_rank import RankGroup, TrainRankActor, hybrid_hosts, rank_name
 from cluster.model import TinyLMConfig
 from cluster.data_builders import dataset_for, prompt_length, response_length, scorer_factory, tokenizer_for
@@ -277,7 +279,8 @@ def sync_options(cfg: TidalConfig) -> dict[str, Any]:
     the wire dtype (the engines'), the bucket size and the timeout."""
     rollout = cfg.actor_rollout_ref.rollout
     return dict(transport=cfg.standalone_transport, sync_dtype=rollout.dtype,
-                bucket_bytes=rollout.update_weights_bucket_megabytes << 20, sync_timeout_s=rollout.weight_sync.timeout_s)
+                bucket_bytes=rollout.update_weights_bucket_megabytes << 20, sync_timeout_s=rollout.weight_sync.timeout_s,
+                kill_in_sync=os.environ.get(KILL_IN_SYNC_ENV) or None)  # a failpoint of the driver's
 
 
 def standalone_ids(cfg: TidalConfig) -> list[str]:

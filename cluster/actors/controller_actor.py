@@ -156,8 +156,9 @@ class CollectiveSync:
     """
 
     def __init__(self, trainer: Any, members: Membership, dtype: str, bucket_bytes: int, timeout_s: float,
-                 retries: int = 2):
+                 retries: int = 2, kill_in_sync: str | None = None):
         self.trainer, self.members = trainer, members
+        self._kill = kill_in_sync  # failpoint "<replica>:<version>" (replica.KILL_IN_SYNC_ENV)
         self.dtype, self.bucket_bytes, self.timeout_s, self.retries = dtype, int(bucket_bytes), float(timeout_s), retries
         self._manifest: ws.Manifest | None = None
         self._address: tuple[str, int, str] | None = None
@@ -191,7 +192,9 @@ class CollectiveSync:
                 layout.append((rid, rank))
                 rank += self._ranks[rid]
             spec = self._spec(tuple(layout), rank, fresh)
-            receives = {rid: alive[rid].receive_weights.remote(spec, r, self._manifest, version) for rid, r in layout}
+            receives = {rid: alive[rid].receive_weights.remote(spec, r, self._manifest, version,
+                                                               self._kill == f"{rid}:{version}")
+                        for rid, r in layout}
             send = self.trainer.send_weights.remote(spec, self._manifest)
             refs = [send, *receives.values()]
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s + 30)
@@ -244,6 +247,7 @@ class ControllerHost:
         sync_dtype: str = "float32",
         bucket_bytes: int = 512 << 20,
         sync_timeout_s: float = 60.0,
+        kill_in_sync: str | None = None,
     ):
         self.service = ray.get_actor(ROLLOUT_SERVICE, namespace=namespace)
         self.trainer = ray.get_actor(TRAINER, namespace=namespace)
@@ -263,8 +267,8 @@ class ControllerHost:
         """The param version of the last broadcast (what a refill loads into the hybrids)."""
         if transport not in ws.STANDALONE_TRANSPORTS:
             raise ValueError(f"standalone transport {transport!r}: expected one of {ws.STANDALONE_TRANSPORTS}")
-        self.sync = CollectiveSync(self.trainer, self.members, sync_dtype, bucket_bytes, sync_timeout_s) \
-            if transport == ws.COLLECTIVE else None
+        self.sync = CollectiveSync(self.trainer, self.members, sync_dtype, bucket_bytes, sync_timeout_s,
+                                   kill_in_sync=kill_in_sync) if transport == ws.COLLECTIVE else None
 
     def _counters(self) -> RolloutCounters:
         """One read of the rollout service per policy question, with a check of membership made

@@ -82,20 +82,18 @@ class ReplicaActor(_EngineHost):
         self.replica_id = replica_id
         self.engine = engine_factory()
 
-    async def receive_weights(self, spec: Any, rank: int, manifest: Any, version: int) -> float:
-        if os.environ.get(KILL_IN_SYNC_ENV) == f"{self.replica_id}:{version}":
-            _die_in_sync(spec, rank)
+    async def receive_weights(self, spec: Any, rank: int, manifest: Any, version: int, die: bool = False) -> float:
+        """``die``: the failpoint of ``KILL_IN_SYNC_ENV`` (join the group, then exit: a member
+        lost while the trainer broadcasts)."""
+        if die:
+            from cluster import weight_sync as ws
+
+            ws.Receiver().join(spec, rank)
+            os._exit(1)
         return await _EngineHost.receive_weights(self, spec, rank, manifest, version)
 
 
 KILL_IN_SYNC_ENV = "TIDAL_KILL_REPLICA_IN_SYNC"
-"""Failpoint ``<replica id>:<version>``: that replica joins the sync group of that version, then
-its process exits while the trainer broadcasts (a member lost mid-sync)."""
-
-
-def _die_in_sync(spec: Any, rank: int) -> None:
-    from cluster import weight_sync as ws
-
-    ws.Receiver().join(spec, rank)
-    os._exit(1)
+"""Failpoint ``<replica id>:<version>``, read by the driver: that replica joins the sync group
+of that version, then its process exits while the trainer broadcasts."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,14 +60,20 @@ def to_gpt2_state(state: Mapping[str, torch.Tensor], *, dtype: torch.dtype | Non
 
     Raises ``ValueError`` on a name it does not know (a changed ``TinyLM`` must change this map).
     """
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in state.items():
+    return {name: t.to("cpu", dtype=dtype or t.dtype).contiguous().clone()
+            for name, t in to_gpt2_named(state.items())}
+
+
+def to_gpt2_named(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """``TinyLM`` (name, tensor) pairs as GPT-2's, lazily: the renamed tensor is a view (Conv1D
+    weights transposed), on its own device and dtype, never copied. The one TinyLM → GPT-2 map:
+    ``to_gpt2_state`` (the safetensors file a vLLM worker reloads) and a vLLM worker receiving a
+    collective weight sync bucket by bucket both go through it.
+    """
+    for name, tensor in named:
         new = _gpt2_name(name)
-        t = tensor.detach().to("cpu", dtype=dtype or tensor.dtype)
-        if new.endswith(_CONV1D):
-            t = t.t()  # Linear (out, in) → Conv1D (in, out)
-        out[new] = t.contiguous().clone()
-    return out
+        t = tensor.detach()
+        yield new, (t.t() if new.endswith(_CONV1D) else t)  # Linear (out, in) → Conv1D (in, out)
 
 
 def from_gpt2_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

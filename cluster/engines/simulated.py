@@ -3,13 +3,15 @@
 Owns the cost model (one iteration holds an emulated device for ``prefill_s_per_token × admitted
 prompt tokens + decode_step_s(running)``), the device timeline and the deterministic responses
 (a pure function of ``(seed, request_id)`` and the version). Batching is ``batching.Batcher``'s.
-Imports neither torch nor Ray; the full description is in ``docs/engines.md``.
+Imports neither torch nor Ray at module import (``receive_weights``, the collective transport's
+receiving end, needs torch and imports it then); the full description is in ``docs/engines.md``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import time
 import random
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -83,6 +85,9 @@ class SimulatedEngine(EngineState):
         self._lock: asyncio.Lock | None = None
         self._lock_loop: asyncio.AbstractEventLoop | None = None
         self._stats = {"decode_steps": 0, "busy_s": 0.0, "stretch_s": 0.0}
+        self._receiver: Any = None  # weight_sync.Receiver, made by the first receive_weights
+        self.weight_ranks = 1
+        """Ranks this engine takes in a collective weight-sync group."""
 
     # ---------------------------------------------------------------- state
 
@@ -148,6 +153,28 @@ class SimulatedEngine(EngineState):
             self._version = version
             self._weights_loaded = True
 
+    async def receive_weights(self, spec: Any, rank: int, manifest: Any, version: int) -> float:
+        """The collective transport's receiving end without a model: join the weight-sync group
+        ``spec`` at ``rank`` (kept across syncs of one generation), receive every bucket of
+        ``manifest`` and drop it, then spend ``load_weights_s`` as ``load_weights`` does. Like
+        ``load_weights`` it accepts any names (there is no model to check them against)."""
+        from cluster import weight_sync as ws
+
+        self._check_awake()
+        t0 = time.perf_counter()
+
+        def receive() -> None:
+            if self._receiver is None:
+                self._receiver = ws.Receiver()
+            group = self._receiver.join(spec, rank)
+            for _bucket in ws.receive(group, manifest):
+                pass
+
+        self._weights_loaded = False
+        await asyncio.to_thread(receive)
+        await self.load_weights({}, version)
+        return time.perf_counter() - t0
+
     async def resume(self) -> None:
         """Accept work again; a paused engine first spends ``resume_s``."""
         if self._paused and self.resume_s > 0 and not self._closed:
@@ -160,6 +187,8 @@ class SimulatedEngine(EngineState):
             return
         self._closed = True
         await self._batch.close()
+        if self._receiver is not None:
+            self._receiver.leave()
 
     # ---------------------------------------------------------------- one iteration
 

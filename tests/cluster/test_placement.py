@@ -255,3 +255,22 @@ def test_a_labelled_one_accelerator_trainer_holds_it_in_bundle_0_as_before(accel
 def test_a_trainer_of_several_ranks_is_never_placed_without_its_group():
     with pytest.raises(ValueError, match="a trainer of 2 ranks is placed in its placement group"):
         scheduling(Demand(1, 2, 0, 1, 1), "GPU", [])
+
+
+# ------------------------------------------------------------------------------------------------
+# which trainer ranks each hybrid replica spans (cluster.actors.trainer_rank.hybrid_hosts)
+
+
+def test_each_hybrid_spans_tp_consecutive_ranks_of_one_node_and_lives_on_the_first():
+    from cluster.actors.trainer_rank import hybrid_hosts
+
+    ids = [f"hybrid-{k}" for k in range(4)]
+    # 2 nodes × 4 GPUs, TP 2: two replicas per node, never across the node boundary (ranks 3|4)
+    assert hybrid_hosts(ids, world=8, per_node=4, tp=2) == {
+        "hybrid-0": [0, 1], "hybrid-1": [2, 3], "hybrid-2": [4, 5], "hybrid-3": [6, 7]}
+    # CPU: TP 1, one replica per rank; k-of-m lending lends the first k of these
+    assert hybrid_hosts(ids[:2], world=2, per_node=2, tp=1) == {"hybrid-0": [0], "hybrid-1": [1]}
+    with pytest.raises(ValueError, match="within one node"):
+        hybrid_hosts(ids[:1], world=6, per_node=3, tp=2)  # a replica would straddle two nodes
+    with pytest.raises(ValueError, match="need 6 trainer ranks"):
+        hybrid_hosts(ids[:3], world=4, per_node=4, tp=2)

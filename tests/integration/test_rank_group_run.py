@@ -55,3 +55,5 @@ def test_two_ranks_lend_and_take_back_their_hybrids_and_leave_a_shard_per_rank(t
         assert marker["world"] == 2 and marker["updates"] == step * 2  # trigger_parameter_sync_step=2
     assert state.checkpoint.path.endswith(f"global_step_{STEPS}/actor/tidal-commit.json")
     assert len(prompts) == len(set(prompts)) == STEPS * 2 * 8  # every prompt trained once
+    # the standalones' weights went by the collective (one send per step, whatever the replicas)
+    assert all(r["weight_sync/collective/gb"] > 0 and r["weight_sync/collective/retries"] == 0 for r in rows)

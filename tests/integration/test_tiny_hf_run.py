@@ -61,6 +61,7 @@ def test_tiny_hf_lends_validates_exports_and_resumes_every_prompt_exactly_once(t
     # the step-counting policy lends after odd steps; the next step takes the hybrids back
     lend, take_back = ["hybrid_sync", "activate", "rebalance"], ["deactivate"]
     assert switch_kinds(url) == {1: lend, 2: take_back, 3: lend, 4: take_back}
+    assert all(r["weight_sync/collective/gb"] > 0 for r in rows)  # the run names its transport
     assert [sorted(k for k in r if k.startswith("val-core/")) for r in rows] == [
         [f"{KEY}/before_train"], [KEY], [], [KEY]]
     assert all(0.0 <= r[k] <= 1.0 for r in rows for k in r if k.startswith("val-core/"))

@@ -24,6 +24,16 @@ process; gloo on CPU):
 - ``checkpoint``: ``torch.distributed.checkpoint.async_save`` of the sharded model and optimizer
   state (until it returns, until it is written) against a synchronous ``save``, and the bytes.
 
+Then ``weight_sync``, the transports of ``cluster/weight_sync.py`` (fp32 trainer tensors → bf16):
+
+- the handoff to an engine process on the same GPU: a CUDA IPC handle through a
+  ``torch.multiprocessing`` queue to a spawned process, which copies it (open seconds, GB/s);
+  on CPU shared memory through the same queue, and it says so;
+- the in-process copy (``copy_into``), and the bucketed copy (``send`` into buckets of 64 … 1024
+  MiB, unpacked into the engine's tensors: a collective's two ends without the wire), GB/s each;
+- on CPU a two-process gloo group (``send`` → ``receive``); on one GPU that is skipped (NCCL needs
+  a GPU per rank).
+
 Where ``vllm`` / ``deepspeed`` import (one's own GPU box) it also times vLLM's ``sleep(level=1|2)``
 / ``wake_up`` / weight reload and a DeepSpeed micro-step; elsewhere those sections are skipped
 with the reason. Every section is time-boxed, shapes that no longer fit ``--budget-s`` are
@@ -33,14 +43,16 @@ skipped, and the JSON is rewritten after each section, so a run cut short still 
 
 Usage:
     python benchmarks/gpu_check.py [--dry-run] [--out DIR] [--shapes qwen2.5-0.5b,...] [--budget-s 330]
-                                   [--sections shapes,fsdp2,offload,checkpoint,vllm,deepspeed]
+                                   [--sections shapes,fsdp2,offload,checkpoint,weight_sync,vllm,deepspeed]
+                                   [--weight-sync-gb GB]
     python benchmarks/gpu_check.py --write-calibration FILE [--from DIR/gpu_check.json] [--shape NAME] [--base NAME]
     python benchmarks/gpu_check.py --write-results [--from DIR/gpu_check.json]
 
 Writes ``DIR/gpu_check.json`` and ``DIR/gpu_check.txt`` (DIR: ``--out``, else ``$OUT``, else the
 current folder). Exit 0 when every section that ran passed (skips included), 1 when one failed,
 2 on bad input. ``--write-calibration`` turns a gpu_check.json into a calibration file for the
-twin (``config/calibration/``), ``--write-results`` into ``benchmarks/results/gpu.json`` and the
+twin (``config/calibration/``: the switch costs, and the per-transport ``weight_sync`` model),
+``--write-results`` into ``benchmarks/results/gpu.json`` and the
 ``gpu`` section of ``benchmarks/RESULTS.md``. How to run it: ``docs/gpu.md``.
 """
 
@@ -55,6 +67,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import sys
@@ -62,7 +75,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -72,7 +85,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 FORMAT = "tidal-gpu-check/1"
 JSON_NAME, TEXT_NAME = "gpu_check.json", "gpu_check.txt"
 GB = 1e9
-SECTIONS = ("shapes", "fsdp2", "offload", "checkpoint", "vllm", "deepspeed")
+SECTIONS = ("shapes", "fsdp2", "offload", "checkpoint", "weight_sync", "vllm", "deepspeed")
 """What ``--sections`` selects from, in the order they run (``shapes``: the engine and trainer per shape)."""
 
 
@@ -126,12 +139,26 @@ class Workload:
     offload_estimate_s: float = 25.0
     checkpoint_estimate_s: float = 60.0
     """Seconds the offload and checkpoint sections take on an H200 (each skipped when less is left)."""
+    sync_gb: tuple[float, ...] = (0.5, 2.0)
+    """Weights (GB in bf16) the weight_sync section hands to another process, copies in process and
+    broadcasts, at each size (two: a fixed and a per-GB term)."""
+    bucket_gb: float = 2.0
+    """Weights (GB in bf16) of the bucketed copy, at each of ``bucket_mb``."""
+    bucket_mb: tuple[float, ...] = (64, 256, 512, 1024)
+    """Bucket sizes (MiB, ``update_weights_bucket_megabytes``) of the bucketed copy."""
+    collective_bucket_mb: float = 512
+    """The collective's bucket (the twin's and verl's default ``update_weights_bucket_megabytes``)."""
+    sync_repeats: int = 5
+    """Timed repeats of every weight_sync figure after one warm-up (the median kept)."""
+    weight_sync_estimate_s: float = 45.0
+    """Seconds the weight_sync section takes on an H200 (a spawned process with CUDA, ~10 GB moved)."""
 
 
 GPU_WORK = Workload()
 DRY_WORK = Workload(prompt_tokens=8, new_tokens=6, section_timeout_s=20.0, train_prompt_tokens=8,
                     train_response_tokens=8, train_steps=1, in_flight_steps=2, fsdp_steps=2,
-                    offload_estimate_s=2.0, checkpoint_estimate_s=3.0)
+                    offload_estimate_s=2.0, checkpoint_estimate_s=3.0, sync_gb=(0.001, 0.004), bucket_gb=0.004,
+                    bucket_mb=(0.25, 1.0), collective_bucket_mb=1.0, sync_repeats=2, weight_sync_estimate_s=8.0)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -183,7 +210,7 @@ def text_table(data: dict[str, Any]) -> str:
     head = f"gpu_check on {env.get('device', '?')} ({'dry run' if data.get('dry_run') else 'full'}), " \
            f"{data.get('elapsed_s', 0):.0f} s, finished={data.get('finished')}"
     extra = [f"{k}: {data[k].get('status')} {data[k].get('reason', '')}".rstrip() for k in ("vllm", "deepspeed") if k in data]
-    return "\n".join([head, *_aligned(rows), *sharded_lines(data), *extra]) + "\n"
+    return "\n".join([head, *_aligned(rows), *sharded_lines(data), *weight_sync_lines(data), *extra]) + "\n"
 
 
 def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
@@ -218,6 +245,33 @@ def sharded_lines(data: dict[str, Any]) -> list[str]:
                 f"written {_fmt(c['async_complete_s'])} s; save {_fmt(c['save_s'])} s"] if "save_s" in c else []
         where = f" ({c['shape']})" if "shape" in c else ""
         lines.append(f"checkpoint{where}: {'; '.join([*done, _status(c)])}")
+    return lines
+
+
+def weight_sync_lines(data: dict[str, Any]) -> list[str]:
+    """The weight_sync section: per path its fixed seconds, seconds per GB and GB/s at the largest
+    size; the bucketed copy's GB/s per bucket size."""
+    if "weight_sync" not in data:
+        return []
+    w = data["weight_sync"]
+    lines = [f"weight_sync (fp32 → bf16): {_status(w)}"]
+    rows = []
+    for key, label in (("handoff", "handoff"), ("in_process", "in-process copy"), ("collective", "collective")):
+        part = w.get(key, {})
+        if part.get("sizes"):
+            largest = list(part["sizes"].values())[-1]
+            how = part.get("mode") or (f"{part['backend']}, 2 processes" if "backend" in part else "1 process")
+            rows.append((label, how, _fmt(part["fixed_s"]), _fmt(part["per_gb_s"]), _fmt(largest["gb_per_s"]),
+                         _fmt(largest["bytes"], GB)))
+        elif part.get("status") == "skipped":
+            lines_skipped = f"{label}: skipped {part.get('reason', '')}".rstrip()
+            rows.append((label, "skipped", "-", "-", "-", "-"))
+            lines.append(lines_skipped)
+    if rows:
+        lines[1:1] = _aligned([("path", "how", "fixed_s", "s_per_GB", "GB/s", "at_GB"), *rows])
+    buckets = w.get("bucketed", {}).get("buckets", {})
+    if buckets:
+        lines.append("bucketed copy GB/s by bucket MiB: " + ", ".join(f"{mb}: {_fmt(b['gb_per_s'])}" for mb, b in buckets.items()))
     return lines
 
 
@@ -820,6 +874,294 @@ def _leaf_tensors(obj: Any) -> Iterator[Any]:
         yield obj
 
 
+# ------------------------------------------------------------------------------------------------
+# weight sync: the transports of cluster/weight_sync.py on this device
+
+
+TWIN_BUCKET_MB = 512
+"""``actor_rollout_ref.rollout.update_weights_bucket_megabytes``' default (verl's too)."""
+MIB = 1 << 20
+
+
+def synthetic_shapes(nbytes: float) -> list[tuple[str, tuple[int, ...]]]:
+    """Decoder-like tensors adding up to about ``nbytes`` in bf16: per layer q and o (h × h), up
+    (4h × h), down (h × 4h) and a norm (h), h = 2048 from 100 MB, 1024 from 10 MB, else 128."""
+    h = 2048 if nbytes >= 1e8 else 1024 if nbytes >= 1e7 else 128
+    layer = 2 * (10 * h * h + h)
+    return [(f"layers.{i}.{name}", shape) for i in range(max(1, round(nbytes / layer)))
+            for name, shape in (("q", (h, h)), ("o", (h, h)), ("up", (4 * h, h)), ("down", (h, 4 * h)), ("norm", (h,)))]
+
+
+def _tensors(shapes: list[tuple[str, tuple[int, ...]]], dtype: Any, device: Any, seed: int) -> dict[str, Any]:
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return {name: torch.randn(shape, dtype=torch.float32, device=device, generator=gen).to(dtype) for name, shape in shapes}
+
+
+def _median_timed(dev: Device, fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
+    """(first, median of the next ``repeats``) seconds of ``fn``, the device synchronised around each."""
+    times = [timed(dev, fn) for _ in range(1 + repeats)]
+    return times[0], statistics.median(times[1:])
+
+
+class _Loopback:
+    """A weight-sync group of one for ``weight_sync.send``: "broadcasting" a bucket loads it into the
+    engine's tensors at once (the receiving end's views and copies), so a sync is pack + unpack with
+    no wire."""
+
+    def __init__(self, manifest: Any, targets: dict[str, Any], device: Any):
+        self.device, self.targets, self._buckets = device, targets, iter(manifest.buckets)
+
+    def broadcast(self, flat: Any) -> None:
+        from cluster import weight_sync as ws
+
+        views, offset = [], 0
+        for entry in next(self._buckets):
+            views.append((entry.name, flat[offset:offset + entry.numel].view(entry.shape)))
+            offset += entry.numel
+        ws.copy_into(self.targets, views)
+
+
+def in_process_copy(dev: Device, work: Workload) -> dict[str, Any]:
+    """The in-rank path in one process: ``weight_sync.copy_into`` from the trainer's fp32 tensors
+    into an engine's bf16 ones (the cast on the way), per size."""
+    import torch
+
+    from cluster import weight_sync as ws
+
+    sizes = {}
+    for gb in work.sync_gb:
+        shapes = synthetic_shapes(gb * GB)
+        src = _tensors(shapes, torch.float32, dev.device, seed=1)
+        dst = {k: torch.empty_like(v, dtype=torch.bfloat16) for k, v in src.items()}
+        first, copy_s = _median_timed(dev, lambda: ws.copy_into(dst, src.items()), work.sync_repeats)
+        nbytes = sum(t.numel() * t.element_size() for t in dst.values())
+        sizes[f"{gb:g}"] = {"bytes": nbytes, "tensors": len(dst), "first_s": first, "seconds": copy_s,
+                            "gb_per_s": nbytes / GB / copy_s}
+        del src, dst
+        dev.release()
+    return {"what": "weight_sync.copy_into, fp32 → bf16, same device, same process", "sizes": sizes,
+            **_fitted(sizes)}
+
+
+def bucketed_copy(dev: Device, work: Workload) -> dict[str, Any]:
+    """``weight_sync.send`` from fp32 tensors into bf16 buckets of each size in ``bucket_mb``, each
+    bucket split into views and copied into the engine's tensors: both ends of a collective sync
+    without the wire, per bucket size."""
+    import torch
+
+    from cluster import weight_sync as ws
+
+    shapes = synthetic_shapes(work.bucket_gb * GB)
+    src = _tensors(shapes, torch.float32, dev.device, seed=2)
+    dst = {k: torch.empty_like(v, dtype=torch.bfloat16) for k, v in src.items()}
+    buckets = {}
+    for mb in work.bucket_mb:
+        manifest = ws.plan(shapes, dtype="bfloat16", bucket_bytes=int(mb * MIB))
+        first, seconds = _median_timed(dev, lambda: ws.send(_Loopback(manifest, dst, dev.device), manifest, src.__getitem__),
+                                       work.sync_repeats)
+        buckets[f"{mb:g}"] = {"bucket_mb": mb, "buckets": len(manifest.buckets), "bytes": manifest.nbytes,
+                              "first_s": first, "seconds": seconds, "gb_per_s": manifest.nbytes / GB / seconds}
+    exact = all(torch.equal(dst[k], src[k].to(torch.bfloat16)) for k in list(src)[:5])
+    del src, dst
+    dev.release()
+    return {"what": "weight_sync.send into bf16 buckets + views copied into the engine's tensors (no wire)",
+            "tensors": len(shapes), "loaded_exactly": exact, "buckets": buckets}
+
+
+def _fitted(sizes: dict[str, dict[str, Any]], fixed_key: str | None = None) -> dict[str, float]:
+    """``fixed_s`` + ``per_gb_s`` of ``seconds`` (plus ``fixed_key``'s median, a fixed cost) over the sizes."""
+    fixed, per_gb = fit_line([(s["bytes"] / GB, s["seconds"]) for s in sizes.values()])
+    if fixed_key is not None:
+        fixed += statistics.median(s[fixed_key] for s in sizes.values())
+    return {"fixed_s": fixed, "per_gb_s": per_gb}
+
+
+def _expect(outbox: Any, kind: str, proc: Any, timeout_s: float) -> Any:
+    """The child's next message, which must be ``kind``; its error, its death or the timeout raise."""
+    import queue
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            got, payload = outbox.get(timeout=1.0)
+        except queue.Empty:
+            if not proc.is_alive():
+                raise RuntimeError(f"the child process died (exit code {proc.exitcode})") from None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {kind!r} from the child process in {timeout_s:.0f} s") from None
+            continue
+        if got == "error":
+            raise RuntimeError(f"in the child process: {payload}")
+        if got != kind:
+            raise RuntimeError(f"the child process sent {got!r}, expected {kind!r}")
+        return payload
+
+
+@contextlib.contextmanager
+def child_process(target: Callable[..., None], *args: Any) -> Iterator[tuple[Any, Any, Any]]:
+    """A spawned process running ``target(inbox, outbox, *args)`` (spawn: CUDA needs it); stopped,
+    at the latest killed, on exit."""
+    import torch.multiprocessing as tmp
+
+    ctx = tmp.get_context("spawn")
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=target, args=(inbox, outbox, *args), daemon=True)
+    proc.start()
+    try:
+        yield proc, inbox, outbox
+        inbox.put(None)
+        proc.join(timeout=30)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=10)
+
+
+def _handoff_child(inbox: Any, outbox: Any, device: str, repeats: int) -> None:
+    """The engine's end of the handoff: open each tensor the trainer shares, copy it into a buffer
+    of its own ``1 + repeats`` times, report, drop it."""
+    try:
+        import torch
+
+        dev = Device(device)
+        if dev.cuda:
+            torch.cuda.set_device(dev.device.index or 0)  # "cuda" names no index: set_device needs one
+            torch.empty(1, device=dev.device)  # the CUDA context, before any clock
+        else:
+            torch.set_num_threads(1)
+        outbox.put(("ready", None))
+        while (msg := inbox.get()) is not None:
+            sent_at, src = msg
+            opened_s = time.monotonic() - sent_at  # CLOCK_MONOTONIC: the same clock in both processes
+            dst = torch.empty_like(src)
+            dev.sync()
+            first, copy_s = _median_timed(dev, lambda: dst.copy_(src), repeats)
+            exact = bool(torch.equal(dst, src))
+            outbox.put(("done", {"open_s": opened_s, "first_s": first, "seconds": copy_s, "copied_exactly": exact,
+                                 "device": str(src.device)}))
+            del src, dst
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
+        outbox.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def handoff(dev: Device, work: Workload, timeout_s: float) -> dict[str, Any]:
+    """The trainer's bf16 weights handed to an engine in another process through a
+    ``torch.multiprocessing`` queue: on CUDA a CUDA IPC handle of the same GPU's memory (no copy
+    until the engine copies it into its own buffer), on CPU shared memory (the same code; the put
+    moves the tensor into shared memory first). ``open_s``: put → the engine holds the tensor."""
+    import torch
+
+    sizes = {}
+    with child_process(_handoff_child, str(dev.device), work.sync_repeats) as (proc, inbox, outbox):
+        _expect(outbox, "ready", proc, timeout_s)
+        for gb in work.sync_gb:
+            n = int(gb * GB) // 2
+            src = torch.empty(n, dtype=torch.bfloat16, device=dev.device).normal_()
+            dev.sync()
+            inbox.put((time.monotonic(), src))
+            got = _expect(outbox, "done", proc, timeout_s)
+            sizes[f"{gb:g}"] = {"bytes": n * 2, **got, "gb_per_s": n * 2 / GB / got["seconds"]}
+            del src  # after the engine dropped it: CUDA IPC memory must outlive its users
+            dev.release()
+    mode = "cuda_ipc" if dev.cuda else "cpu_shared_memory"
+    return {"mode": mode, "what": ("CUDA IPC handle of the trainer's tensor, opened and copied by a spawned process "
+                                   "on the same GPU" if dev.cuda else
+                                   "no CUDA IPC on CPU: emulated with shared memory through the same queue"),
+            "sizes": sizes, **_fitted(sizes, fixed_key="open_s")}
+
+
+def _collective_child(inbox: Any, outbox: Any, spec: dict[str, Any], repeats: int) -> None:
+    """The replica's end of the collective: join the group, then per manifest receive every bucket
+    and copy it into the engine's bf16 tensors, ``1 + repeats`` times, each timed from the
+    trainer's start."""
+    try:
+        import torch
+
+        from cluster import weight_sync as ws
+
+        torch.set_num_threads(1)
+        group = ws.SyncGroup(ws.GroupSpec(**spec), 1)
+        outbox.put(("ready", None))
+        while (manifest := inbox.get()) is not None:
+            targets = {e.name: torch.empty(e.shape, dtype=torch.bfloat16) for e in manifest.entries}
+            outbox.put(("allocated", None))
+            for _ in range(1 + repeats):
+                started = inbox.get()
+                for views in ws.receive(group, manifest):
+                    ws.copy_into(targets, views)
+                outbox.put(("loaded", time.monotonic() - started))
+        group.close()
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
+        outbox.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def collective(dev: Device, work: Workload, timeout_s: float) -> dict[str, Any]:
+    """A two-process weight-sync group of ``cluster.weight_sync`` (gloo on CPU): the trainer (this
+    process) sends its fp32 tensors in bf16 buckets of ``collective_bucket_mb``, the replica loads
+    them; seconds from the trainer's start until the replica has loaded the last bucket."""
+    if dev.cuda:
+        return {"status": "skipped", "reason": "one GPU lent: NCCL needs a GPU per rank (two processes on one device "
+                                               "are refused), so the broadcast between GPUs is not measured here; "
+                                               "the bucketed copy is its two ends without the wire"}
+    import torch
+
+    from cluster import weight_sync as ws
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    store = ws.host_store("127.0.0.1", 0, timeout_s)
+    spec = ws.GroupSpec("127.0.0.1", store.port, world=2, generation=1, backend="gloo", timeout_s=timeout_s)
+    sizes = {}
+    with child_process(_collective_child, dict(vars(spec)), work.sync_repeats) as (proc, inbox, outbox):
+        t0 = time.perf_counter()
+        group = ws.SyncGroup(spec, 0, store=store)  # meets the child's end
+        _expect(outbox, "ready", proc, timeout_s)
+        formation_s = time.perf_counter() - t0
+        try:
+            for gb in work.sync_gb:
+                shapes = synthetic_shapes(gb * GB)
+                src = _tensors(shapes, torch.float32, dev.device, seed=3)
+                manifest = ws.plan(shapes, dtype="bfloat16", bucket_bytes=int(work.collective_bucket_mb * MIB))
+                inbox.put(manifest)
+                _expect(outbox, "allocated", proc, timeout_s)
+                times = []
+                for _ in range(1 + work.sync_repeats):
+                    inbox.put(time.monotonic())
+                    ws.send(group, manifest, src.__getitem__)
+                    times.append(_expect(outbox, "loaded", proc, timeout_s))
+                sizes[f"{gb:g}"] = {"bytes": manifest.nbytes, "buckets": len(manifest.buckets), "first_s": times[0],
+                                    "seconds": statistics.median(times[1:]),
+                                    "gb_per_s": manifest.nbytes / GB / statistics.median(times[1:])}
+                del src
+        finally:
+            group.close()
+    return {"backend": "gloo", "world_size": 2, "bucket_mb": work.collective_bucket_mb, "formation_s": formation_s,
+            "what": "weight_sync.send → receive + copy_into across two processes, fp32 → bf16 buckets",
+            "sizes": sizes, **_fitted(sizes), "status": "ok"}
+
+
+def weight_sync_section(dev: Device, work: Workload, out: dict[str, Any], save: Callable[[], None],
+                        timeout_s: float = 180.0) -> None:
+    """The weight-sync transports' building blocks on this device: the handoff to an engine process
+    (``in_rank`` to a separate engine: CUDA IPC), the in-process copy (``in_rank`` in the rank's
+    own process), the bucketed copy at each bucket size, and (CPU only) a two-process collective."""
+    import torch
+
+    threads = torch.get_num_threads()
+    if not dev.cuda:  # one thread per process, as a replica actor runs: steadier on a shared CPU
+        torch.set_num_threads(1)
+    out.update(dtype="bfloat16", source_dtype="float32", repeats=work.sync_repeats, cpu_threads=torch.get_num_threads())
+    try:
+        for key, fn in (("handoff", lambda: handoff(dev, work, timeout_s)), ("in_process", lambda: in_process_copy(dev, work)),
+                        ("bucketed", lambda: bucketed_copy(dev, work)), ("collective", lambda: collective(dev, work, timeout_s))):
+            print(f"gpu_check: weight_sync {key} ...", file=sys.stderr, flush=True)
+            out[key] = fn()
+            dev.release()
+            save()
+    finally:
+        torch.set_num_threads(threads)
+
 
 def environment(dev: Device, dtype: Any) -> dict[str, Any]:
     import torch
@@ -844,12 +1186,16 @@ def run_check(args: argparse.Namespace) -> int:
     started = STARTED
     deadline = started + args.budget_s
     shapes, work = (DRY_SHAPES, DRY_WORK) if args.dry_run else (SHAPES, GPU_WORK)
+    if args.weight_sync_gb is not None:  # the weight_sync section at this size, with the real bucket sizes
+        gb = args.weight_sync_gb
+        work = replace(work, sync_gb=(gb / 4, gb), bucket_gb=gb, bucket_mb=GPU_WORK.bucket_mb,
+                       collective_bucket_mb=GPU_WORK.collective_bucket_mb, sync_repeats=GPU_WORK.sync_repeats)
     if args.shapes:
         shapes = {name: shapes[name] for name in args.shapes}
     dev = Device("cpu" if args.dry_run else "cuda")
     dtype = torch.float32 if args.dry_run else torch.bfloat16
     report = Report(args.out, {
-        "format": FORMAT, "dry_run": args.dry_run, "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "format": FORMAT, "command": args.command, "dry_run": args.dry_run, "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "budget_s": args.budget_s, "finished": False, "elapsed_s": 0.0, "env": environment(dev, dtype),
         "workload": asdict(work), "shapes": {}, "failures": [],
     })
@@ -892,7 +1238,8 @@ def run_check(args: argparse.Namespace) -> int:
              lambda out: fsdp2_section(shapes, work, dev, out, save, deadline)),
             ("offload", work.offload_estimate_s, lambda out: offload_section(smallest, shapes[smallest], work, dev, out)),
             ("checkpoint", work.checkpoint_estimate_s,
-             lambda out: checkpoint_section(smallest, shapes[smallest], work, dev, out))):
+             lambda out: checkpoint_section(smallest, shapes[smallest], work, dev, out)),
+            ("weight_sync", work.weight_sync_estimate_s, lambda out: weight_sync_section(dev, work, out, save))):
         out = data[key] = {}
         left = max(0.0, deadline - time.perf_counter())
         if key not in sections or left < estimate_s:
@@ -948,35 +1295,96 @@ def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
     return fixed, slope
 
 
+def _sizes_text(sizes: dict[str, dict[str, Any]]) -> str:
+    return ", ".join(f"{s['bytes'] / GB:.4g} GB: {s['seconds']:.4g} s" for s in sizes.values())
+
+
+def weight_sync_entries(data: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
+    """The calibration's per-transport ``weight_sync`` entries from a gpu_check.json's
+    ``weight_sync`` section (none when it did not complete): ``in_rank`` from the handoff to an
+    engine process on CUDA (plus the engine's wake-up where shapes measured it), from the
+    in-process copy on CPU; ``collective`` from the two-process group where it ran (CPU), else from
+    the bucketed copy at the twin's bucket size (its two ends, no wire). ``object_store`` is not
+    measured here (no Ray on the GPU machine)."""
+    w = data.get("weight_sync") or {}
+    if w.get("status") != "ok":
+        return {}
+    cmd = f"`{data['command']}`, " if data.get("command") else ""
+    head = f"measured by benchmarks/gpu_check.py on {where} ({cmd}gpu_check.json weight_sync."
+    out = {}
+    handoff_, local = w.get("handoff", {}), w.get("in_process", {})
+    if handoff_.get("mode") == "cuda_ipc" and handoff_.get("sizes"):
+        wakes = [s["engine"]["wake_s"] for s in data.get("shapes", {}).values() if s.get("status") == "ok"]
+        wake = statistics.median(wakes) if wakes else 0.0
+        largest = list(handoff_["sizes"].values())[-1]
+        local_note = (f"; in the rank's own process the copy runs at {list(local['sizes'].values())[-1]['gb_per_s']:.4g} GB/s"
+                      if local.get("sizes") else "")
+        out["in_rank"] = {"fixed_s": round(handoff_["fixed_s"] + wake, 6), "per_gb_s": round(handoff_["per_gb_s"], 6),
+                          "source": f"{head}handoff): a CUDA IPC handle of the trainer's bf16 tensor opened by a spawned "
+                                    f"engine process on the same GPU (open {largest['open_s']:.4g} s) and copied into its "
+                                    f"own buffer ({largest['gb_per_s']:.4g} GB/s); fitted over {_sizes_text(handoff_['sizes'])}"
+                                    + (f"; plus the torch engine's wake_up, median over the shapes {wake:.4g} s" if wakes else "")
+                                    + local_note}
+    elif local.get("sizes"):
+        out["in_rank"] = {"fixed_s": round(local["fixed_s"], 6), "per_gb_s": round(local["per_gb_s"], 6),
+                          "source": f"{head}in_process): weight_sync.copy_into fp32 → bf16 in the rank's own process, "
+                                    f"one thread; fitted over {_sizes_text(local['sizes'])}"}
+    coll, buckets = w.get("collective", {}), w.get("bucketed", {}).get("buckets", {})
+    if coll.get("status") == "ok" and coll.get("sizes"):
+        out["collective"] = {"fixed_s": round(coll["fixed_s"], 6), "per_gb_s": round(coll["per_gb_s"], 6),
+                             "source": f"{head}collective): weight_sync.send → receive + copy_into across two "
+                                       f"processes over {coll['backend']}, fp32 → bf16 buckets of {coll['bucket_mb']:g} MiB, "
+                                       f"one thread each; fitted over {_sizes_text(coll['sizes'])}"}
+    elif buckets:
+        mb, b = min(buckets.items(), key=lambda kv: abs(kv[1]["bucket_mb"] - TWIN_BUCKET_MB))
+        why = coll.get("reason", "the broadcast between devices was not measured")
+        out["collective"] = {"fixed_s": 0.0, "per_gb_s": round(b["seconds"] / (b["bytes"] / GB), 6),
+                             "source": f"{head}bucketed.{mb}): weight_sync.send into bf16 buckets of {mb} MiB and their "
+                                       f"views copied into the engine's tensors, {b['gb_per_s']:.4g} GB/s: both ends of a "
+                                       f"collective sync WITHOUT the wire, a floor ({why})"}
+    return out
+
+
 def calibration_from_check(data: dict[str, Any], *, name: str, weight_shape: str | None = None) -> dict[str, Any]:
     """A calibration document (``config.calibration``'s format) from a gpu_check.json: each switch
-    cost fitted as fixed + per-GB over the shapes that measured it, with its source beside it."""
+    cost fitted as fixed + per-GB over the shapes that measured it, and the per-transport
+    ``weight_sync`` entries of its weight_sync section, each with its source beside it."""
     if data.get("format") != FORMAT:
         raise ValueError(f"not a gpu_check.json (format {data.get('format')!r}, expected {FORMAT!r})")
     measured = {k: s for k, s in data.get("shapes", {}).items() if s.get("status") == "ok"}
-    if not measured:
-        raise ValueError("the gpu_check.json has no shape that completed")
-    if weight_shape is not None and weight_shape not in measured:
-        raise ValueError(f"--shape {weight_shape!r} did not complete; completed: {', '.join(measured)}")
-    ref_name = weight_shape or max(measured, key=lambda k: measured[k]["weight_bytes"])
-    ref = measured[ref_name]
     env = data["env"]
     day = str(data.get("started_at", ""))[:10]
     where = f"{env.get('device')}, {day}" + (" (dry run on CPU: not a GPU measurement)" if data.get("dry_run") else "")
+    sync = weight_sync_entries(data, where)
+    if not measured and not sync:
+        raise ValueError("the gpu_check.json has no shape that completed and no weight_sync section")
+    if weight_shape is not None and weight_shape not in measured:
+        raise ValueError(f"--shape {weight_shape!r} did not complete; completed: {', '.join(measured) or 'none'}")
     concurrency = max(data.get("workload", {}).get("concurrency", [128]))
     costs = {}
     for key, (figure, what) in SWITCH_FIGURES.items():
+        if not measured:
+            break
         points = [(s["weight_bytes"] / GB, s["engine"][figure]) for s in measured.values()]
         fixed, per_gb = fit_line(points)
         sizes = ", ".join(f"{k} {s['weight_bytes'] / GB:.4g} GB: {s['engine'][figure]:.4g} s" for k, s in measured.items())
         costs[key] = {"fixed_s": round(fixed, 6), "per_gb_s": round(per_gb, 6),
                       "source": f"measured by benchmarks/gpu_check.py on {where}: {what.format(c=concurrency)}; "
                                 f"torch engine, {env.get('dtype')}; fitted over {sizes}"}
-    return {"format": "tidal-calibration/1", "name": name, "device": env.get("device"), "measured": day,
-            "weight_gb": round(ref["weight_bytes"] / GB, 6),
-            "note": f"written by gpu_check.py --write-calibration from a run of torch {env.get('torch')}, "
-                    f"transformers {env.get('transformers')}; weight_gb: the weights of {ref_name}",
-            "costs": costs}
+    if measured:
+        ref_name = weight_shape or max(measured, key=lambda k: measured[k]["weight_bytes"])
+        weight_gb, size_note = measured[ref_name]["weight_bytes"] / GB, f"the weights of {ref_name}"
+    else:
+        weight_gb = max(data.get("workload", {}).get("sync_gb") or [1.0])
+        size_note = "the weight_sync section's largest size"
+    doc = {"format": "tidal-calibration/1", "name": name, "device": env.get("device"), "measured": day,
+           "weight_gb": round(weight_gb, 6),
+           "note": f"written by gpu_check.py --write-calibration from a run of torch {env.get('torch')}, "
+                   f"transformers {env.get('transformers')}; weight_gb: {size_note}",
+           "costs": costs}
+    if sync:
+        doc["weight_sync"] = sync
+    return doc
 
 
 def write_calibration(args: argparse.Namespace) -> int:
@@ -990,9 +1398,10 @@ def write_calibration(args: argparse.Namespace) -> int:
         doc = calibration_from_check(data, name=args.write_calibration.stem, weight_shape=args.shape)
         if args.base is not None:
             base = load_calibration(args.base)
-            for key, cost in base.costs.items():
-                doc["costs"].setdefault(key, {"fixed_s": cost.fixed_s, "per_gb_s": cost.per_gb_s,
-                                              "source": f"from calibration {base.name}: {cost.source}"})
+            for section, entries in (("costs", base.costs), ("weight_sync", base.weight_sync)):
+                for key, cost in entries.items():
+                    doc.setdefault(section, {}).setdefault(key, {"fixed_s": cost.fixed_s, "per_gb_s": cost.per_gb_s,
+                                                                 "source": f"from calibration {base.name}: {cost.source}"})
         text = dump_calibration(parse_calibration(doc, where=str(source)))
     except (OSError, ValueError) as exc:
         print(f"gpu_check: {source}: {exc}", file=sys.stderr)
@@ -1027,7 +1436,7 @@ def results_figures(data: dict[str, Any]) -> dict[str, Any]:
             "train_peak_checkpointing_gb": tr["checkpointing"]["peak_bytes"] / GB,
         }
     extra = {k: {kk: v for kk, v in data[k].items() if kk != "traceback"}
-             for k in ("fsdp2", "offload", "checkpoint", "vllm", "deepspeed") if k in data}
+             for k in ("fsdp2", "offload", "checkpoint", "weight_sync", "vllm", "deepspeed") if k in data}
     return {"device": data["env"].get("device"), "measured": str(data.get("started_at", ""))[:10],
             "dry_run": data.get("dry_run"), "torch": data["env"].get("torch"), "shapes": shapes, **extra}
 
@@ -1075,6 +1484,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--shapes", default=None, help="comma-separated subset of the shapes to run")
     p.add_argument("--sections", default=None,
                    help=f"comma-separated subset of the sections to run (default all: {','.join(SECTIONS)})")
+    p.add_argument("--weight-sync-gb", type=float, default=None, metavar="GB",
+                   help="the weight_sync section's largest size (GB in bf16; also a quarter of it), with the "
+                        "GPU run's bucket sizes: a CPU measurement beside --dry-run")
     p.add_argument("--budget-s", type=float, default=330.0,
                    help="seconds for all sections, from the start (a shape that no longer fits is skipped)")
     p.add_argument("--write-calibration", type=Path, default=None, metavar="FILE",
@@ -1086,9 +1498,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--base", default=None, metavar="CALIBRATION",
                    help="with --write-calibration: take the costs not measured here from this calibration")
     args = p.parse_args(argv)
+    args.command = shlex.join(["python3", "benchmarks/gpu_check.py", *(sys.argv[1:] if argv is None else argv)])
     args.out = args.out or Path(os.environ.get("OUT") or ".")
     if not math.isfinite(args.budget_s) or args.budget_s <= 0:
         p.error(f"--budget-s must be > 0, got {args.budget_s}")
+    if args.weight_sync_gb is not None and not (math.isfinite(args.weight_sync_gb) and 0 < args.weight_sync_gb <= 64):
+        p.error(f"--weight-sync-gb must be in (0, 64], got {args.weight_sync_gb}")
     if args.shapes is not None:
         known = DRY_SHAPES if args.dry_run else SHAPES
         args.shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]

@@ -391,12 +391,26 @@ class SimSection(_Section):
     """Fixed seconds per micro-step on top of the token-proportional time (launch, optimizer)."""
 
     broadcast_sync_s: float = Field(5.0, ge=0.0, le=3600.0)
-    """Weight sync trainer → standalone replicas, every step; generation pauses meanwhile."""
+    """Weight sync trainer → standalone replicas, every step; generation pauses meanwhile. Unset
+    with a calibration that has a `weight_sync` model: that model's `broadcast_transport` entry at
+    the calibration's weight size (`fixed_s + per_gb_s × GB`)."""
 
     hybrid_sync_s: float = Field(3.0, ge=0.0, le=3600.0)
     """Wake the sleeping hybrid replicas and load the new weights (only when activating),
     including the trainer's offload of its AdamW state and gradients (and parameters, with
-    `fsdp_config.param_offload`) to host memory, which comes first."""
+    `fsdp_config.param_offload`) to host memory, which comes first. Unset with a calibration that
+    has a `weight_sync` model: that model's `hybrid_transport` entry, as for `broadcast_sync_s`."""
+
+    broadcast_transport: Literal["collective", "object_store"] = "collective"
+    """How the modelled cluster's weights reach the standalone replicas (`cluster.weight_sync`'s
+    transports): picks the calibration's `weight_sync` entry for `broadcast_sync_s` and is named in
+    the twin's output. The twin's own key, not `actor_rollout_ref.rollout.weight_sync.transport`:
+    a sim preset's engines are simulated (their `auto` is the object store, having no weights),
+    while the cluster the twin models sends real ones."""
+
+    hybrid_transport: Literal["in_rank", "object_store"] = "in_rank"
+    """How a trainer rank's weights reach the hybrid replica it hosts: picks the calibration's
+    `weight_sync` entry for `hybrid_sync_s` and is named in the twin's output."""
 
     activate_s: float = Field(0.5, ge=0.0, le=3600.0)
     """Add the hybrid replicas to the load balancer and resume them."""
@@ -428,8 +442,8 @@ class SimSection(_Section):
     calibration: str | None = None
     """A calibration file (path, or a name in `config/calibration/`) whose switch costs, each with
     its source, fill this section's `deactivate_s`, `hybrid_sync_s`, … that the config does not set
-    itself (a preset's or `--set` value wins); null = none. `benchmarks/gpu_check.py
-    --write-calibration` writes one."""
+    itself (a preset's or `--set` value wins), the two syncs from its per-transport `weight_sync`
+    model where it has one; null = none. `benchmarks/gpu_check.py --write-calibration` writes one."""
 
     calibration_weight_gb: float | None = Field(None, gt=0.0, le=1e5)
     """Weights (GB) per GPU of a replica the calibration's costs are computed at

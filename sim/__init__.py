@@ -19,7 +19,7 @@ from config import TidalConfig
 from policies import DynamicSchedulePolicyBase, policy_from_config
 from sim.events import CONTROL_PLANE, DATA_PLANE, Event, EventLoop
 from sim.plan import static_splits, with_policy
-from sim.result import SimResult, SimStep, Transition
+from sim.result import SimResult, SimStep, Transition, WeightSync
 from sim.simulator import SimulationStalled, Simulator, simulate_spec
 from sim.spec import SimSpec, resolve_steps, spec_from_config
 
@@ -58,6 +58,7 @@ __all__ = [
     "simulate_spec",
     "spec_from_config",
     "Transition",
+    "WeightSync",
     "static_splits",
     "with_policy",
 ]

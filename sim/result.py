@@ -21,6 +21,20 @@ class Transition(NamedTuple):
         return self.report.kind
 
 
+@dataclass(frozen=True)
+class WeightSync:
+    """One kind of weight sync over a simulated run: the transport the twin charged for it
+    (``sim.broadcast_transport`` / ``sim.hybrid_transport``), seconds per sync, and how many ran."""
+
+    transport: str
+    seconds_each: float
+    syncs: int
+
+    @property
+    def total_s(self) -> float:
+        return self.seconds_each * self.syncs
+
+
 @dataclass
 class SimStep:
     """One Tidal step (``trigger_parameter_sync_step`` micro-steps and a weight sync)."""
@@ -91,6 +105,15 @@ class SimResult:
     """Per trained sample (``trained_ids``' order): its longest response, in tokens."""
     trained_tokens: list[int] = field(default_factory=list)
     """Per trained sample: the tokens it was trained on (every response with its prompt)."""
+    weight_sync: dict[str, WeightSync] = field(default_factory=dict)
+    """``broadcast`` (trainer → standalone replicas, every step) and ``hybrid_sync`` (trainer rank →
+    its hybrid replica, when lending): the transport each was charged for and what it cost."""
+
+    def weight_sync_line(self) -> str:
+        """``weight sync: broadcast collective 5 s × 468, hybrid in_rank 1.5 s × 437`` (for a summary)."""
+        parts = [f"{'hybrid' if kind == 'hybrid_sync' else kind} {w.transport} {w.seconds_each:.3g} s × {w.syncs}"
+                 for kind, w in self.weight_sync.items()]
+        return "weight sync: " + (", ".join(parts) or "none")
 
     def hooks(self) -> list[tuple[int, str, Any]]:
         """``(step, hook, answer)`` of every decision, in call order."""
@@ -129,6 +152,7 @@ class SimResult:
             "samples_per_s": self.samples_per_s,
             "switches": self.switches,
             "waste": asdict(self.waste),
+            "weight_sync": {kind: {**asdict(w), "total_s": w.total_s} for kind, w in self.weight_sync.items()},
             "mean_train_util": self.mean("train_util"),
             "mean_rollout_util": self.mean("rollout_util"),
             "mean_cluster_util": self.mean("cluster_util"),

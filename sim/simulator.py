@@ -64,7 +64,7 @@ from metrics import (
 from policies import DynamicScheduleContext, DynamicSchedulePolicyBase
 from sim.events import CONTROL_PLANE, DATA_PLANE, Event, EventLoop
 from sim.replica import Replica, Sample
-from sim.result import SimResult, SimStep, Transition
+from sim.result import SimResult, SimStep, Transition, WeightSync
 from sim.rollouter import SimRollouter
 from sim.spec import SimSpec
 
@@ -143,6 +143,7 @@ class Simulator:
         self.decider = Decider(policy, enable_rebalance=spec.enable_rebalance)
         self.durations = SwitchDurations()
         self.transitions: list[Transition] = []
+        self.broadcasts = 0
         self.trained_ids: list[int] = []
         self.trained_longest: list[int] = []
         self.trained_tokens: list[int] = []
@@ -312,6 +313,7 @@ class Simulator:
         it); then a new version and a reset staleness count. With ``intent.lend``, the lent hybrids
         sync meanwhile, on the trainer's GPUs: the phase lasts the longer of the two."""
         spec, r, log = self.spec, self.rollouter, self._log
+        self.broadcasts += 1
         if not spec.partial_rollout:
             r.accepting = False
             yield UntilIdle()
@@ -513,7 +515,17 @@ class Simulator:
             transitions=list(self.transitions),
             trace=self.trace,
             events_handled=self.loop.handled,
+            weight_sync=self._weight_sync(),
         )
+
+    def _weight_sync(self) -> dict[str, WeightSync]:
+        """The run's syncs by kind, each named by the transport the twin charged for it."""
+        s = self.spec
+        hybrid = sum(t.kind == "hybrid_sync" for t in self.transitions)
+        out = {"broadcast": WeightSync(s.broadcast_transport, s.broadcast_sync_s, self.broadcasts)}
+        if s.hybrid_replicas:
+            out["hybrid_sync"] = WeightSync(s.hybrid_transport, s.hybrid_sync_s, hybrid)
+        return out
 
     def _rollout_work_gpu_s(self) -> float:
         """GPU-seconds to generate the trained samples once, every replica at its best speed.

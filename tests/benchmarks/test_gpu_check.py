@@ -104,7 +104,7 @@ def test_a_budget_too_short_for_any_shape_skips_them_all_and_still_exits_0(tmp_p
     assert (proc.returncode, data["finished"]) == (0, True)
     assert [s["status"] for s in data["shapes"].values()] == ["skipped", "skipped"]
     assert "budget left" in data["shapes"]["tiny-64"]["reason"]
-    for key in ("fsdp2", "offload", "checkpoint"):
+    for key in ("fsdp2", "offload", "checkpoint", "weight_sync"):
         assert data[key]["status"] == "skipped" and "budget left" in data[key]["reason"], key
 
 
@@ -120,9 +120,13 @@ def test_the_dry_run_json_becomes_a_calibration_the_twin_loads(dry_run, tmp_path
     assert sorted(cal.costs) == ["activate_s", "broadcast_sync_s", "deactivate_s", "hybrid_sync_s", "rebalance_s"]
     assert "measured by benchmarks/gpu_check.py on cpu" in cal.costs["deactivate_s"].source
     assert cal.costs["activate_s"].source.startswith("from calibration qwen35-35b-judgement: ")
+    assert sorted(cal.weight_sync) == ["collective", "in_rank"]  # object_store: not measured there, not in the base
     sim = load_config("sim/qwen35-35b-dynamic", [f"sim.calibration={target}", "sim.calibration_weight_gb=2.0"]).sim
     expected = {k: c.fixed_s + c.per_gb_s * 2.0 for k, c in cal.costs.items()}
-    assert {k: getattr(sim, k) for k in expected} == expected
+    # the two syncs come from the weight-sync model of the sim's transports, over the file's fixed costs
+    expected.update(broadcast_sync_s=cal.weight_sync["collective"].seconds(2.0),
+                    hybrid_sync_s=cal.weight_sync["in_rank"].seconds(2.0))
+    assert {k: getattr(sim, k) for k in expected} == pytest.approx(expected)
 
 
 def test_write_calibration_from_a_file_that_is_no_gpu_check_is_one_line_and_exit_2(tmp_path):
@@ -294,7 +298,7 @@ def test_sections_runs_only_those_named(tmp_path):
     assert proc.returncode == 0, proc.stderr
     data = json.loads((tmp_path / "gpu_check.json").read_text())
     assert data["checkpoint"]["status"] == "ok"
-    skipped = [data["shapes"]["tiny-64"], data["shapes"]["tiny-128"], data["fsdp2"], data["offload"]]
+    skipped = [data["shapes"]["tiny-64"], data["shapes"]["tiny-128"], data["fsdp2"], data["offload"], data["weight_sync"]]
     assert all(s["status"] == "skipped" and s["reason"] == "not selected with --sections" for s in skipped)
 
 
@@ -302,7 +306,8 @@ def test_an_unknown_section_is_refused_with_one_line_and_exit_2(capsys):
     with pytest.raises(SystemExit) as stop:
         gpu_check.main(["--dry-run", "--sections", "fsdp2,fsdp3"])
     assert (stop.value.code, capsys.readouterr().err) == \
-        (2, "gpu_check: --sections: unknown ['fsdp3']; known: shapes, fsdp2, offload, checkpoint, vllm, deepspeed\n")
+        (2, "gpu_check: --sections: unknown ['fsdp3']; known: shapes, fsdp2, offload, checkpoint, weight_sync, vllm, "
+            "deepspeed\n")
 
 
 def run_in_process(tmp_path, *sections: str) -> tuple[int, dict]:
@@ -368,3 +373,138 @@ def test_an_oom_is_the_allocators_error_or_one_that_says_so():
     assert gpu_check.is_oom(torch.OutOfMemoryError("CUDA out of memory."))
     assert gpu_check.is_oom(RuntimeError("NCCL error: unhandled cuda error, NCCL version 2.27: Cuda failure 'out of memory'"))
     assert not gpu_check.is_oom(RuntimeError("Expected all tensors to be on the same device"))
+
+
+# ------------------------------------------------------------------------------------------------
+# weight sync: the handoff to an engine process, the in-process copy, the bucketed copy, the collective
+
+
+@pytest.mark.slow
+def test_the_dry_run_measures_every_weight_sync_path_on_cpu_and_each_loads_the_weights_exactly(dry_run):
+    out, data = dry_run
+    w = data["weight_sync"]
+    assert (w["status"], w["dtype"], w["source_dtype"], w["cpu_threads"]) == ("ok", "bfloat16", "float32", 1)
+    sizes = ["0.001", "0.004"]
+    h = w["handoff"]
+    assert h["mode"] == "cpu_shared_memory" and h["what"].startswith("no CUDA IPC on CPU: emulated with shared memory")
+    assert list(h["sizes"]) == sizes
+    for run in h["sizes"].values():
+        assert run["copied_exactly"] is True and run["device"] == "cpu"
+        assert run["open_s"] > 0 and run["seconds"] > 0
+        assert run["gb_per_s"] == pytest.approx(run["bytes"] / 1e9 / run["seconds"])
+    assert [r["bytes"] for r in h["sizes"].values()] == [1_000_000, 4_000_000]
+    local = w["in_process"]
+    assert list(local["sizes"]) == sizes and all(r["seconds"] > 0 for r in local["sizes"].values())
+    b = w["bucketed"]
+    assert b["loaded_exactly"] is True
+    assert [(k, r["buckets"]) for k, r in b["buckets"].items()] == [("0.25", 19), ("1", 4)]  # 60 tensors of ≤ 0.2 MiB
+    assert len({r["bytes"] for r in b["buckets"].values()}) == 1
+    c = w["collective"]
+    assert (c["status"], c["backend"], c["world_size"], c["bucket_mb"]) == ("ok", "gloo", 2, 1.0)
+    assert list(c["sizes"]) == sizes and [r["buckets"] for r in c["sizes"].values()] == [1, 4]
+    for part in (h, local, c):
+        assert part["fixed_s"] >= 0 and part["per_gb_s"] >= 0 and part["fixed_s"] + part["per_gb_s"] > 0
+    lines = (out / "gpu_check.txt").read_text().splitlines()
+    at = lines.index("weight_sync (fp32 → bf16): ok")
+    assert [line.split()[0] for line in lines[at + 1:at + 5]] == ["path", "handoff", "in-process", "collective"]
+    assert lines[at + 5].startswith("bucketed copy GB/s by bucket MiB: 0.25: ")
+    assert gpu_check.results_figures(data)["weight_sync"] == w
+
+
+@pytest.mark.slow
+def test_the_dry_runs_weight_sync_becomes_per_transport_entries_and_the_base_adds_the_object_store(dry_run, tmp_path):
+    out, data = dry_run
+    target = tmp_path / "cpu-sync.yaml"
+    proc = run_script("--write-calibration", str(target), "--from", str(out / "gpu_check.json"),
+                      "--base", "cpu-weight-sync", as_on_the_gpu_machine=False)
+    assert proc.returncode == 0, proc.stderr
+    cal = load_calibration(target)
+    assert sorted(cal.weight_sync) == ["collective", "in_rank", "object_store"]
+    w = data["weight_sync"]
+    assert (cal.weight_sync["in_rank"].fixed_s, cal.weight_sync["in_rank"].per_gb_s) == \
+        (round(w["in_process"]["fixed_s"], 6), round(w["in_process"]["per_gb_s"], 6))
+    assert (cal.weight_sync["collective"].fixed_s, cal.weight_sync["collective"].per_gb_s) == \
+        (round(w["collective"]["fixed_s"], 6), round(w["collective"]["per_gb_s"], 6))
+    assert cal.weight_sync["collective"].source.startswith(
+        "measured by benchmarks/gpu_check.py on cpu, ")
+    assert "gpu_check.json weight_sync.collective): weight_sync.send → receive + copy_into across two processes over gloo" \
+        in cal.weight_sync["collective"].source
+    assert "`python3 benchmarks/gpu_check.py --dry-run --out " in cal.weight_sync["in_rank"].source
+    assert cal.weight_sync["object_store"].source.startswith("from calibration cpu-weight-sync: benchmarks/bench_weight_sync.py")
+
+
+def gpu_weight_sync_json(**extra):
+    """A gpu_check.json of a GPU run's weight_sync section (and ``extra`` top-level keys)."""
+    return {"format": "tidal-gpu-check/1", "dry_run": False, "started_at": "2026-12-06T12:00:00+00:00",
+            "command": "python3 benchmarks/gpu_check.py --sections weight_sync --out /out",
+            "env": {"device": "NVIDIA H200", "dtype": "bfloat16", "torch": "2.11.0", "transformers": "5.17.0"},
+            "workload": {"sync_gb": [0.5, 2.0]}, "shapes": {},
+            "weight_sync": {
+                "status": "ok",
+                "handoff": {"mode": "cuda_ipc", "fixed_s": 0.02, "per_gb_s": 0.001,
+                            "sizes": {"0.5": {"bytes": 5e8, "seconds": 0.0005, "open_s": 0.02, "gb_per_s": 1000.0},
+                                      "2": {"bytes": 2e9, "seconds": 0.002, "open_s": 0.02, "gb_per_s": 1000.0}}},
+                "in_process": {"fixed_s": 0.0, "per_gb_s": 0.002,
+                               "sizes": {"2": {"bytes": 2e9, "seconds": 0.004, "gb_per_s": 500.0}}},
+                "bucketed": {"buckets": {mb: {"bucket_mb": float(mb), "bytes": 2e9, "seconds": s, "gb_per_s": 2 / s}
+                                         for mb, s in (("64", 0.01), ("512", 0.005), ("1024", 0.0045))}},
+                "collective": {"status": "skipped", "reason": "one GPU lent"}},
+            **extra}
+
+
+def test_a_gpu_runs_in_rank_entry_is_the_ipc_handoff_plus_the_engines_wake_up():
+    data = gpu_weight_sync_json(shapes={"a": {"status": "ok", "weight_bytes": 1e9, "engine": {"wake_s": 0.1}},
+                                        "b": {"status": "ok", "weight_bytes": 3e9, "engine": {"wake_s": 0.3}},
+                                        "c": {"status": "error"}})
+    entry = gpu_check.weight_sync_entries(data, "NVIDIA H200, 2026-12-06")["in_rank"]
+    assert (entry["fixed_s"], entry["per_gb_s"]) == (pytest.approx(0.02 + 0.2), 0.001)
+    assert entry["source"].startswith("measured by benchmarks/gpu_check.py on NVIDIA H200, 2026-12-06 "
+                                      "(`python3 benchmarks/gpu_check.py --sections weight_sync --out /out`, "
+                                      "gpu_check.json weight_sync.handoff): a CUDA IPC handle")
+    assert "plus the torch engine's wake_up, median over the shapes 0.2 s" in entry["source"]
+    assert entry["source"].endswith("in the rank's own process the copy runs at 500 GB/s")
+
+
+def test_without_a_collective_the_gpu_entry_is_the_bucketed_copy_at_the_twins_bucket_and_says_it_is_a_floor():
+    doc = gpu_check.calibration_from_check(gpu_weight_sync_json(), name="h200-sync")
+    assert (doc["weight_gb"], doc["costs"], sorted(doc["weight_sync"])) == (2.0, {}, ["collective", "in_rank"])
+    entry = doc["weight_sync"]["collective"]
+    assert (entry["fixed_s"], entry["per_gb_s"]) == (0.0, 0.0025)  # 512 MiB: 0.005 s for 2 GB
+    assert "weight_sync.bucketed.512): " in entry["source"]
+    assert "WITHOUT the wire, a floor (one GPU lent)" in entry["source"]
+    assert doc["weight_sync"]["in_rank"]["fixed_s"] == 0.02  # no shapes ran: no wake-up to add
+    from config.calibration import parse_calibration
+
+    assert parse_calibration(doc).sync_seconds("collective", 8.75) == pytest.approx(0.0025 * 8.75)
+
+
+def test_a_weight_sync_section_that_did_not_complete_gives_no_entries():
+    data = gpu_weight_sync_json()
+    data["weight_sync"]["status"] = "error"
+    with pytest.raises(ValueError, match="no shape that completed and no weight_sync section"):
+        gpu_check.calibration_from_check(data, name="x")
+
+
+def test_the_synthetic_weights_are_decoder_like_and_near_the_size_asked():
+    for nbytes in (1e6, 4e6, 5e7, 2e8, 2e9):
+        shapes = gpu_check.synthetic_shapes(nbytes)
+        total = sum(2 * math.prod(shape) for _, shape in shapes)
+        assert abs(total - nbytes) <= 0.5 * 2 * sum(math.prod(s) for _, s in shapes[:5]), nbytes  # within half a layer
+        assert [n.split(".")[-1] for n, _ in shapes[:5]] == ["q", "o", "up", "down", "norm"]
+
+
+def test_the_bucketed_and_in_process_copies_load_the_weights_in_this_process():
+    import dataclasses
+
+    dev = gpu_check.Device("cpu")
+    work = dataclasses.replace(gpu_check.DRY_WORK, sync_gb=(0.0005,), bucket_gb=0.0005, bucket_mb=(0.1,), sync_repeats=1)
+    b = gpu_check.bucketed_copy(dev, work)
+    assert b["loaded_exactly"] is True and b["buckets"]["0.1"]["buckets"] > 1
+    local = gpu_check.in_process_copy(dev, work)
+    assert list(local["sizes"]) == ["0.0005"] and local["sizes"]["0.0005"]["seconds"] > 0
+
+
+def test_a_weight_sync_size_out_of_range_is_refused_with_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as stop:
+        gpu_check.main(["--dry-run", "--weight-sync-gb", "0"])
+    assert (stop.value.code, capsys.readouterr().err) == (2, "gpu_check: --weight-sync-gb must be in (0, 64], got 0.0\n")

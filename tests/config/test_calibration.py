@@ -20,7 +20,7 @@ def doc(**costs):
 def test_every_shipped_calibration_parses_and_cites_a_source_for_each_cost(path):
     cal = load_calibration(path)
     assert cal.name == path.stem
-    assert all(cost.source for cost in cal.costs.values())
+    assert all(cost.source for cost in [*cal.costs.values(), *cal.weight_sync.values()])
 
 
 def test_the_seed_presets_take_their_switch_costs_from_the_judgement_calibration():
@@ -66,4 +66,44 @@ def test_an_unknown_switch_cost_is_refused_naming_the_known_ones():
 def test_naming_a_calibration_that_does_not_exist_is_a_one_line_config_error():
     with pytest.raises(ConfigError) as err:
         load_config("tiny-cpu", ["sim.calibration=nowhere"])
-    assert str(err.value) == "sim: no file or calibration named 'nowhere' (shipped: qwen35-35b-judgement)"
+    assert str(err.value) == "sim: no file or calibration named 'nowhere' (shipped: cpu-weight-sync, qwen35-35b-judgement)"
+
+
+# ---- the per-transport weight-sync model (``weight_sync``)
+
+SYNC = {"collective": {"fixed_s": 0.5, "per_gb_s": 0.25, "source": "measured: gloo"},
+        "in_rank": {"fixed_s": 0.0, "per_gb_s": 0.05, "source": "measured: copy_"}}
+
+
+def test_a_weight_sync_model_alone_is_a_calibration_and_round_trips(tmp_path):
+    cal = parse_calibration({**doc(), "costs": None, "weight_sync": SYNC})
+    assert (cal.costs, sorted(cal.weight_sync)) == ({}, ["collective", "in_rank"])
+    assert cal.sync_seconds("collective") == 0.5 + 0.25 * 2.0
+    assert cal.sync_seconds("in_rank", 10.0) == pytest.approx(0.5)
+    (tmp_path / "c.yaml").write_text(dump_calibration(cal))
+    assert load_calibration(tmp_path / "c.yaml") == cal
+    assert "\ncosts:" not in (tmp_path / "c.yaml").read_text()
+
+
+def test_an_unknown_transport_in_the_model_is_refused_naming_the_known_ones():
+    with pytest.raises(CalibrationError) as err:
+        parse_calibration({**doc(), "weight_sync": {"nccl": {"fixed_s": 1.0, "source": "s"}}}, where="f.yaml")
+    assert str(err.value) == "f.yaml: weight_sync.nccl: unknown transport (known: collective, in_rank, object_store)"
+
+
+def test_a_transport_without_its_source_is_refused():
+    with pytest.raises(CalibrationError) as err:
+        parse_calibration({**doc(), "weight_sync": {"in_rank": {"per_gb_s": 0.1}}}, where="f.yaml")
+    assert str(err.value) == "f.yaml: weight_sync.in_rank.source: every number needs its source"
+
+
+def test_a_calibration_with_neither_costs_nor_a_model_is_refused():
+    with pytest.raises(CalibrationError, match="costs must be a non-empty mapping"):
+        parse_calibration({**doc(), "weight_sync": {}}, where="f.yaml")
+
+
+def test_asking_the_model_for_a_transport_it_lacks_names_those_it_has():
+    cal = parse_calibration({**doc(), "weight_sync": SYNC})
+    with pytest.raises(CalibrationError) as err:
+        cal.sync_seconds("object_store")
+    assert str(err.value) == "calibration t: no weight_sync entry for transport 'object_store' (it has: collective, in_rank)"

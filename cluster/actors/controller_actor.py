@@ -15,6 +15,7 @@ tasks go through ``call(handle, ControllerHost.method, ...)`` so go-to-definitio
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -37,6 +38,8 @@ from loop.plans import (
     SwitchReport,
     WaitReport,
 )
+
+log = logging.getLogger(__name__)
 
 
 class _BalancerAdapter:
@@ -198,14 +201,14 @@ class CollectiveSync:
             send = self.trainer.send_weights.remote(spec, self._manifest)
             refs = [send, *receives.values()]
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s + 30)
-            loaded, lost = {}, False
+            loaded, errors = {}, {}
             for rid, ref in receives.items():
                 try:
                     if ref not in ready:
                         raise TimeoutError(f"{rid} did not finish the weight sync in {self.timeout_s:g}s")
                     loaded[rid] = ray.get(ref)
                 except Exception as exc:  # noqa: BLE001 - a lost member; the others sync again
-                    lost = True
+                    errors[rid] = exc
                     if actor_is_dead(exc) or isinstance(exc, TimeoutError):
                         kill_actor(alive[rid])  # a hung one too: the rollout service replaces it
                         self.members.died(rid)
@@ -216,9 +219,13 @@ class CollectiveSync:
             except Exception as exc:  # noqa: BLE001
                 if actor_is_dead(exc):
                     raise  # the trainer is gone: the run stops (exit 3, resumable)
-                lost = True
-            if not lost:
+                errors["trainer"] = exc
+            if not errors:
                 return loaded, {**sent, "retries": attempt}
+            log.warning("weight sync of version %d (generation %d) failed: %s; dead now: %s",
+                        version, spec.generation, "; ".join(f"{k}: {type(e).__name__}: {str(e)[:200]}"
+                                                             for k, e in errors.items()),
+                        [rid for rid in alive if self.members.is_dead(rid)])
             fresh = True
         raise RuntimeError(f"weight sync of version {version} failed {self.retries + 1} times")
 

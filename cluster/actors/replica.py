@@ -85,10 +85,10 @@ class ReplicaActor(_EngineHost):
     async def receive_weights(self, spec: Any, rank: int, manifest: Any, version: int, die: bool = False) -> float:
         """``die``: the failpoint of ``KILL_IN_SYNC_ENV`` (join the group, then exit: a member
         lost while the trainer broadcasts)."""
-        if die:
+        if die:  # through the engine's own membership (a second one would not meet this generation)
             from cluster import weight_sync as ws
 
-            ws.Receiver().join(spec, rank)
+            (getattr(self.engine, "receiver", None) or ws.Receiver()).join(spec, rank)
             os._exit(1)
         return await _EngineHost.receive_weights(self, spec, rank, manifest, version)
 

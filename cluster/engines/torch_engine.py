@@ -193,7 +193,8 @@ class TorchEngine(EngineState):
         self._batch = Batcher(max_batch=max_batch, eos_id=eos_id, step=self._iterate,
                               version=lambda: self._version, name="torch-engine", stops=stops)
         self._stats = {"decode_steps": 0, "busy_s": 0.0}
-        self._receiver = ws.Receiver(self.device)
+        self.receiver = ws.Receiver(self.device)
+        """Its standing membership in the collective weight-sync group (kept across syncs)."""
         self.weight_ranks = 1
         """Ranks this engine takes in a collective weight-sync group (one process, one rank)."""
         if start_asleep:  # a hybrid replica: no memory until it is lent (wake_up, load_weights)
@@ -290,7 +291,7 @@ class TorchEngine(EngineState):
         self._closed = True
         await self._batch.close()
         await self._on_worker(self._release)
-        self._receiver.leave()
+        self.receiver.leave()
         self._worker.shutdown(wait=False)
 
     # ---------------------------------------------------------------- one iteration (event loop)
@@ -349,7 +350,7 @@ class TorchEngine(EngineState):
         if not self._memory:
             raise RuntimeError("engine is asleep: call wake_up() before receive_weights()")
         t0 = time.perf_counter()
-        group = self._receiver.join(spec, rank)
+        group = self.receiver.join(spec, rank)
         self._weights_loaded = False
         targets = self._runner.model.state_dict()  # detached views of the live weights
         for bucket in ws.receive(group, manifest):

@@ -259,6 +259,7 @@ def simulate_main(
     for table in _tables(shown, f"tidal simulate {config}, {n_steps} steps, seed {seed}"):
         console.print(table)
         console.print()
+    console.print(main.result.weight_sync_line(), soft_wrap=True)  # type: ignore[union-attr]
     if compare:
         console.print(verdict(shown), soft_wrap=True)  # one line, whatever the width
 

@@ -104,10 +104,10 @@ class RolloutPool(_Section):
 
     replace_failed_replicas: bool = False
     """Start a new standalone replica on the GPUs of one whose actor died (id `standalone-I.rK`
-    for the K-th replacement of slot I). It loads the weights and param version of the last
-    broadcast and only then joins the load balancer, so capacity goes back up. Costs one copy of
-    the weights kept in the Ray object store between broadcasts. Off: a dead replica stays out
-    until the run is resumed."""
+    for the K-th replacement of slot I). It loads the current weights and param version by the
+    run's transport (the collective: a group of the trainer and the newcomer; the object store:
+    the last broadcast's copy, kept there between broadcasts) and only then joins the load
+    balancer, so capacity goes back up. Off: a dead replica stays out until the run is resumed."""
 
     max_replacements: int = Field(3, ge=0, le=1000)
     """Replacements per standalone replica slot over one run (a resume continues the count from

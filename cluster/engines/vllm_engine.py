@@ -5,9 +5,9 @@ Owns what a host serves (``ServedModel``: the folder vLLM starts from, the names
 weight sync must have, the EOS ids), the vLLM host (one ``AsyncLLM`` on its own event-loop
 thread, tensor-parallel over ``tensor_parallel_size`` workers), the weight reload through the
 worker extension (a safetensors file, or the collective transport's buckets received by each
-worker) and one streamed vLLM request per ``generate``. vLLM schedules, so it does not use ``batching``; admission, checks and results are
-``base``'s. Never imports vLLM at module import (it lives in its own venv). The full
-description is in ``docs/engines.md``.
+worker) and one streamed vLLM request per ``generate``. vLLM schedules, so it does not use
+``batching``; admission, checks and results are ``base``'s. Never imports vLLM at module import
+(it lives in its own venv). The full description is in ``docs/engines.md``.
 """
 
 from __future__ import annotations

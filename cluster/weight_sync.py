@@ -229,8 +229,9 @@ def send(group: SyncGroup | None, manifest: Manifest, tensor_of: Callable[[str],
 
 def receive(group: SyncGroup, manifest: Manifest) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Each bucket of ``manifest`` as it arrives: (name, tensor) views of one flat buffer, on the
-    group's device in the manifest's dtype. The caller loads a bucket before asking for the next
-    (the views are only valid until then)."""
+    group's device in the manifest's dtype. Every bucket gets a buffer of its own, so the views
+    stay valid while the caller holds them (vLLM's layerwise loader keeps a layer's tensors until
+    the layer is whole, which may straddle two buckets)."""
     dtype = torch_dtype(manifest.dtype)
     for bucket in manifest.buckets:
         flat = torch.empty(sum(e.numel for e in bucket), dtype=dtype, device=group.device)

@@ -5,7 +5,7 @@ Owns: the order of the benchmarks (one after the other, never in parallel), the 
 itself. The figures and what they mean: ``docs/benchmarks.md``.
 
 Usage:
-    .venv/bin/python benchmarks/run_all.py [--only sim,sweep,overhead,prefect_server,compare,emulated,emulated_tp8,faults,faults_hf,train_ranks]
+    .venv/bin/python benchmarks/run_all.py [--only sim,sweep,overhead,prefect_server,compare,emulated,emulated_tp8,faults,faults_hf,train_ranks,weight_sync]
         [--merge]
 """
 
@@ -38,6 +38,7 @@ STEPS: dict[str, list[str]] = {
     "faults_hf": [PY, "benchmarks/fault_campaign.py", "--preset", "tiny-hf"],
     "train_ranks": [PY, "benchmarks/bench_train.py", "--config", "tiny-cpu,tiny-hf",
                     "--write", "benchmarks/RESULTS.md"],
+    "weight_sync": [PY, "benchmarks/bench_weight_sync.py", "--write", "benchmarks/RESULTS.md"],
 }
 TARGETS = {
     "cpu_rollout_bound.speedup_vs_static": (">=", 1.15),
@@ -112,6 +113,9 @@ def merge() -> dict:
         out["train_ranks"] = {k: v for k, v in train_ranks.items() if k not in ("load_average", "by_ranks")}
         for name, figures in out["train_ranks"].get("other_configs", {}).items():
             out["train_ranks"]["other_configs"][name] = {k: v for k, v in figures.items() if k != "by_ranks"}
+    weight_sync = read_json("weight_sync")  # bench_weight_sync.py --write: per topology, per transport and size
+    if weight_sync:
+        out["weight_sync"] = {k: v for k, v in weight_sync.items() if k != "load_average"}
     checks = {}
     for key, (op, bound) in TARGETS.items():
         section, name = key.split(".")

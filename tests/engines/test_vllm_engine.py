@@ -287,6 +287,15 @@ def children() -> set[int]:
     return out
 
 
+def assert_no_children_left(before: set[int]) -> None:
+    """The engine's worker processes end (within 10 s) once it shut down."""
+    for _ in range(100):
+        if not (children() - before):
+            break
+        time.sleep(0.1)
+    assert not (children() - before)
+
+
 @pytest.mark.timeout(300)  # builds its own vLLM: tens of seconds on a loaded 2-core machine
 def test_an_engine_that_owns_its_host_stops_vllms_processes_on_shutdown():
     from cluster.engines.vllm_engine import VLLMEngine
@@ -305,11 +314,7 @@ def test_an_engine_that_owns_its_host_stops_vllms_processes_on_shutdown():
             await engine.generate(request("r", PROMPTS[0]))
 
     asyncio.run(main())
-    for _ in range(100):
-        if not (children() - before):
-            break
-        time.sleep(0.1)
-    assert not (children() - before)
+    assert_no_children_left(before)
 
 
 @pytest.mark.timeout(300)  # builds its own vLLM of two workers: ~40 s on an idle 2-core machine
@@ -355,8 +360,4 @@ def test_a_tensor_parallel_engine_of_two_workers_matches_the_torch_engine_after_
             await engine.shutdown()
 
     asyncio.run(main())
-    for _ in range(100):
-        if not (children() - before):
-            break
-        time.sleep(0.1)
-    assert not (children() - before)
+    assert_no_children_left(before)

@@ -283,9 +283,12 @@ class LocalMultiNodeCluster:
         from ray._private.utils import get_ray_address_file
         from ray.cluster_utils import Cluster
 
-        # Ray's Cluster writes the head's address to the machine-wide ray_current_cluster file
-        # (``stop`` deletes it) and fails where its folder is missing: a machine on which no Ray
-        # ever ran in the default temp dir (/tmp/ray) has none
+        # Ray's Cluster writes the head's address to the machine-wide ray_current_cluster file in
+        # Ray's default temp root, $RAY_TMPDIR or $TMPDIR or /tmp, + /ray (``stop`` deletes it),
+        # whatever the head's own temp_dir, and fails (FileNotFoundError) where that folder is
+        # missing: on a machine (or under a TMPDIR) where no Ray ever ran. So create it first. Ray
+        # has no public name for that path: ray._private.utils.get_ray_address_file (private) is
+        # the one Cluster itself writes to (tests/integration/test_multinode_fresh.py)
         Path(get_ray_address_file(None)).parent.mkdir(parents=True, exist_ok=True)
         use_loopback_ray()
         for key, value in _ray_env().items():  # the nodes inherit this process's environment

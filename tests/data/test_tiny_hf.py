@@ -165,6 +165,7 @@ def test_the_trainer_of_an_hf_config_trains_the_folders_model_and_its_weights_sy
 
     async def decode():
         try:
+            await engine.wake_up()  # a hybrid's engine starts asleep: no memory until it is lent
             await engine.load_weights(backend.state_dict_for_rollout(), 1)
             request = GenerationRequest("r", prompt, SamplingSpec(max_new_tokens=8, temperature=0.0, ignore_eos=True))
             return (await engine.generate(request)).tokens

@@ -84,8 +84,10 @@ def _committed_steps(url: str) -> int:
 
 
 def _actor_nodes() -> dict[str, str]:
-    """Every named actor ever created on the cluster (dead ones too) → the id of its node."""
-    return {a["Name"]: a["Address"]["NodeID"] for a in ray._private.state.actors().values() if a["Name"]}
+    """Every named actor ever created on the cluster (dead ones too) → the id of its node; for a
+    name several runs used, the newest actor's (the table's order is by actor id, not by time)."""
+    actors = sorted(ray._private.state.actors().values(), key=lambda a: a["StartTime"])
+    return {a["Name"]: a["Address"]["NodeID"] for a in actors if a["Name"]}
 
 
 def test_a_cluster_too_small_for_the_config_fails_at_start_in_one_line(cluster, tmp_path):

@@ -48,3 +48,19 @@ def wait_listening(ports: list[int], deadline: float, host: str = "127.0.0.1",
         if pending:
             time.sleep(0.25)
     return pending
+
+
+def listen_on(host: str, port: int) -> int:
+    """A socket listening on ``host:port`` only, as a file descriptor for a server that would
+    otherwise bind every interface (``torch.distributed.TCPStore(master_listen_fd=...)``); the
+    server owns it from then on."""
+    family, kind, proto, _, where = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    listener = socket.socket(family, kind, proto)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(where)
+        listener.listen(128)
+        return listener.detach()
+    finally:
+        listener.close()  # a no-op once detached
+

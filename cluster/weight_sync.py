@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import datetime
 import math
-import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -149,18 +148,12 @@ def backend_for(device: torch.device | str) -> str:
 
 def host_store(address: str, port: int, timeout_s: float = 300.0) -> dist.TCPStore:
     """The sender's store, kept for the whole run; each generation uses a prefix of it. It listens
-    on ``address`` only (a socket bound here and handed over): a server ``TCPStore`` binds every
-    interface otherwise, and a local run must not listen beyond loopback."""
-    family, kind, proto, _, where = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
-    listener = socket.socket(family, kind, proto)
-    try:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(where)
-        listener.listen(128)
-        return dist.TCPStore(address, port, None, True, datetime.timedelta(seconds=timeout_s),
-                             wait_for_workers=False, master_listen_fd=listener.detach())
-    finally:
-        listener.close()  # a no-op once detached; closes it when the store could not be made
+    on ``address`` only: a server ``TCPStore`` binds every interface otherwise, and a local run
+    must not listen beyond loopback."""
+    from cluster.ports import listen_on
+
+    return dist.TCPStore(address, port, None, True, datetime.timedelta(seconds=timeout_s),
+                         wait_for_workers=False, master_listen_fd=listen_on(address, port))
 
 
 class SyncGroup:

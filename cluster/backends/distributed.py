@@ -72,9 +72,16 @@ def init_group(*, rank: int, world: int, master_addr: str, master_port: int, dev
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    init_method = init_method or f"tcp://{master_addr}:{master_port}"  # a file:// store in tests: no port to race for
-    dist.init_process_group(backend=backend, init_method=init_method, rank=rank,
-                            world_size=world, timeout=timedelta(seconds=timeout_s))
+    timeout = timedelta(seconds=timeout_s)
+    if init_method is not None:  # a file:// store in tests: no port to race for
+        dist.init_process_group(backend=backend, init_method=init_method, rank=rank, world_size=world, timeout=timeout)
+        return backend
+    # rank 0's store listens on its node's address only (a server TCPStore binds every interface)
+    from cluster.ports import listen_on
+
+    listen = {"master_listen_fd": listen_on(master_addr, master_port)} if rank == 0 else {}
+    store = dist.TCPStore(master_addr, master_port, world, rank == 0, timeout, **listen)
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=timeout)
     return backend
 
 

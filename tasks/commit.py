@@ -16,7 +16,7 @@ from typing import Any
 
 import ray
 
-from cluster.actors import TRAINER
+from cluster.actors import TRAINER, run_actor
 from loop.plans import StepOutcome
 from storage import StoredStep, open_store, record_step, session_scope
 from storage.store import get_run
@@ -59,7 +59,7 @@ def commit(run: RunRef, step: int, version: int, summary: dict[str, Any], now: f
     """Checkpoint (the one actor call), then record ``summary`` with its ``outcome`` (the
     controller's ``StepOutcome``: states, decisions, switches) in one transaction."""
     outcome: StepOutcome = summary["outcome"]
-    trainer = ray.get_actor(TRAINER, namespace=run.namespace)
+    trainer = run_actor(TRAINER, run.namespace)
     last = step if summary.get("final") else run.total_steps  # the run's last step, also when the data ends it
     export_hf = is_kept_step(step, run.save_freq, last)
     background = run.async_save and not summary.get("final") and step != run.total_steps

@@ -21,7 +21,7 @@ import ray
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from cluster.actors import CONTROLLER, TRAINER, ControllerHost, call
+from cluster.actors import CONTROLLER, TRAINER, ControllerHost, call, run_actor
 from loop.plans import (
     BroadcastReport,
     DeactivatePlan,
@@ -44,7 +44,7 @@ the control plane's own API traffic of the step boundary is best sent meanwhile
 def _actor(run: RunRef, name: str) -> Any:
     if not ray.is_initialized():
         ray.init(address=run.ray_address or "auto", namespace=run.namespace, log_to_driver=False)
-    return ray.get_actor(name, namespace=run.namespace)
+    return run_actor(name, run.namespace)
 
 
 def _controller(run: RunRef, method: Any, *args: Any) -> Any:

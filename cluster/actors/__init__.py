@@ -14,7 +14,7 @@ Constructors take plain values and factories, never the whole config (``cluster.
 """
 
 from cluster.actors.controller_actor import ControllerActor, ControllerHost, call
-from cluster.actors.names import CONTROLLER, ROLLOUT_SERVICE, TRAINER, replica_name
+from cluster.actors.names import CONTROLLER, ROLLOUT_SERVICE, TRAINER, replica_name, run_actor
 from cluster.actors.remote_engine import RemoteEngine, actor_is_dead, kill_actor
 from cluster.actors.replica import ReplicaActor, generate_each
 from cluster.actors.rollout_service import RolloutService
@@ -35,4 +35,5 @@ __all__ = [
     "generate_each",
     "kill_actor",
     "replica_name",
+    "run_actor",
 ]

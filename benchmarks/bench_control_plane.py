@@ -38,11 +38,12 @@ sys.path.insert(1, str(BENCH))
 from as_before import hide, prefect_default_writes  # noqa: E402
 from flows.prefect_server import LocalPrefectServer  # noqa: E402
 
-# Task names of this tree and of the baseline before the typed step API (f691818), which the
-# side-by-side run also measures.
-DATA_PLANE = {"wait_and_deactivate", "train", "broadcast_sync", "hybrid_sync", "lend", "wait_for_samples", "activate"}
-POLICY = {"begin_step", "after_sync", "end_step", "should_deactivate", "should_activate", "update_policy"}
-STORE = {"commit_step"}
+# Task names of this tree, of the tree before the phases took the users' names (165e346) and of the
+# baseline before the typed step API (f691818), which a side-by-side run may also measure.
+DATA_PLANE = {"wait_for_samples", "train", "broadcast_sync", "hybrid_sync", "activate", "wait_and_deactivate", "lend"}
+POLICY = {"should_deactivate", "should_activate", "update_after_step", "begin_step", "after_sync", "end_step",
+          "update_policy"}
+STORE = {"commit", "commit_step"}
 MARK = "bench_control_plane"
 TARGET_STEP_S = 60.0
 BASELINE = "f691818"  # main before issue 14's restructuring
@@ -143,7 +144,7 @@ class StepTimes:
     def complete(self) -> bool:
         """The step's task runs have arrived (asynchronously): it trained and committed once. The
         other phases vary with the step (the last one asks no lend) and with the tree measured."""
-        return self.counts.get("commit_step") == 1 and self.counts.get("train", 0) >= 1
+        return (self.counts.get("commit") or self.counts.get("commit_step")) == 1 and self.counts.get("train", 0) >= 1
 
 
 async def _read_runs(api_url: str) -> dict[str, list[StepTimes]]:
@@ -184,7 +185,7 @@ async def _read_runs(api_url: str) -> dict[str, list[StepTimes]]:
 
 def read_runs(api_url: str, steps: int, timeout_s: float = 120.0) -> dict[str, list[StepTimes]]:
     """Task runs reach the database through the server's event pipeline (slow on a busy machine):
-    read until every run has all its steps, each with a commit_step, and two reads agree."""
+    read until every run has all its steps, each with a commit, and two reads agree."""
     deadline = time.monotonic() + timeout_s
     previous = None
     while True:

@@ -8,7 +8,7 @@ Two placements of the same run, through the real ``DataPlane`` and its placement
 ``cross-node``: the standalone replica on the rollout node, so every broadcast moves the weights
 from the trainer node's object store to the rollout node's; ``one-node``: ``ray.placement.rollout_role
 =trainer`` puts the replica on the trainer's node, where the weights never leave its object store.
-Each placement: ``--repeats`` timed broadcasts (``ControllerActor.broadcast``, what a step's
+Each placement: ``--repeats`` timed broadcasts (``ControllerActor.broadcast_sync``, what a step's
 broadcast_sync does) per model size, then (unless ``--steps 0``) a `tidal run` of ``--steps``
 steps attached to the cluster, whose step wall times come from its store.
 
@@ -63,7 +63,7 @@ def broadcast_times(address: str, overrides: list[str], repeats: int, warmup: in
                  if a["State"] == "ALIVE" and a["Name"] in ("trainer", replica_name("standalone-0"))}
         total, load = [], []
         for version in range(warmup + repeats):
-            report = ray.get(plane.controller.broadcast.remote(version, False))
+            report = ray.get(plane.controller.broadcast_sync.remote(version, False))
             if version >= warmup:
                 total.append(report.broadcast_s)
                 load.append(report.max_replica_load_s)

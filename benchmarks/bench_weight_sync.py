@@ -12,7 +12,7 @@ A *trainer* actor holds a transformer-like set of fp32 matrices of N parameters 
   tensors into engine-sized targets of the wire dtype (node A only: a hybrid lives in its trainer rank).
 - ``object_store``: the trainer returns its state dict cast to the wire dtype (Ray puts it in node
   A's object store), every replica gets the same ``ObjectRef`` as an argument and copies it into
-  its targets (what ``ControllerActor.broadcast`` does).
+  its targets (what ``ControllerActor.broadcast_sync`` does).
 - ``collective``: the trainer hosts a ``weight_sync.Sender``, the replicas join with a
   ``Receiver`` (group formation, timed apart), then ``send`` and ``receive`` + ``copy_into`` run
   concurrently, bucket by bucket (``--bucket-mb``; also ``--sweep-mb`` at ``--sweep-size``, one node).

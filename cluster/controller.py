@@ -172,10 +172,10 @@ class DynamicResourceController:
     Per training step the caller (the controller actor, for the step flow) uses it in the order
     of ``loop.step_sequence``:
 
-    1. ``begin_step`` -> [wait, ``deactivate``]
+    1. ``should_deactivate`` -> [wait, ``deactivate``]
     2. train, broadcast weights to the standalone replicas
-    3. ``after_sync`` -> [``hybrid_sync``, ``lend`` (activate, ``request_rebalance``, rebalance)]
-    4. ``end_step`` (``update_after_step``, always); then persist ``state_dict()`` and the
+    3. ``should_activate`` -> [``hybrid_sync``, ``lend`` (activate, ``request_rebalance``, rebalance)]
+    4. ``update_after_step`` (``update_after_step``, always); then persist ``state_dict()`` and the
        policy's state.
 
     Switches raise ``IllegalTransition`` before calling anything when the state does not allow
@@ -347,17 +347,17 @@ class DynamicResourceController:
 
     # ------------------------------------------------------------ step phases
 
-    def begin_step(self, step: int) -> DeactivatePlan:
+    def should_deactivate(self, step: int) -> DeactivatePlan:
         """Take the hybrids back before training? (asked only while they are active; once a step)."""
         if not self._hybrids or not self.is_hybrid_active:
             return DeactivatePlan(step=step, hybrid_active=self.is_hybrid_active)
-        return self._once(step, "begin_step", lambda: self._decider.begin_step(step, True, self.context()))
+        return self._once(step, "should_deactivate", lambda: self._decider.should_deactivate(step, True, self.context()))
 
-    def after_sync(self, step: int, micro: Sequence[MicroSummary]) -> LendPlan:
+    def should_activate(self, step: int, micro: Sequence[MicroSummary]) -> LendPlan:
         """Lend the trainer's GPUs until the next step? (no question without hybrids; once a step)."""
         if not self._hybrids:
             return LendPlan(step=step)
-        return self._once(step, "after_sync", lambda: self._decider.after_sync(
+        return self._once(step, "should_activate", lambda: self._decider.should_activate(
             step, self.is_hybrid_active, self.context(micro), len(self._hybrids)))
 
     def warm_up(self, version: int) -> LendPlan:
@@ -394,13 +394,13 @@ class DynamicResourceController:
             reports.append(self.rebalance())
         return tuple(reports)
 
-    def end_step(self, step: int, micro: Sequence[MicroSummary]) -> None:
+    def update_after_step(self, step: int, micro: Sequence[MicroSummary]) -> None:
         """``update_after_step`` (always, once a step), then a new cycle: durations reset, samples
         consumed."""
-        self._once(step, "end_step", lambda: self._end_step(step, micro))
+        self._once(step, "update_after_step", lambda: self._update_after_step(step, micro))
 
-    def _end_step(self, step: int, micro: Sequence[MicroSummary]) -> None:
-        self._decider.end_step(step, self.is_hybrid_active, self.context(micro))
+    def _update_after_step(self, step: int, micro: Sequence[MicroSummary]) -> None:
+        self._decider.update_after_step(step, self.is_hybrid_active, self.context(micro))
         self._durations.reset()
         self._consumed += sum(m.samples for m in micro)
 

@@ -26,7 +26,7 @@ from flows.step_runs import StepRuns
 from flows.trackers import StepTrackers
 from flows.training_step import training_step
 from tasks.artifact import RunProgress
-from loop import HybridSync, Lend, WarmUp, run_start
+from loop import HybridSync, Activate, WarmUp, run_start
 from storage import (
     RunStatus,
     StoreUnavailable,
@@ -151,7 +151,7 @@ def _warm_up(plane: DataPlane, run: RunRef, version: int, was_active: bool, prom
     question unless the policy sets ``warm_up_lend`` (a recorded decision). A resumed run whose
     hybrids were lent when it stopped lends them again, and an only-hybrid run lends them from the
     start (nothing else generates): each a recorded guard decision."""
-    ray.get(call(plane.controller, ControllerHost.broadcast, version, False))
+    ray.get(call(plane.controller, ControllerHost.broadcast_sync, version, False))
     ray.get(plane.rollout.start.remote(prompts))
     if not run.hybrid_replicas:
         return
@@ -159,7 +159,7 @@ def _warm_up(plane: DataPlane, run: RunRef, version: int, was_active: bool, prom
         start = ControllerHost.relend_after_resume if was_active else ControllerHost.lend_only_hybrids
         plan = ray.get(call(plane.controller, start, version))
         ray.get(call(plane.controller, ControllerHost.hybrid_sync, plan, version))
-        ray.get(call(plane.controller, ControllerHost.lend, plan, []))
+        ray.get(call(plane.controller, ControllerHost.activate, plan, []))
         return
     asks = ray.get(call(plane.controller, ControllerHost.asks_warm_up))
     phases = run_start(version, has_hybrids=True, asks_warm_up=asks)
@@ -174,8 +174,8 @@ def _warm_up(plane: DataPlane, run: RunRef, version: int, was_active: bool, prom
                 result = ray.get(call(plane.controller, ControllerHost.warm_up, v))
             case HybridSync(plan=plan, version=v):
                 result = ray.get(call(plane.controller, ControllerHost.hybrid_sync, plan, v))
-            case Lend(plan=plan):
-                result = ray.get(call(plane.controller, ControllerHost.lend, plan, []))
+            case Activate(plan=plan):
+                result = ray.get(call(plane.controller, ControllerHost.activate, plan, []))
 
 
 def _mark_failed(cfg: TidalConfig, uid: str, status: RunStatus = RunStatus.FAILED) -> None:
@@ -264,7 +264,7 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
                                        then=_step_parameters(_next_ref(run, cfg), step + 1, last_step, lent))
                 lent = result["hybrid_active"]  # as the controller reported it at the step's end
                 committed = step
-                if lost := result.get("store_lost"):  # after the step's commit (tasks.phases.commit_step)
+                if lost := result.get("store_lost"):  # after the step's commit (tasks.phases.commit)
                     raise StoreUnavailable(lost["message"], url=lost["url"], reason=lost["reason"])
                 trackers.log(step, result["metrics"])  # the committed step, to every tracker once
                 progress.step(step, result)

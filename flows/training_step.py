@@ -13,28 +13,28 @@ from prefect import flow
 
 from flows.runners import run_phase
 from loop import (
-    AfterSync,
-    BeginStep,
-    Broadcast,
+    Activate,
+    BroadcastSync,
     Commit,
-    EndStep,
     HybridSync,
-    Lend,
+    ShouldActivate,
+    ShouldDeactivate,
     Train,
-    WaitAndDeactivate,
+    UpdateAfterStep,
+    WaitForSamples,
     step_sequence,
 )
 from tasks.phases import (
-    after_sync,
-    begin_step,
+    activate,
     broadcast_sync,
-    commit_step,
-    end_step,
+    commit,
     hybrid_sync,
-    lend,
+    should_activate,
+    should_deactivate,
     summaries,
     train,
-    wait_and_deactivate,
+    update_after_step,
+    wait_for_samples,
 )
 from tasks.run_ref import MicroReport, RunRef
 from tasks.summary import step_metrics
@@ -47,7 +47,7 @@ def training_step(run: RunRef, step: int, final: bool = False, lent: bool = True
     asked to lend the trainer's GPUs (a lend would only cost a hybrid sync, an activation and two
     Prefect tasks before the run ends). ``lent``: the hybrids are lent as the step begins (what the
     controller reported at the end of the last step, ``hybrid_active`` of its result); only then is
-    there a take-back question, so a step that begins with them asleep has no ``begin_step``."""
+    there a take-back question, so a step that begins with them asleep has no ``should_deactivate``."""
     started = time.time()
     micro: list[MicroReport] = []
     got: dict[type, Any] = {}  # the last result of each kind of intent
@@ -57,24 +57,24 @@ def training_step(run: RunRef, step: int, final: bool = False, lent: bool = True
     result: Any = None
     while (intent := _next(phases, result)) is not None:
         match intent:
-            case BeginStep(step=n):
-                result = run_phase(begin_step, run, n)
-            case WaitAndDeactivate(plan=plan):
-                result = run_phase(wait_and_deactivate, run, plan)
+            case ShouldDeactivate(step=n):
+                result = run_phase(should_deactivate, run, n)
+            case WaitForSamples(plan=plan):
+                result = run_phase(wait_for_samples, run, plan)
             case Train(step=n, micro=i):
                 result = run_phase(train, run, n, i)
                 if result.samples:
                     micro.append(result)
-            case Broadcast(step=n, version=version, lend=plan):
+            case BroadcastSync(step=n, version=version, lend=plan):
                 result = run_phase(broadcast_sync, run, n, version, plan)
-            case AfterSync(step=n):
-                result = run_phase(after_sync, run, n, summaries(micro))
+            case ShouldActivate(step=n):
+                result = run_phase(should_activate, run, n, summaries(micro))
             case HybridSync(plan=plan, version=version):
                 result = run_phase(hybrid_sync, run, plan, version)
-            case Lend(plan=plan):
-                result = run_phase(lend, run, plan, summaries(micro))
-            case EndStep(step=n):
-                result = run_phase(end_step, run, n, summaries(micro))
+            case Activate(plan=plan):
+                result = run_phase(activate, run, plan, summaries(micro))
+            case UpdateAfterStep(step=n):
+                result = run_phase(update_after_step, run, n, summaries(micro))
             case Commit(step=n, version=version):
                 if run.test_freq > 0 and n % run.test_freq == 0:
                     val.update(run_phase(validate, run, n))
@@ -95,12 +95,12 @@ def _commit(run: RunRef, step: int, version: int, started: float, micro: list[Mi
             got: dict[type, Any], val: dict[str, float], final: bool) -> dict[str, Any]:
     """The step's metrics (with the step's validation, if any) from the phases' reports, then the
     commit task (``final``: the run's last step, kept and exported whatever ``save_freq`` says)."""
-    activation = got.get(Lend)
-    metrics = step_metrics(run, micro=micro, wait=got.get(WaitAndDeactivate), sync=got[Broadcast],
+    activation = got.get(Activate)
+    metrics = step_metrics(run, micro=micro, wait=got.get(WaitForSamples), sync=got[BroadcastSync],
                            activation=activation, hybrid=got.get(HybridSync), step_s=time.time() - started,
                            version=version) | val
     consumed = [p for m in micro for p in m.prompts]
-    summary = {"started_at": started, "outcome": got[EndStep], "metrics": metrics, "prompts": consumed,
+    summary = {"started_at": started, "outcome": got[UpdateAfterStep], "metrics": metrics, "prompts": consumed,
                "consumed_total": run.consumed_before + len(consumed), "final": final}
-    commit = run_phase(commit_step, run, step, version, summary)
-    return {**commit, "metrics": metrics, "hybrid_active": got[EndStep].hybrid_active, "trained": len(consumed)}
+    committed = run_phase(commit, run, step, version, summary)
+    return {**committed, "metrics": metrics, "hybrid_active": got[UpdateAfterStep].hybrid_active, "trained": len(consumed)}

@@ -76,11 +76,11 @@ class Decider:
 
     Questions (each takes the context built for it, once, by the caller):
 
-    - ``begin_step``: ``should_deactivate`` only while the hybrids are active, then
+    - ``should_deactivate``: ``should_deactivate`` only while the hybrids are active, then
       ``deactivate_wait_samples`` only when it said yes;
-    - ``after_sync``: ``should_activate_after_step`` (a count or a bool; lends only when inactive);
+    - ``should_activate``: ``should_activate_after_step`` (a count or a bool; lends only when inactive);
     - ``wants_rebalance``: ``request_rebalance``, only after a lend and when rebalance is enabled;
-    - ``end_step``: ``update_after_step``, always;
+    - ``update_after_step``: ``update_after_step``, always;
     - ``warm_up``: ``should_activate_after_step(0)``, only for a policy with ``warm_up_lend``.
 
     ``timer`` times the policy calls (production passes ``time.perf_counter``).
@@ -114,14 +114,14 @@ class Decider:
 
     # ------------------------------------------------------------------ questions
 
-    def begin_step(self, step: int, active: bool, ctx: DynamicScheduleContext) -> DeactivatePlan:
+    def should_deactivate(self, step: int, active: bool, ctx: DynamicScheduleContext) -> DeactivatePlan:
         if not active:
             return DeactivatePlan(step=step, hybrid_active=False)
         yes = self._ask(step, "should_deactivate", active, ctx, bool)
         wait = self._ask(step, "deactivate_wait_samples", active, ctx, lambda a: max(0, int(a))) if yes else 0
         return DeactivatePlan(step=step, deactivate=yes, wait_samples=wait, hybrid_active=True)
 
-    def after_sync(self, step: int, active: bool, ctx: DynamicScheduleContext, of: int) -> LendPlan:
+    def should_activate(self, step: int, active: bool, ctx: DynamicScheduleContext, of: int) -> LendPlan:
         count = self._ask(step, "should_activate_after_step", active, ctx, lambda a: lend_count(a, of))
         return LendPlan(step=step, count=0 if active else count, of=of)
 
@@ -136,7 +136,7 @@ class Decider:
             return False
         return self._ask(step, "request_rebalance", True, ctx, bool)
 
-    def end_step(self, step: int, active: bool, ctx: DynamicScheduleContext) -> None:
+    def update_after_step(self, step: int, active: bool, ctx: DynamicScheduleContext) -> None:
         self._ask(step, "update_after_step", active, ctx, lambda _: None)
 
     def record_guard(self, step: int, guard: str, answer: Any, reason: str, active: bool,

@@ -8,20 +8,20 @@ Send each intent's result back with ``generator.send``:
 intent                 what the caller sends back
 =====================  =======================================================
 ``WarmUp``             a ``LendPlan`` (only for policies that ask a warm-up lend)
-``BeginStep``          a ``DeactivatePlan`` (only while the hybrids are lent)
-``WaitAndDeactivate``  a ``WaitReport``
+``ShouldDeactivate``   a ``DeactivatePlan`` (only while the hybrids are lent)
+``WaitForSamples``     a ``WaitReport``
 ``Train``              the micro-step's report (anything with ``exhausted``)
-``Broadcast``          the sync's timings (anything; with a ``lend``, the hybrid sync's too)
-``AfterSync``          a ``LendPlan``
+``BroadcastSync``      the sync's timings (anything; with a ``lend``, the hybrid sync's too)
+``ShouldActivate``     a ``LendPlan``
 ``HybridSync``         a ``SwitchReport``
-``Lend``               the activation's switch reports (anything)
-``EndStep``            anything (the policy has adapted)
+``Activate``           the activation's switch reports (anything)
+``UpdateAfterStep``    anything (the policy has adapted)
 ``Commit``             anything (the step is recorded)
 =====================  =======================================================
 
 With ``overlap_sync`` (config ``async_training.dynamic_schedule_overlap_hybrid_sync``) the lend
 question comes before the broadcast, and a step that lends syncs its hybrids *during* the
-broadcast (``Broadcast.lend``: no ``HybridSync`` of its own), so the hybrid sync leaves the
+broadcast (``BroadcastSync.lend``: no ``HybridSync`` of its own), so the hybrid sync leaves the
 critical path: the trainer's GPUs load the new weights while the standalones do.
 """
 
@@ -56,12 +56,12 @@ class WarmUp:
 
 
 @dataclass(frozen=True)
-class BeginStep(_OfStep):
+class ShouldDeactivate(_OfStep):
     """Ask ``should_deactivate`` (only while the hybrids are active) and how many to wait for."""
 
 
 @dataclass(frozen=True)
-class WaitAndDeactivate:
+class WaitForSamples:
     """Let the hybrids generate until ``plan.wait_samples`` are queued, then take them back."""
 
     plan: DeactivatePlan
@@ -75,7 +75,7 @@ class Train(_OfStep):
 
 
 @dataclass(frozen=True)
-class Broadcast(_OfVersion):
+class BroadcastSync(_OfVersion):
     """Trainer → standalone replicas at ``version``; resets the staleness window. With ``lend``
     (``overlap_sync`` on a step that lends), the lent hybrids wake and load ``version`` meanwhile."""
 
@@ -83,7 +83,7 @@ class Broadcast(_OfVersion):
 
 
 @dataclass(frozen=True)
-class AfterSync(_OfVersion):
+class ShouldActivate(_OfVersion):
     """Ask ``should_activate_after_step``: lend the trainer's GPUs until the next step?"""
 
 
@@ -96,14 +96,14 @@ class HybridSync:
 
 
 @dataclass(frozen=True)
-class Lend:
+class Activate:
     """Activate the synced hybrids; then ask ``request_rebalance`` and rebalance if it says so."""
 
     plan: LendPlan
 
 
 @dataclass(frozen=True)
-class EndStep(_OfStep):
+class UpdateAfterStep(_OfStep):
     """``update_after_step``: always asked, hybrids or not."""
 
 
@@ -112,7 +112,8 @@ class Commit(_OfVersion):
     """Record the step (checkpoint, then one transaction)."""
 
 
-Intent = WarmUp | BeginStep | WaitAndDeactivate | Train | Broadcast | AfterSync | HybridSync | Lend | EndStep | Commit
+Intent = (WarmUp | ShouldDeactivate | WaitForSamples | Train | BroadcastSync | ShouldActivate | HybridSync | Activate
+          | UpdateAfterStep | Commit)
 
 
 def run_start(version: int, *, has_hybrids: bool, asks_warm_up: bool) -> Generator[Intent, Any, None]:
@@ -126,7 +127,7 @@ def run_start(version: int, *, has_hybrids: bool, asks_warm_up: bool) -> Generat
     plan: LendPlan = yield WarmUp(version)
     if plan.lends:
         yield HybridSync(plan, version)
-        yield Lend(plan)
+        yield Activate(plan)
 
 
 def step_sequence(
@@ -135,10 +136,10 @@ def step_sequence(
     """One step. ``final``: the run's last step, after which nothing trains, so nothing is lent.
     ``overlap_sync``: ask the lend question before the broadcast and sync the lent hybrids during it.
     ``lent``: the hybrids were lent when the step began (the controller's state at the end of the
-    last step); ``should_deactivate`` is asked only then, so ``BeginStep`` comes only then."""
-    plan: DeactivatePlan = (yield BeginStep(step)) if lent else DeactivatePlan(step)
+    last step); ``should_deactivate`` is asked only then, so ``ShouldDeactivate`` comes only then."""
+    plan: DeactivatePlan = (yield ShouldDeactivate(step)) if lent else DeactivatePlan(step)
     if plan.deactivate:
-        yield WaitAndDeactivate(plan)
+        yield WaitForSamples(plan)
     for micro in range(micro_steps):
         report = yield Train(step, micro)
         if getattr(report, "exhausted", False):
@@ -146,14 +147,14 @@ def step_sequence(
     version = step  # the weights after step N are param version N
     asks = has_hybrids and not final
     if overlap_sync and asks:
-        lend: LendPlan = yield AfterSync(step, version)
-        yield Broadcast(step, version, lend if lend.lends else None)
+        lend: LendPlan = yield ShouldActivate(step, version)
+        yield BroadcastSync(step, version, lend if lend.lends else None)
     else:
-        yield Broadcast(step, version)
-        lend = (yield AfterSync(step, version)) if asks else LendPlan(step)
+        yield BroadcastSync(step, version)
+        lend = (yield ShouldActivate(step, version)) if asks else LendPlan(step)
         if lend.lends:
             yield HybridSync(lend, version)
     if lend.lends:
-        yield Lend(lend)
-    yield EndStep(step)
+        yield Activate(lend)
+    yield UpdateAfterStep(step)
     yield Commit(step, version)

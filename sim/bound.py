@@ -135,7 +135,7 @@ def chain_bound_s(spec: SimSpec, result: SimResult, window: int = WINDOW) -> flo
         t += tau + spec.broadcast_sync_s
         sync_end.append(t)
         asks_lend = spec.hybrid_replicas > 0 and j < steps
-        t += tau * (2 if asks_lend else 1) + spec.step_overhead_s  # [AfterSync], EndStep, Commit
+        t += tau * (2 if asks_lend else 1) + spec.step_overhead_s  # [ShouldActivate], UpdateAfterStep, Commit
     return t
 
 

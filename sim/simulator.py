@@ -25,21 +25,21 @@ from types import GeneratorType
 from typing import Any, NamedTuple
 
 from loop import (
-    AfterSync,
-    BeginStep,
-    Broadcast,
+    Activate,
+    BroadcastSync,
     Commit,
-    Decider,
     DeactivatePlan,
-    EndStep,
+    Decider,
     HybridSync,
     Intent,
-    Lend,
     LendPlan,
+    ShouldActivate,
+    ShouldDeactivate,
     SwitchDurations,
     SwitchReport,
     Train,
-    WaitAndDeactivate,
+    UpdateAfterStep,
+    WaitForSamples,
     WaitReport,
     WarmUp,
     run_start,
@@ -156,9 +156,9 @@ class Simulator:
         self._wake_when: Callable[[], bool] | None = None
         self._log = _StepLog(step=0, start=0.0, waste0=WastedWork())
         self._phases: dict[type, Callable[[Any], Any]] = {
-            WarmUp: self._warm_up, BeginStep: self._begin_step, WaitAndDeactivate: self._wait_and_deactivate,
-            Train: self._train, Broadcast: self._broadcast, AfterSync: self._after_sync,
-            HybridSync: self._hybrid_sync, Lend: self._lend, EndStep: self._end_step,
+            WarmUp: self._warm_up, ShouldDeactivate: self._should_deactivate, WaitForSamples: self._wait_for_samples,
+            Train: self._train, BroadcastSync: self._broadcast_sync, ShouldActivate: self._should_activate,
+            HybridSync: self._hybrid_sync, Activate: self._activate, UpdateAfterStep: self._update_after_step,
         }
         self._process: Iterator[Wait] = self._training_run()
         self._done = False
@@ -269,10 +269,10 @@ class Simulator:
         """Only for a policy with ``warm_up_lend``: lend before step 1 (the standalones generate)."""
         return self.decider.warm_up(self.context(0), of=len(self.rollouter.hybrids))
 
-    def _begin_step(self, intent: BeginStep) -> DeactivatePlan:
-        return self.decider.begin_step(intent.step, self.hybrid_active, self.context(intent.step))
+    def _should_deactivate(self, intent: ShouldDeactivate) -> DeactivatePlan:
+        return self.decider.should_deactivate(intent.step, self.hybrid_active, self.context(intent.step))
 
-    def _wait_and_deactivate(self, intent: WaitAndDeactivate) -> Iterator[Wait]:
+    def _wait_for_samples(self, intent: WaitForSamples) -> Iterator[Wait]:
         """Let the hybrids generate until enough is queued (a threshold above the queue's capacity
         could never be met: it is clamped to it), then take them back."""
         r, log, t = self.rollouter, self._log, self.loop.now
@@ -308,7 +308,7 @@ class Simulator:
         log.train_end, log.tasks_since_train = self.loop.now, 0
         return None  # never ``exhausted``: the data budget covers every step
 
-    def _broadcast(self, intent: Broadcast) -> Iterator[Wait]:
+    def _broadcast_sync(self, intent: BroadcastSync) -> Iterator[Wait]:
         """Sync the routable replicas; generation pauses (partial rollout) or drains first (without
         it); then a new version and a reset staleness count. With ``intent.lend``, the lent hybrids
         sync meanwhile, on the trainer's GPUs: the phase lasts the longer of the two."""
@@ -338,8 +338,8 @@ class Simulator:
             yield Delay(hybrid_s - (self.loop.now - began))
             self._hybrid_synced(intent.lend, began)
 
-    def _after_sync(self, intent: AfterSync) -> LendPlan:
-        return self.decider.after_sync(intent.step, self.hybrid_active, self.context(intent.step),
+    def _should_activate(self, intent: ShouldActivate) -> LendPlan:
+        return self.decider.should_activate(intent.step, self.hybrid_active, self.context(intent.step),
                                        of=len(self.rollouter.hybrids))
 
     def _hybrid_sync(self, intent: HybridSync) -> Iterator[Wait]:
@@ -350,7 +350,7 @@ class Simulator:
     def _hybrid_synced(self, plan: LendPlan, began: float) -> SwitchReport:
         return self._switched(plan.step, "hybrid_sync", began, self.rollouter.hybrids[: plan.count])
 
-    def _lend(self, intent: Lend) -> Iterator[Wait]:
+    def _activate(self, intent: Activate) -> Iterator[Wait]:
         """Activate the synced hybrids, then rebalance if the policy asks (and it is enabled)."""
         r, log, step = self.rollouter, self._log, intent.plan.step
         lent, t = r.hybrids[: intent.plan.count], self.loop.now
@@ -369,13 +369,13 @@ class Simulator:
             reports.append(self._switched(step, "rebalance", t, r.routable))
         return reports
 
-    def _end_step(self, intent: EndStep) -> None:
+    def _update_after_step(self, intent: UpdateAfterStep) -> None:
         """The last micro-step's allocation runs on to here (the syncs, the lend), less the tasks
         between (the reference counts syncs, not tasks); then ``update_after_step``, always."""
         log = self._log
         log.micro[-1][TRAIN_ALLOCATED_TIME_S] += (
             self.loop.now - log.train_end - log.tasks_since_train * self.spec.task_overhead_s)
-        self.decider.end_step(intent.step, self.hybrid_active, self.context(intent.step))
+        self.decider.update_after_step(intent.step, self.hybrid_active, self.context(intent.step))
         self.durations.reset()
 
     def _waste(self) -> WastedWork:

@@ -16,7 +16,7 @@ from typing import Any
 
 import ray
 
-from cluster.actors import TRAINER, run_actor
+from cluster.actors import TRAINER, actor_gone
 from loop.plans import StepOutcome
 from storage import StoredStep, open_store, record_step, session_scope
 from storage.store import get_run
@@ -59,11 +59,14 @@ def commit(run: RunRef, step: int, version: int, summary: dict[str, Any], now: f
     """Checkpoint (the one actor call), then record ``summary`` with its ``outcome`` (the
     controller's ``StepOutcome``: states, decisions, switches) in one transaction."""
     outcome: StepOutcome = summary["outcome"]
-    trainer = run_actor(TRAINER, run.namespace)
+    try:
+        trainer = ray.get_actor(TRAINER, namespace=run.namespace)
+    except ValueError as e:
+        raise actor_gone(TRAINER, e) from e
     last = step if summary.get("final") else run.total_steps  # the run's last step, also when the data ends it
     export_hf = is_kept_step(step, run.save_freq, last)
     background = run.async_save and not summary.get("final") and step != run.total_steps
-    kill_rank_point("commit_step", step, run.namespace, run.trainer_gpus)
+    kill_rank_point("commit", step, run.namespace, run.trainer_gpus)
     ckpt = ray.get(trainer.save_checkpoint.remote(str(checkpoint_path(run, step)), export_hf, background))
     decisions = [dataclasses.asdict(d) for d in outcome.decisions]
     switch_events = [dataclasses.asdict(s) for s in outcome.switch_events]
@@ -83,7 +86,7 @@ def commit(run: RunRef, step: int, version: int, summary: dict[str, Any], now: f
         checkpoint=(ckpt["path"], ckpt["sha256"], ckpt["size_bytes"]),
         consumed_prompts=[tuple(p) for p in summary["prompts"]],
     )
-    crash_point("commit_step", step)  # checkpoint on disk, step not yet committed
+    crash_point("commit", step)  # checkpoint on disk, step not yet committed
     with session_scope(open_store(run.storage_url, busy_timeout_ms=run.busy_timeout_ms), immediate=True) as session:
         db_run = get_run(session, run.uid)
         if db_run is None:

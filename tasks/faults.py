@@ -11,7 +11,7 @@ import signal
 
 CRASH_ENV = "TIDAL_CRASH_AT"
 KILL_RANK_ENV = "TIDAL_KILL_RANK_AT"
-POINTS = ("wait_for_samples", "train", "broadcast_sync", "commit_step")
+POINTS = ("wait_for_samples", "train", "broadcast_sync", "commit")
 
 
 def crash_point(point: str, step: int) -> None:

@@ -3,7 +3,7 @@
 Every task takes the run's ``RunRef`` (small, JSON-serialisable: Prefect records it as a
 parameter) and finds the actors by name in the run's Ray namespace, so the tasks run the same in
 the driver (in-process runner) and on Ray workers (``RayTaskRunner``). Controller methods are
-named by reference (``ControllerHost.begin_step``), never by string. The policy questions retry
+named by reference (``ControllerHost.should_deactivate``), never by string. The policy questions retry
 once: the controller answers a repeated (step, question) from memory, so a retry records nothing
 twice. Switches and training are never retried.
 
@@ -21,7 +21,7 @@ import ray
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from cluster.actors import CONTROLLER, TRAINER, ControllerHost, call, run_actor
+from cluster.actors import CONTROLLER, TRAINER, ControllerHost, actor_gone, call
 from loop.plans import (
     BroadcastReport,
     DeactivatePlan,
@@ -35,7 +35,7 @@ from tasks.faults import crash_point, kill_rank_point
 from tasks.run_ref import MicroReport, RunRef
 
 
-DATA_PLANE_PHASES = frozenset({"wait_and_deactivate", "train", "broadcast_sync"})
+DATA_PLANE_PHASES = frozenset({"wait_for_samples", "train", "broadcast_sync"})
 """The phases in which a step waits on the data plane (the rollout, the trainer, the weight sync):
 the control plane's own API traffic of the step boundary is best sent meanwhile
 (``flows.step_runs``, ``tasks.artifact.RunProgress``)."""
@@ -44,7 +44,10 @@ the control plane's own API traffic of the step boundary is best sent meanwhile
 def _actor(run: RunRef, name: str) -> Any:
     if not ray.is_initialized():
         ray.init(address=run.ray_address or "auto", namespace=run.namespace, log_to_driver=False)
-    return run_actor(name, run.namespace)
+    try:
+        return ray.get_actor(name, namespace=run.namespace)
+    except ValueError as e:
+        raise actor_gone(name, e) from e
 
 
 def _controller(run: RunRef, method: Any, *args: Any) -> Any:
@@ -64,16 +67,16 @@ def summaries(micro: Sequence[MicroReport]) -> list[MicroSummary]:
     return [MicroSummary(samples=m.samples, wait_s=m.wait_s, wait_samples=m.wait_samples) for m in micro]
 
 
-@phase("begin_step", retries=1)
-def begin_step(run: RunRef, step: int) -> DeactivatePlan:
+@phase("should_deactivate", retries=1)
+def should_deactivate(run: RunRef, step: int) -> DeactivatePlan:
     """Ask whether to take the hybrids back before training, and how many samples to wait for."""
-    return _controller(run, ControllerHost.begin_step, step)
+    return _controller(run, ControllerHost.should_deactivate, step)
 
 
-@phase("wait_and_deactivate")
-def wait_and_deactivate(run: RunRef, plan: DeactivatePlan) -> WaitReport:
+@phase("wait_for_samples")
+def wait_for_samples(run: RunRef, plan: DeactivatePlan) -> WaitReport:
     """Let the hybrids generate until ``plan.wait_samples`` are queued (or data runs out), then deactivate."""
-    pending = call(_actor(run, CONTROLLER), ControllerHost.wait_and_deactivate, plan, run.wait_timeout_s)
+    pending = call(_actor(run, CONTROLLER), ControllerHost.wait_for_samples, plan, run.wait_timeout_s)
     crash_point("wait_for_samples", plan.step)
     return ray.get(pending)
 
@@ -119,15 +122,15 @@ def train(run: RunRef, step: int, micro_step: int) -> MicroReport:
 def broadcast_sync(run: RunRef, step: int, version: int, lend: LendPlan | None = None) -> BroadcastReport:
     """Trainer → standalone replicas at ``version``; closes the rollouter's staleness window. With
     ``lend``, the lent hybrids wake and load ``version`` meanwhile (``overlap_hybrid_sync``)."""
-    report = _controller(run, ControllerHost.broadcast, version, *(() if lend is None else (True, lend)))
+    report = _controller(run, ControllerHost.broadcast_sync, version, *(() if lend is None else (True, lend)))
     crash_point("broadcast_sync", step)
     return report
 
 
-@phase("after_sync", retries=1)
-def after_sync(run: RunRef, step: int, micro: list[MicroSummary]) -> LendPlan:
+@phase("should_activate", retries=1)
+def should_activate(run: RunRef, step: int, micro: list[MicroSummary]) -> LendPlan:
     """Ask whether to lend the trainer's GPUs to rollout until the next step."""
-    return _controller(run, ControllerHost.after_sync, step, micro)
+    return _controller(run, ControllerHost.should_activate, step, micro)
 
 
 @phase("hybrid_sync")
@@ -136,20 +139,20 @@ def hybrid_sync(run: RunRef, plan: LendPlan, version: int) -> SwitchReport:
     return _controller(run, ControllerHost.hybrid_sync, plan, version)
 
 
-@phase("lend")
-def lend(run: RunRef, plan: LendPlan, micro: list[MicroSummary]) -> tuple[SwitchReport, ...]:
+@phase("activate")
+def activate(run: RunRef, plan: LendPlan, micro: list[MicroSummary]) -> tuple[SwitchReport, ...]:
     """Put the hybrids behind the load balancer; rebalance when enabled and the policy asks."""
-    return _controller(run, ControllerHost.lend, plan, micro)
+    return _controller(run, ControllerHost.activate, plan, micro)
 
 
-@phase("end_step", retries=1)
-def end_step(run: RunRef, step: int, micro: list[MicroSummary]) -> StepOutcome:
+@phase("update_after_step", retries=1)
+def update_after_step(run: RunRef, step: int, micro: list[MicroSummary]) -> StepOutcome:
     """Let the policy adapt; returns what the store keeps of the policy, controller and switches."""
-    return _controller(run, ControllerHost.end_step, step, micro)
+    return _controller(run, ControllerHost.update_after_step, step, micro)
 
 
-@phase("commit_step")
-def commit_step(run: RunRef, step: int, version: int, summary: dict[str, Any]) -> dict[str, Any]:
+@phase("commit")
+def commit(run: RunRef, step: int, version: int, summary: dict[str, Any]) -> dict[str, Any]:
     """Checkpoint the trainer, write the step's rows in one transaction, then show the step in the UI.
 
     A store lost after the transaction (the UI's step table is read back from it) does not fail
@@ -158,9 +161,9 @@ def commit_step(run: RunRef, step: int, version: int, summary: dict[str, Any]) -
     """
     from storage import StoreUnavailable
     from tasks.artifact import publish_step
-    from tasks.commit import commit
+    from tasks.commit import commit as commit_rows
 
-    result = commit(run, step, version, summary, time.time())
+    result = commit_rows(run, step, version, summary, time.time())
     try:
         publish_step(run, step, result, summary["metrics"])
     except StoreUnavailable as exc:

@@ -14,7 +14,7 @@ Constructors take plain values and factories, never the whole config (``cluster.
 """
 
 from cluster.actors.controller_actor import ControllerActor, ControllerHost, call
-from cluster.actors.names import CONTROLLER, ROLLOUT_SERVICE, TRAINER, replica_name, run_actor
+from cluster.actors.names import CONTROLLER, ROLLOUT_SERVICE, TRAINER, actor_gone, replica_name
 from cluster.actors.remote_engine import RemoteEngine, actor_is_dead, kill_actor
 from cluster.actors.replica import ReplicaActor, generate_each
 from cluster.actors.rollout_service import RolloutService
@@ -30,10 +30,10 @@ __all__ = [
     "ReplicaActor",
     "RolloutService",
     "TrainerActor",
+    "actor_gone",
     "actor_is_dead",
     "call",
     "generate_each",
     "kill_actor",
     "replica_name",
-    "run_actor",
 ]

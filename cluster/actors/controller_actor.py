@@ -1,9 +1,9 @@
 """The controller actor: the typed API of a step, around ``DynamicResourceController``.
 
 Each step phase is one method returning a frozen plan or report of ``loop.plans``
-(``begin_step`` → ``DeactivatePlan``, ``wait_and_deactivate`` → ``WaitReport``, ``broadcast`` →
-``BroadcastReport`` (with the hybrid sync, when it overlaps), ``after_sync`` → ``LendPlan``,
-``hybrid_sync`` → ``SwitchReport``, ``lend`` → its ``SwitchReport``s, ``end_step`` →
+(``should_deactivate`` → ``DeactivatePlan``, ``wait_for_samples`` → ``WaitReport``, ``broadcast`` →
+``BroadcastReport`` (with the hybrid sync, when it overlaps), ``should_activate`` → ``LendPlan``,
+``hybrid_sync`` → ``SwitchReport``, ``lend`` → its ``SwitchReport``s, ``update_after_step`` →
 ``StepOutcome``), so a Prefect task is one call. It owns the
 run's standalone membership (``cluster.membership``): the rollout service reports deaths and
 replacements to it, and a failed call or ping of its own counts too.
@@ -292,11 +292,11 @@ class ControllerHost:
 
     # ------------------------------------------------------------------ step phases
 
-    def begin_step(self, step: int) -> DeactivatePlan:
+    def should_deactivate(self, step: int) -> DeactivatePlan:
         """Take the hybrids back before training, and after how many queued samples?"""
-        return self.ctl.begin_step(step)
+        return self.ctl.should_deactivate(step)
 
-    def wait_and_deactivate(self, plan: DeactivatePlan, timeout_s: float | None) -> WaitReport:
+    def wait_for_samples(self, plan: DeactivatePlan, timeout_s: float | None) -> WaitReport:
         """Let the hybrids generate until ``plan.wait_samples`` are queued (or data runs out),
         then take them back."""
         waited = ray.get(self.service.wait_for_queue.remote(plan.wait_samples, timeout_s))
@@ -311,7 +311,7 @@ class ControllerHost:
         return self.ctl.refill_if_stranded(
             step, version, lambda k: ray.get(self.service.wait_for_queue.remote(k, timeout_s)))
 
-    def broadcast(self, version: int, window: bool = True, lend: LendPlan | None = None) -> BroadcastReport:
+    def broadcast_sync(self, version: int, window: bool = True, lend: LendPlan | None = None) -> BroadcastReport:
         """Trainer → every routable standalone replica at ``version``; with ``window``, then the
         rollouter's staleness window closes at it (the warm-up broadcast has none yet). With
         ``lend`` (a plan that lends), the lent hybrids wake and load ``version`` in the trainer's
@@ -346,9 +346,9 @@ class ControllerHost:
                                transport=ws.COLLECTIVE if self.sync is not None else ws.OBJECT_STORE,
                                sent_bytes=int(sent.get("nbytes", 0)), retries=int(sent.get("retries", 0)))
 
-    def after_sync(self, step: int, micro: Sequence[MicroSummary]) -> LendPlan:
+    def should_activate(self, step: int, micro: Sequence[MicroSummary]) -> LendPlan:
         """Lend the trainer's GPUs to rollout until the next step?"""
-        return self.ctl.after_sync(step, micro)
+        return self.ctl.should_activate(step, micro)
 
     def asks_warm_up(self) -> bool:
         """Whether the policy wants to be asked for a lend before step 1 (``warm_up_lend``)."""
@@ -371,17 +371,17 @@ class ControllerHost:
         assert plan.lends, f"hybrid_sync for a plan that lends nothing: {plan}"
         return self.ctl.hybrid_sync(version, plan.count)
 
-    def lend(self, plan: LendPlan, micro: Sequence[MicroSummary]) -> tuple[SwitchReport, ...]:
+    def activate(self, plan: LendPlan, micro: Sequence[MicroSummary]) -> tuple[SwitchReport, ...]:
         """Activate the ``plan.count`` synced hybrids, then ask ``request_rebalance`` and rebalance
         if it says so."""
         assert plan.lends, f"lend for a plan that lends nothing: {plan}"
         return self.ctl.lend(plan.step, micro, plan.count)
 
-    def end_step(self, step: int, micro: Sequence[MicroSummary]) -> StepOutcome:
+    def update_after_step(self, step: int, micro: Sequence[MicroSummary]) -> StepOutcome:
         """``update_after_step``, then what the store keeps: policy and controller state, the
         step's drained decisions and switches, and the replacer's state."""
         replacements = self.service.replacement_state.remote()  # read while the policy adapts
-        self.ctl.end_step(step, micro)
+        self.ctl.update_after_step(step, micro)
         return StepOutcome(
             step=step,
             hybrid_active=self.ctl.is_hybrid_active,

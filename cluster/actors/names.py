@@ -12,14 +12,15 @@ def replica_name(replica_id: str) -> str:
     return f"replica:{replica_id}"
 
 
-def run_actor(name: str, namespace: str) -> object:
-    """The handle of the run's actor ``name``. An actor that died (killed, out of memory, its node
-    lost) is no longer found by name: that is the run losing an actor at whichever moment of a
-    phase it happened, so it is raised as Ray's ``RayActorError`` (what ``flows.errors.actor_lost``
-    reads), not as the ``ValueError`` of a name that was never registered."""
+
+def actor_gone(name: str, lookup_error: ValueError) -> Exception:
+    """What to raise when ``ray.get_actor(name, ...)`` found no such actor in a running run.
+
+    An actor that died (killed, out of memory, its node lost) is no longer found by name: that is
+    the run losing an actor, at whichever moment of a phase it happened, so it is Ray's
+    ``RayActorError`` (what ``flows.errors.actor_lost`` reads), not the ``ValueError`` of a name
+    that was never registered.
+    """
     import ray
 
-    try:
-        return ray.get_actor(name, namespace=namespace)
-    except ValueError as e:
-        raise ray.exceptions.RayActorError(error_msg=f"the run's actor {name!r} is gone ({e})") from e
+    return ray.exceptions.RayActorError(error_msg=f"the run's actor {name!r} is gone ({lookup_error})")

@@ -466,7 +466,7 @@ def test_lend_refuses_a_count_other_than_what_was_synced():
 def test_a_policy_answering_a_count_gets_a_plan_of_that_many_and_the_context_counts_the_lent():
     rig = make_rig(hybrid_ids=THREE, answers={"should_activate_after_step": 2})
 
-    plan = rig.controller.after_sync(3, [])
+    plan = rig.controller.should_activate(3, [])
     rig.controller.hybrid_sync(3, count=plan.count)
     rig.controller.activate()
 
@@ -628,14 +628,14 @@ def record(step, hook, answer, *, now, active, micro=(), reason=None, duration_s
 def test_a_lending_step_asks_the_policy_in_the_deciders_order_and_records_every_answer():
     rig = make_rig(initial_state=ControllerState.HYBRID_ACTIVE)
 
-    plan = rig.controller.begin_step(7)
+    plan = rig.controller.should_deactivate(7)
     rig.controller.deactivate()
     after_deactivate = rig.clock.now
-    lend = rig.controller.after_sync(7, MICRO)
+    lend = rig.controller.should_activate(7, MICRO)
     rig.controller.hybrid_sync(7)
     switches = rig.controller.lend(7, MICRO)
     after_lend = rig.clock.now
-    rig.controller.end_step(7, MICRO)
+    rig.controller.update_after_step(7, MICRO)
 
     assert plan == DeactivatePlan(step=7, deactivate=True, wait_samples=12, hybrid_active=True)
     assert lend == LendPlan(step=7, count=2, of=2)
@@ -666,7 +666,7 @@ def test_a_lending_step_asks_the_policy_in_the_deciders_order_and_records_every_
 def test_a_step_that_starts_with_the_hybrids_asleep_asks_nothing_before_training():
     rig = make_rig()
 
-    assert rig.controller.begin_step(3) == DeactivatePlan(step=3, hybrid_active=False)
+    assert rig.controller.should_deactivate(3) == DeactivatePlan(step=3, hybrid_active=False)
     assert rig.events == []
     assert rig.controller.decisions == []
 
@@ -674,10 +674,10 @@ def test_a_step_that_starts_with_the_hybrids_asleep_asks_nothing_before_training
 def test_a_retried_question_is_answered_from_memory_and_recorded_once():
     rig = make_rig(initial_state=ControllerState.HYBRID_ACTIVE)
 
-    first = rig.controller.begin_step(5)
-    again = rig.controller.begin_step(5)
-    rig.controller.end_step(5, MICRO)
-    rig.controller.end_step(5, MICRO)
+    first = rig.controller.should_deactivate(5)
+    again = rig.controller.should_deactivate(5)
+    rig.controller.update_after_step(5, MICRO)
+    rig.controller.update_after_step(5, MICRO)
 
     assert again == first == DeactivatePlan(step=5, deactivate=True, wait_samples=12, hybrid_active=True)
     assert [e[0] for e in rig.events if e[0].startswith("policy.")] == [
@@ -693,7 +693,7 @@ def test_a_retried_question_is_answered_from_memory_and_recorded_once():
 def test_deactivate_wait_samples_never_goes_below_zero(raw, clamped):
     rig = make_rig(answers={"deactivate_wait_samples": raw}, initial_state=ControllerState.HYBRID_ACTIVE)
 
-    assert rig.controller.begin_step(1).wait_samples == clamped
+    assert rig.controller.should_deactivate(1).wait_samples == clamped
     assert rig.controller.decisions[-1].answer == clamped
 
 
@@ -757,7 +757,7 @@ def test_with_every_standalone_dead_the_guard_forces_the_lend_and_the_record_say
     for rid in STANDALONES:
         members.died(rid)
 
-    lend = rig.controller.after_sync(3, [])
+    lend = rig.controller.should_activate(3, [])
 
     assert lend == LendPlan(step=3, count=2, of=2)
     [decision] = rig.controller.decisions
@@ -809,7 +809,7 @@ def test_switch_durations_add_up_over_a_cycle_and_reset_after_update_after_step(
     rebalance = rig.controller.rebalance()
 
     during = rig.controller.context(MICRO)
-    rig.controller.end_step(1, MICRO)
+    rig.controller.update_after_step(1, MICRO)
     after = rig.controller.context()
 
     assert (during.last_deactivate_duration_s, during.last_activate_duration_s) == (

@@ -163,17 +163,17 @@ def test_staleness_pauses_after_max_required_starts_and_a_sync_lets_exactly_the_
         await settle()
         metrics = ro.on_weight_sync(1)  # started = 3 in flight + 5 queued = 8 -> 4 more may start
         await settle()
-        after_sync = (ro.in_flight_samples, ro.started_this_version,
+        should_activate = (ro.in_flight_samples, ro.started_this_version,
                       ro.stats()["total_started_samples"], ro.param_version)
         stamped = sorted(s.started_version for s in queue.drain())
         await ro.stop()
-        return first, after_finish, metrics, after_sync, stamped
+        return first, after_finish, metrics, should_activate, stamped
 
-    first, after_finish, metrics, after_sync, stamped = asyncio.run(scenario())
+    first, after_finish, metrics, should_activate, stamped = asyncio.run(scenario())
     assert first == (12, 12, 12)
     assert after_finish == (3, 9, 12)
     assert (metrics[STEP_GENERATED_SAMPLES], metrics[STEP_GENERATED_TOKENS]) == (9, 72)  # 9 × n 1 × 8 tokens
-    assert after_sync == (7, 12, 16, 1)
+    assert should_activate == (7, 12, 16, 1)
     assert stamped == [0] * 5
 
 

@@ -154,7 +154,7 @@ async def _read_step_runs(parent_id: Any, expect_steps: int, timeout_s: float) -
         while True:  # task runs reach the database through the server's event pipeline: let them settle
             steps = await _views(client, await client.read_flow_runs(flow_run_filter=only_children))
             settled = (len(steps) == expect_steps and all(s.state == "Completed" for s in steps)
-                       and all(s.phases[-1:] == ("commit_step",) for s in steps))
+                       and all(s.phases[-1:] == ("commit",) for s in steps))
             if settled or time.monotonic() > deadline:
                 return steps
             await asyncio.sleep(0.5)
@@ -225,11 +225,11 @@ def expected_phases(trigger: int, deactivated: bool, activated: bool, final: boo
     """DESIGN §2's order for one step; the run's last step asks no lend (nothing trains after it).
     ``overlap`` (``dynamic_schedule_overlap_hybrid_sync``): the lend is asked before the broadcast,
     which syncs the hybrids itself (no ``hybrid_sync`` task). ``lent``: the hybrids were lent as the
-    step began, so it asks whether to take them back (``begin_step``); otherwise it has no such task."""
-    ask = () if final else ("after_sync",)
+    step began, so it asks whether to take them back (``should_deactivate``); otherwise it has no such task."""
+    ask = () if final else ("should_activate",)
     sync = ask + ("broadcast_sync",) if overlap else ("broadcast_sync",) + ask + (("hybrid_sync",) if activated else ())
-    return ((("begin_step",) if lent else ()) + (("wait_and_deactivate",) if deactivated else ()) + ("train",) * trigger
-            + sync + (("lend",) if activated else ()) + ("end_step", "commit_step"))
+    return ((("should_deactivate",) if lent else ()) + (("wait_for_samples",) if deactivated else ()) + ("train",) * trigger
+            + sync + (("activate",) if activated else ()) + ("update_after_step", "commit"))
 
 
 def step_run_names(db: Path, steps: int) -> list[str]:

@@ -59,7 +59,7 @@ def test_a_server_started_later_shows_every_step_with_its_phases_in_the_document
         for i in range(1, STEPS + 1)
     ]
     # the last step asks no lend: no decision, no lend
-    assert {i: "lend" in s.phases for i, s in enumerate(steps, 1)} == {**should_activate, STEPS: False}
+    assert {i: "activate" in s.phases for i, s in enumerate(steps, 1)} == {**should_activate, STEPS: False}
     assert STEPS not in should_activate and not active_after[STEPS]
 
 

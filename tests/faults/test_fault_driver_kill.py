@@ -128,9 +128,9 @@ class Campaign:
 # -------------------------------------------------------------------------------- where a kill landed
 
 _TASK = re.compile(r"Task run '(\w+)-[0-9a-f]+' - Finished")
-_AFTER_TASK = {"begin_step": "wait", "wait_and_deactivate": "train", "broadcast_sync": "sync",
-               "after_sync": "sync", "hybrid_sync": "sync", "lend": "commit",
-               "end_step": "commit", "commit_step": "step end"}
+_AFTER_TASK = {"should_deactivate": "wait", "wait_for_samples": "train", "broadcast_sync": "sync",
+               "should_activate": "sync", "hybrid_sync": "sync", "activate": "commit",
+               "update_after_step": "commit", "commit": "step end"}
 
 
 def phase_at_kill(log: str) -> str:

@@ -59,7 +59,7 @@ def test_killed_drivers_cut_off_writes_and_lost_ranks_resume_to_the_uninterrupte
     assert "step 3's checkpoint was still being written" in log
     _lost_rank(code, log, uid)
     # 4. rank 1 dies in step 4's commit, before the step is recorded
-    code, log = run_tidal(["resume", uid, *store], tmp_path, extra={KILL_RANK_ENV: "commit_step:4"})
+    code, log = run_tidal(["resume", uid, *store], tmp_path, extra={KILL_RANK_ENV: "commit:4"})
     _lost_rank(code, log, uid)
     assert final_state(crashed)[1].step == 3
     # 5. to the end
@@ -76,5 +76,5 @@ def test_killed_drivers_cut_off_writes_and_lost_ranks_resume_to_the_uninterrupte
     lost = len(set(want_prompts) - set(got_prompts))
     duplicated = len(got_prompts) - len(set(got_prompts))
     record("rank_death", injected=2, survived=2, samples_lost=lost, samples_duplicated=duplicated,
-           points=["train:4", "commit_step:4"])
+           points=["train:4", "commit:4"])
     record("checkpoint_cut_off", injected=1, survived=1, samples_lost=lost, samples_duplicated=duplicated)

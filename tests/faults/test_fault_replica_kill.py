@@ -85,12 +85,12 @@ def _start(preset, tmp_path, ray_address, *overrides, lend_hybrid=True, simulate
     plane = DataPlane.build(cfg, uid)
     run = RunRef.from_config(cfg, uid=uid, output_dir=str(tmp_path / "runs" / uid), ray_address=ray_address)
     run = run.model_copy(update={"wait_timeout_s": 120.0})
-    ray.get(plane.controller.broadcast.remote(0, False))  # no staleness window before the start
+    ray.get(plane.controller.broadcast_sync.remote(0, False))  # no staleness window before the start
     ray.get(plane.rollout.start.remote(prompts_for(cfg)))
     if lend_hybrid:
         lend_all = LendPlan(step=0, count=cfg.hybrid_replicas, of=cfg.hybrid_replicas)
         ray.get(plane.controller.hybrid_sync.remote(lend_all, 0))
-        ray.get(plane.controller.lend.remote(lend_all, []))
+        ray.get(plane.controller.activate.remote(lend_all, []))
     ray.get(plane.controller.drain_records.remote())
     return cfg, plane, run, engine
 
@@ -461,7 +461,7 @@ def test_a_replacement_started_across_a_broadcast_joins_at_the_new_version_and_t
     try:
         _kill_mid_generation(plane, "standalone-0")
         _wait(lambda: _stats(plane)["replacements_in_progress"] == ["standalone-0.r1"], "replacement starting")
-        ray.get(plane.controller.broadcast.remote(1))  # the weights move on while it starts (window too)
+        ray.get(plane.controller.broadcast_sync.remote(1))  # the weights move on while it starts (window too)
         assert _stats(plane)["replacements_in_progress"] == ["standalone-0.r1"]  # the race really happened
         stats = _wait(lambda: (st := _stats(plane))["standalone_replicas"] == ["standalone-0.r1"] and st, "rejoin")
         (death,) = stats["replaced_replicas"]
@@ -481,7 +481,7 @@ def test_a_replacement_started_across_a_broadcast_joins_at_the_new_version_and_t
         planes.append(plane := DataPlane.build(cfg, plane.namespace, param_version=1, replacement_state=committed))
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(old.ping.remote(), timeout=30)
-        ray.get(plane.controller.broadcast.remote(1, False))
+        ray.get(plane.controller.broadcast_sync.remote(1, False))
         ray.get(plane.rollout.start.remote(prompts_for(cfg)))
         _kill_mid_generation(plane, "standalone-0")
         _wait(lambda: _stats(plane)["standalone_replicas"] == ["standalone-0.r2"], "rejoin as the slot's second")

@@ -279,7 +279,7 @@ def test_postgresql_stopped_just_after_a_step_committed_reports_that_step_as_com
     import prefect.artifacts
 
     import storage
-    from tasks.phases import commit_step
+    from tasks.phases import commit
 
     url = pg_store
     run = _run_ref(url, tmp_path)
@@ -293,7 +293,7 @@ def test_postgresql_stopped_just_after_a_step_committed_reports_that_step_as_com
     monkeypatch.setattr(storage, "read_step_metrics", read_after_the_server_stopped)
     monkeypatch.setattr(prefect.artifacts, "create_markdown_artifact", lambda **_: None)
     monkeypatch.setattr(prefect.artifacts, "create_table_artifact", lambda **_: None)
-    result = commit_step.fn(run, 2, 2, _summary(2))
+    result = commit.fn(run, 2, 2, _summary(2))
     lost = result.pop("store_lost")
     shown = url.replace("postgresql://", "postgresql+psycopg://")  # the engine's URL, as the store's errors name it
     assert (result["step"], lost["url"], lost["message"].startswith(f"the store at {shown} is unreachable")) == (

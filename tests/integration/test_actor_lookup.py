@@ -5,10 +5,12 @@ with Ray's ``ValueError`` of an unknown name."""
 from __future__ import annotations
 
 import time
+import types
 
 import ray
 
-from cluster.actors import run_actor
+from cluster.actors import TRAINER
+from tasks.phases import _actor
 from flows.errors import actor_lost
 
 
@@ -20,12 +22,13 @@ class _Named:
 
 def test_a_killed_named_actor_is_found_as_a_lost_actor_not_an_unknown_name(ray_address):
     namespace = "test-actor-lookup"
-    actor = _Named.options(name="trainer", namespace=namespace, lifetime="detached").remote()
-    assert ray.get(run_actor("trainer", namespace).ping.remote()) == "pong"
+    actor = _Named.options(name=TRAINER, namespace=namespace, lifetime="detached").remote()
+    run = types.SimpleNamespace(namespace=namespace, ray_address=ray_address)
+    assert ray.get(_actor(run, TRAINER).ping.remote()) == "pong"
     ray.kill(actor, no_restart=True)
     for _ in range(100):  # the name is released once the GCS has seen the death
         try:
-            run_actor("trainer", namespace)
+            _actor(run, TRAINER)
         except ray.exceptions.RayActorError as exc:
             lost = actor_lost(exc, uid="u1", last_step=2, storage_arg="sqlite:///s.db")
             break

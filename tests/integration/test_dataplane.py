@@ -38,11 +38,11 @@ def _start(tmp_path, ray_address, *overrides):
     plane = DataPlane.build(cfg, uid)
     run = RunRef.from_config(cfg, uid=uid, output_dir=str(tmp_path / "runs" / uid), ray_address=ray_address)
     run = run.model_copy(update={"wait_timeout_s": 120.0})
-    ray.get(plane.controller.broadcast.remote(0, False))  # no staleness window before the start
+    ray.get(plane.controller.broadcast_sync.remote(0, False))  # no staleness window before the start
     ray.get(plane.rollout.start.remote(prompts_for(cfg)))
     lend_all = LendPlan(step=0, count=cfg.hybrid_replicas, of=cfg.hybrid_replicas)
     ray.get(plane.controller.hybrid_sync.remote(lend_all, 0))
-    ray.get(plane.controller.lend.remote(lend_all, []))
+    ray.get(plane.controller.activate.remote(lend_all, []))
     ray.get(plane.controller.drain_records.remote())  # warm-up switches are not step 1's
     return cfg, plane, run, engine
 

@@ -12,7 +12,7 @@ from driver_support import config_args, final_state, run_tidal, store_url, switc
 pytestmark = pytest.mark.slow
 STEPS = 5
 # (crash point, step) for each successive process of the interrupted run; the last one finishes.
-CRASHES = ["wait_for_samples:2", "train:3", "broadcast_sync:3", "commit_step:4"]
+CRASHES = ["wait_for_samples:2", "train:3", "broadcast_sync:3", "commit:4"]
 
 
 def test_a_run_killed_at_every_phase_resumes_to_the_uninterrupted_result(tmp_path, ray_address):

@@ -51,13 +51,13 @@ def test_hybrids_on_their_ranks_and_a_replica_lost_mid_broadcast_replaced_at_the
         assert [sorted(h) for h in hosted] == [["hybrid-0"], ["hybrid-1"]]
         assert all(s["weight_bytes"] == s["kv_cache_bytes"] == 0 for h in hosted for s in h.values())
 
-        first = ray.get(plane.controller.broadcast.remote(0, False), timeout=120)
+        first = ray.get(plane.controller.broadcast_sync.remote(0, False), timeout=120)
         assert (first.transport, first.replicas, first.retries) == ("collective", 2, 0)
         assert first.sent_bytes > 0
 
         ray.get(plane.rollout.start.remote(prompts_for(cfg)))
         t0 = time.monotonic()
-        lost = ray.get(plane.controller.broadcast.remote(1, False), timeout=120)
+        lost = ray.get(plane.controller.broadcast_sync.remote(1, False), timeout=120)
         assert time.monotonic() - t0 < 60  # bounded by the group's timeout, no hang
         assert (lost.transport, lost.replicas, lost.retries) == ("collective", 1, 1)
         assert "standalone-0" in ray.get(plane.controller.membership.remote())["dead"]

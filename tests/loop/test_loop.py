@@ -8,19 +8,19 @@ from types import SimpleNamespace
 import pytest
 
 from loop import (
-    AfterSync,
-    BeginStep,
-    Broadcast,
+    Activate,
+    BroadcastSync,
     Commit,
     DeactivatePlan,
     Decider,
-    EndStep,
     HybridSync,
-    Lend,
     LendPlan,
+    ShouldActivate,
+    ShouldDeactivate,
     SwitchDurations,
     Train,
-    WaitAndDeactivate,
+    UpdateAfterStep,
+    WaitForSamples,
     WarmUp,
     lend_count,
     run_start,
@@ -45,9 +45,9 @@ def drive(gen, answers):
 
 def answers_for(deactivate=False, wait=0, lend=0, exhausted_at=None):
     def answer(intent):
-        if isinstance(intent, BeginStep):
+        if isinstance(intent, ShouldDeactivate):
             return DeactivatePlan(intent.step, deactivate, wait, deactivate)
-        if isinstance(intent, (AfterSync, WarmUp)):
+        if isinstance(intent, (ShouldActivate, WarmUp)):
             return LendPlan(getattr(intent, "step", 0), lend, 1)
         if isinstance(intent, Train):
             return SimpleNamespace(exhausted=intent.micro == exhausted_at)
@@ -60,48 +60,48 @@ def test_a_step_that_deactivates_and_lends_runs_every_phase_in_design_order():
     seen = drive(step_sequence(3, micro_steps=2, final=False, has_hybrids=True),
                  answers_for(deactivate=True, wait=5, lend=1))
     lend = LendPlan(3, 1, 1)
-    assert seen == [BeginStep(3), WaitAndDeactivate(plan), Train(3, 0), Train(3, 1), Broadcast(3, 3),
-                    AfterSync(3, 3), HybridSync(lend, 3), Lend(lend), EndStep(3), Commit(3, 3)]
+    assert seen == [ShouldDeactivate(3), WaitForSamples(plan), Train(3, 0), Train(3, 1), BroadcastSync(3, 3),
+                    ShouldActivate(3, 3), HybridSync(lend, 3), Activate(lend), UpdateAfterStep(3), Commit(3, 3)]
 
 
 def test_a_skipped_lend_skips_the_hybrid_sync_and_the_activation():
     seen = drive(step_sequence(2, micro_steps=1, final=False, has_hybrids=True), answers_for())
-    assert seen == [BeginStep(2), Train(2, 0), Broadcast(2, 2), AfterSync(2, 2), EndStep(2), Commit(2, 2)]
+    assert seen == [ShouldDeactivate(2), Train(2, 0), BroadcastSync(2, 2), ShouldActivate(2, 2), UpdateAfterStep(2), Commit(2, 2)]
 
 
 def test_a_step_that_begins_with_the_hybrids_asleep_has_no_take_back_question():
     seen = drive(step_sequence(4, micro_steps=2, final=False, has_hybrids=True, lent=False), answers_for(lend=1))
     lend = LendPlan(4, 1, 1)
-    assert seen == [Train(4, 0), Train(4, 1), Broadcast(4, 4), AfterSync(4, 4), HybridSync(lend, 4), Lend(lend),
-                    EndStep(4), Commit(4, 4)]
+    assert seen == [Train(4, 0), Train(4, 1), BroadcastSync(4, 4), ShouldActivate(4, 4), HybridSync(lend, 4), Activate(lend),
+                    UpdateAfterStep(4), Commit(4, 4)]
 
 
 def test_the_last_step_and_a_run_without_hybrids_never_ask_to_lend():
     for kwargs in ({"final": True, "has_hybrids": True}, {"final": False, "has_hybrids": False}):
         seen = drive(step_sequence(1, micro_steps=1, **kwargs), answers_for(lend=1))
-        assert seen == [BeginStep(1), Train(1, 0), Broadcast(1, 1), EndStep(1), Commit(1, 1)]
+        assert seen == [ShouldDeactivate(1), Train(1, 0), BroadcastSync(1, 1), UpdateAfterStep(1), Commit(1, 1)]
 
 
 def test_an_exhausted_micro_step_ends_training_early():
     seen = drive(step_sequence(1, micro_steps=3, final=True, has_hybrids=False), answers_for(exhausted_at=0))
-    assert seen == [BeginStep(1), Train(1, 0), Broadcast(1, 1), EndStep(1), Commit(1, 1)]
+    assert seen == [ShouldDeactivate(1), Train(1, 0), BroadcastSync(1, 1), UpdateAfterStep(1), Commit(1, 1)]
 
 
 def test_overlap_sync_asks_before_the_broadcast_and_syncs_the_hybrids_during_it():
     seen = drive(step_sequence(3, micro_steps=1, final=False, has_hybrids=True, overlap_sync=True),
                  answers_for(lend=1))
     lend = LendPlan(3, 1, 1)
-    assert seen == [BeginStep(3), Train(3, 0), AfterSync(3, 3), Broadcast(3, 3, lend), Lend(lend),
-                    EndStep(3), Commit(3, 3)]
+    assert seen == [ShouldDeactivate(3), Train(3, 0), ShouldActivate(3, 3), BroadcastSync(3, 3, lend), Activate(lend),
+                    UpdateAfterStep(3), Commit(3, 3)]
     skipped = drive(step_sequence(3, micro_steps=1, final=False, has_hybrids=True, overlap_sync=True),
                     answers_for())
-    assert skipped == [BeginStep(3), Train(3, 0), AfterSync(3, 3), Broadcast(3, 3), EndStep(3), Commit(3, 3)]
+    assert skipped == [ShouldDeactivate(3), Train(3, 0), ShouldActivate(3, 3), BroadcastSync(3, 3), UpdateAfterStep(3), Commit(3, 3)]
 
 
 def test_overlap_sync_changes_nothing_on_steps_that_cannot_lend():
     for kwargs in ({"final": True, "has_hybrids": True}, {"final": False, "has_hybrids": False}):
         seen = drive(step_sequence(1, micro_steps=1, overlap_sync=True, **kwargs), answers_for(lend=1))
-        assert seen == [BeginStep(1), Train(1, 0), Broadcast(1, 1), EndStep(1), Commit(1, 1)]
+        assert seen == [ShouldDeactivate(1), Train(1, 0), BroadcastSync(1, 1), UpdateAfterStep(1), Commit(1, 1)]
 
 
 def test_the_run_start_asks_nothing_unless_the_policy_wants_a_warm_up_lend():
@@ -109,7 +109,7 @@ def test_the_run_start_asks_nothing_unless_the_policy_wants_a_warm_up_lend():
     assert drive(run_start(0, has_hybrids=False, asks_warm_up=True), answers_for(lend=1)) == []
     lend = LendPlan(0, 1, 1)
     assert drive(run_start(0, has_hybrids=True, asks_warm_up=True), answers_for(lend=1)) == [
-        WarmUp(0), HybridSync(lend, 0), Lend(lend)]
+        WarmUp(0), HybridSync(lend, 0), Activate(lend)]
 
 
 class Scripted(DynamicSchedulePolicyBase):
@@ -146,18 +146,18 @@ class Scripted(DynamicSchedulePolicyBase):
 def test_should_deactivate_is_asked_only_while_the_hybrids_are_active():
     policy = Scripted()
     decider = Decider(policy)
-    assert decider.begin_step(1, False, CTX) == DeactivatePlan(1, False, 0, False)
+    assert decider.should_deactivate(1, False, CTX) == DeactivatePlan(1, False, 0, False)
     assert policy.asked == []
-    assert decider.begin_step(2, True, CTX) == DeactivatePlan(2, True, 3, True)
+    assert decider.should_deactivate(2, True, CTX) == DeactivatePlan(2, True, 3, True)
     assert policy.asked == [("should_deactivate", 2), ("deactivate_wait_samples", None)]
 
 
 def test_every_question_is_recorded_with_its_answer_reason_and_inputs():
     decider = Decider(Scripted(rebalance=False))
-    decider.begin_step(1, True, CTX)
-    decider.after_sync(1, False, CTX, of=2)
+    decider.should_deactivate(1, True, CTX)
+    decider.should_activate(1, False, CTX, of=2)
     decider.wants_rebalance(1, CTX)
-    decider.end_step(1, True, CTX)
+    decider.update_after_step(1, True, CTX)
     records = decider.drain()
     assert [(r.step, r.hook, r.answer, r.reason) for r in records] == [
         (1, "should_deactivate", True, "scripted should_deactivate"),
@@ -179,8 +179,8 @@ def test_rebalance_is_not_asked_when_it_is_disabled():
 def test_a_lend_answer_is_a_count_of_the_hybrids_and_active_hybrids_are_not_lent_again():
     assert [lend_count(a, 3) for a in (True, False, None, 0, 2, 7, -1)] == [3, 0, 0, 0, 2, 3, 0]
     decider = Decider(Scripted(activate=2))
-    assert decider.after_sync(1, False, CTX, of=3) == LendPlan(1, 2, 3)
-    assert decider.after_sync(2, True, CTX, of=3) == LendPlan(2, 0, 3)
+    assert decider.should_activate(1, False, CTX, of=3) == LendPlan(1, 2, 3)
+    assert decider.should_activate(2, True, CTX, of=3) == LendPlan(2, 0, 3)
 
 
 def test_the_warm_up_question_is_asked_only_of_a_policy_that_wants_it():
@@ -196,8 +196,8 @@ def test_the_warm_up_question_is_asked_only_of_a_policy_that_wants_it():
 def test_with_every_standalone_lost_the_guard_lends_and_waits_for_a_whole_cycle_and_says_why():
     decider = Decider(Scripted(wait=1, activate=False))
     lost = dataclasses.replace(CTX, standalone_lost=True)
-    assert decider.begin_step(4, True, lost).wait_samples == lost.step_required_samples == 8
-    assert decider.after_sync(4, False, lost, of=1) == LendPlan(4, 1, 1)
+    assert decider.should_deactivate(4, True, lost).wait_samples == lost.step_required_samples == 8
+    assert decider.should_activate(4, False, lost, of=1) == LendPlan(4, 1, 1)
     reasons = [r.reason for r in decider.records]
     assert reasons[1:] == ["guard: no standalone replica alive; scripted deactivate_wait_samples",
                            "guard: no standalone replica alive; scripted should_activate_after_step"]
@@ -213,7 +213,7 @@ def test_a_guard_decision_is_recorded_beside_the_policy_answers():
 def test_policy_calls_are_timed_by_the_callers_timer():
     ticks = iter(range(100))
     decider = Decider(Scripted(), timer=lambda: float(next(ticks)))
-    decider.end_step(1, False, CTX)
+    decider.update_after_step(1, False, CTX)
     assert decider.records[0].duration_s == 1.0
 
 

@@ -191,7 +191,7 @@ def test_only_a_policy_with_warm_up_lend_is_asked_before_step_1_and_its_lend_is_
                                ("should_deactivate", 1, True), ("deactivate_wait_samples", None, None)]
     assert result.hooks()[0] == (0, "should_activate_after_step", 4)
     assert result.transition_kinds()[:3] == [(0, "hybrid_sync"), (0, "activate"), (0, "rebalance")]
-    assert result.steps[0].start_s == 3 * 0.25 + 3.0 + 0.5 + 0.5  # WarmUp, HybridSync, Lend tasks + switches
+    assert result.steps[0].start_s == 3 * 0.25 + 3.0 + 0.5 + 0.5  # WarmUp, HybridSync, Activate tasks + switches
     lent, result = run_recorded("fixed_ratio", steps=1, initial_hybrid_active=True)
     assert lent.calls[0] == ("should_deactivate", 1, True) and result.steps[0].start_s == 0.0
 

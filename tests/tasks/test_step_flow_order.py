@@ -64,23 +64,23 @@ class FakeCluster:
             return {"samples": None, "timed_out": True, "wait_s": 5.0, "size_at_start": 1, "mq_size": 1}
         if method == "train_micro_step":
             self.pulled += 4
-        self.lent = {"wait_and_deactivate": False, "lend": True, "refill_if_stranded": True}.get(method, self.lent)
+        self.lent = {"wait_for_samples": False, "activate": True, "refill_if_stranded": True}.get(method, self.lent)
         return {
-            "begin_step": lambda: DeactivatePlan(step=step, deactivate=self.active and self.deactivate,
+            "should_deactivate": lambda: DeactivatePlan(step=step, deactivate=self.active and self.deactivate,
                                                  wait_samples=3 if self.active and self.deactivate else 0,
                                                  hybrid_active=self.active),
-            "wait_and_deactivate": lambda: WaitReport(waited_s=1.5, mq_size=3, deactivate=switch("deactivate")),
+            "wait_for_samples": lambda: WaitReport(waited_s=1.5, mq_size=3, deactivate=switch("deactivate")),
             "train_micro_step": lambda: {
                 "samples": [(0, i, 0, 0) for i in range(self.pulled - 4, self.pulled)], "wait_s": 0.1, "wait_samples": 1, "mq_size": 1,
                 "exhausted": False, "metrics": {"reward_mean": 0.5}, "timing_s": {"update_actor": 0.2},
                 "compute_s": 0.2, "allocated_s": 0.3},
             "refill_if_stranded": lambda: True,
-            "broadcast": lambda: BroadcastReport(version=args[0], broadcast_s=0.05, replicas=1,
+            "broadcast_sync": lambda: BroadcastReport(version=args[0], broadcast_s=0.05, replicas=1,
                                                  window={"dynamic_resource/rollout_resource_utilization": 0.9}),
-            "after_sync": lambda: LendPlan(step=step, count=1 if self.activate else 0, of=1),
+            "should_activate": lambda: LendPlan(step=step, count=1 if self.activate else 0, of=1),
             "hybrid_sync": lambda: switch("hybrid_sync"),
-            "lend": lambda: (switch("activate"), switch("rebalance")),
-            "end_step": lambda: StepOutcome(
+            "activate": lambda: (switch("activate"), switch("rebalance")),
+            "update_after_step": lambda: StepOutcome(
                 step=step, hybrid_active=self.lent, policy_state={"ratio": 0.5},
                 controller_state={"state": "HYBRID_ACTIVE" if self.lent else "STANDALONE_ONLY"},
                 decisions=(DecisionRecord(step, "update_after_step", None, "", {}, 0.0),),
@@ -134,14 +134,14 @@ def test_a_lent_hybrid_is_waited_for_deactivated_trained_synced_and_lent_again_i
     result = training_step(run, 7)
 
     assert cluster.events == [
-        ("controller", "begin_step", (7,)),
-        ("controller", "wait_and_deactivate", (DeactivatePlan(7, True, 3, True), 600.0)),
+        ("controller", "should_deactivate", (7,)),
+        ("controller", "wait_for_samples", (DeactivatePlan(7, True, 3, True), 600.0)),
         *train(),
-        ("controller", "broadcast", (7,)),
-        ("controller", "after_sync", (7, MICRO)),
+        ("controller", "broadcast_sync", (7,)),
+        ("controller", "should_activate", (7, MICRO)),
         ("controller", "hybrid_sync", (LendPlan(7, 1, 1), 7)),
-        ("controller", "lend", (LendPlan(7, 1, 1), MICRO)),
-        ("controller", "end_step", (7, MICRO)),
+        ("controller", "activate", (LendPlan(7, 1, 1), MICRO)),
+        ("controller", "update_after_step", (7, MICRO)),
         checkpoint(run, 7),
     ]
     assert len(cluster.events) == STEP_CALL_BUDGET
@@ -152,20 +152,20 @@ def test_a_lent_hybrid_is_waited_for_deactivated_trained_synced_and_lent_again_i
 
 
 def test_with_overlap_the_lend_is_asked_first_and_the_broadcast_syncs_the_hybrid_one_call_fewer(fake, run):
-    """``dynamic_schedule_overlap_hybrid_sync``: after_sync before the broadcast, which gets the
+    """``dynamic_schedule_overlap_hybrid_sync``: should_activate before the broadcast, which gets the
     plan (and syncs the hybrid itself); no hybrid_sync call."""
     cluster = fake(active=True, deactivate=True, activate=True)
 
     result = training_step(run.model_copy(update={"overlap_hybrid_sync": True}), 7)
 
     assert cluster.events == [
-        ("controller", "begin_step", (7,)),
-        ("controller", "wait_and_deactivate", (DeactivatePlan(7, True, 3, True), 600.0)),
+        ("controller", "should_deactivate", (7,)),
+        ("controller", "wait_for_samples", (DeactivatePlan(7, True, 3, True), 600.0)),
         *train(),
-        ("controller", "after_sync", (7, MICRO)),
-        ("controller", "broadcast", (7, True, LendPlan(7, 1, 1))),
-        ("controller", "lend", (LendPlan(7, 1, 1), MICRO)),
-        ("controller", "end_step", (7, MICRO)),
+        ("controller", "should_activate", (7, MICRO)),
+        ("controller", "broadcast_sync", (7, True, LendPlan(7, 1, 1))),
+        ("controller", "activate", (LendPlan(7, 1, 1), MICRO)),
+        ("controller", "update_after_step", (7, MICRO)),
         checkpoint(run, 7),
     ]
     assert len(cluster.events) == STEP_CALL_BUDGET - 1
@@ -179,9 +179,9 @@ def test_with_overlap_a_step_that_does_not_lend_broadcasts_as_before(fake, run):
 
     assert cluster.events == [
         *train(),
-        ("controller", "after_sync", (3, MICRO)),
-        ("controller", "broadcast", (3,)),
-        ("controller", "end_step", (3, MICRO)),
+        ("controller", "should_activate", (3, MICRO)),
+        ("controller", "broadcast_sync", (3,)),
+        ("controller", "update_after_step", (3, MICRO)),
         checkpoint(run, 3),
     ]
 
@@ -193,9 +193,9 @@ def test_a_step_that_begins_with_the_hybrids_asleep_asks_no_take_back_and_syncs_
 
     assert cluster.events == [
         *train(),
-        ("controller", "broadcast", (3,)),
-        ("controller", "after_sync", (3, MICRO)),
-        ("controller", "end_step", (3, MICRO)),
+        ("controller", "broadcast_sync", (3,)),
+        ("controller", "should_activate", (3, MICRO)),
+        ("controller", "update_after_step", (3, MICRO)),
         checkpoint(run, 3),
     ]
     assert result["hybrid_active"] is False
@@ -207,11 +207,11 @@ def test_the_last_step_of_a_run_does_not_ask_to_lend_the_trainer(fake, run):
     result = training_step(run, 9, final=True)
 
     assert cluster.events == [
-        ("controller", "begin_step", (9,)),
-        ("controller", "wait_and_deactivate", (DeactivatePlan(9, True, 3, True), 600.0)),
+        ("controller", "should_deactivate", (9,)),
+        ("controller", "wait_for_samples", (DeactivatePlan(9, True, 3, True), 600.0)),
         *train(),
-        ("controller", "broadcast", (9,)),
-        ("controller", "end_step", (9, MICRO)),
+        ("controller", "broadcast_sync", (9,)),
+        ("controller", "update_after_step", (9, MICRO)),
         checkpoint(run, 9),
     ]
     assert result["hybrid_active"] is False
@@ -235,5 +235,5 @@ def test_a_step_told_the_hybrids_are_lent_asks_the_controller_even_if_they_are_n
 
     training_step(run, 4, lent=True)
 
-    assert cluster.events[0] == ("controller", "begin_step", (4,))  # the controller's answer decides
-    assert ("controller", "wait_and_deactivate") not in [e[:2] for e in cluster.events]
+    assert cluster.events[0] == ("controller", "should_deactivate", (4,))  # the controller's answer decides
+    assert ("controller", "wait_for_samples") not in [e[:2] for e in cluster.events]

@@ -20,6 +20,7 @@ from rich.progress import Progress as RichProgress
 from rich.text import Text
 
 from config import TidalConfig
+from metrics import lending_gain, lent_steps
 
 
 def step_line(step: int, total: int | None, result: dict[str, Any], eta_s: float | None) -> str:
@@ -46,6 +47,7 @@ class Progress:
         self.step_started = time.monotonic()
         self._steps_since = self.step_started
         self.rewards: list[float] = []
+        self.rows: list[dict[str, Any]] = []  # each committed step's metrics, for what lending bought
 
     def headline(self) -> str:
         cfg = self.cfg
@@ -79,13 +81,17 @@ class Progress:
         reward = result["metrics"].get("train/reward_mean")
         if reward is not None and not math.isnan(reward):
             self.rewards.append(reward)
+        self.rows.append({**result["metrics"], "step": step, "hybrid_active_after": result["hybrid_active"]})
         self.step_started = time.monotonic()
 
     def summary(self, report: dict[str, Any] | None) -> str:
         wall = time.monotonic() - self.started
         reward = f", reward {self.rewards[0]:.3f} → {self.rewards[-1]:.3f}" if self.rewards else ""
         where = f"; report {report.get('markdown')}" if report else ""
-        return f"done: {self.steps_done} step(s) in {wall:.1f}s{reward}{where}"
+        gain = lending_gain(self.rows)
+        lent = f"; {gain.sentence()}" if gain else (
+            f"; lent on {len(lent_steps(self.rows))} of {len(self.rows)} steps" if self.rows else "")
+        return f"done: {self.steps_done} step(s) in {wall:.1f}s{reward}{lent}{where}"
 
     def done(self, report: dict[str, Any] | None) -> None:
         """The run finished; ``report`` is ``write_report``'s answer."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from config import TidalConfig
-from metrics import SPLIT_PARTS, StepSplit, lent_steps, step_split
+from metrics import SPLIT_PARTS, LendingGain, StepSplit, lending_gain, lent_steps, step_split
 from storage import open_store, read_step_metrics, session_scope
 
 SERIES = {
@@ -40,10 +40,15 @@ class ReportData:
     split: list[StepSplit]
     lent: list[int]
     """Steps during which the hybrid replicas were lent (``metrics.lent_steps``)."""
+    gain: LendingGain | None = None
+    """What lending bought, measured in the run (``metrics.lending_gain``)."""
     title: str = field(init=False)
 
     def __post_init__(self) -> None:
         lent = f", hybrid lent in {len(self.lent)} of {len(self.steps)} steps" if self.steps else ""
+        if self.gain is not None:
+            verb = "bought" if self.gain.bought_s >= 0 else "cost"
+            lent += f" ({verb} ≈ {abs(self.gain.bought_s):.1f} s, measured)"
         object.__setattr__(self, "title", f"Tidal run {self.uid} · policy {self.policy}{lent}")
 
     def lent_spans(self) -> list[tuple[float, float]]:
@@ -63,7 +68,7 @@ def report_data(uid: str, policy: str, rows: list[dict[str, Any]]) -> ReportData
     return ReportData(
         uid=uid, policy=policy, steps=[int(r["step"]) for r in rows],
         series={name: [float(r.get(name, nan)) for r in rows] for name in SERIES},
-        split=[step_split(r) for r in rows], lent=lent_steps(rows),
+        split=[step_split(r) for r in rows], lent=lent_steps(rows), gain=lending_gain(rows),
     )
 
 
@@ -90,8 +95,12 @@ def write_report(cfg: TidalConfig, uid: str, out_dir: Path, *, artifact: bool = 
 
 
 def report_markdown(cfg: TidalConfig, data: ReportData, rows: list[dict[str, Any]]) -> str:
+    gain = data.gain
+    bought = (f"**What lending bought**: {gain.sentence()}. The estimate is {LendingGain.BASIS}; those steps ran "
+              "at other moments of the run, and `tidal compare` runs the same job without lending beside it."
+              if gain else f"The hybrids were lent on {len(data.lent)} of {len(rows)} steps: no comparison to make.")
     lines = [f"# Tidal run `{data.uid}`", "", f"policy `{data.policy}`, {cfg.trainer_gpus} trainer + "
-             f"{cfg.standalone_gpus} rollout GPU(s), {len(rows)} steps", "",
+             f"{cfg.standalone_gpus} rollout GPU(s), {len(rows)} steps", "", bought, "",
              "| step | step s | train s | wait s | switch s | sync s | reward | mq_size | cluster util | hybrid |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     lent = set(data.lent)

@@ -22,6 +22,7 @@ from loop import (
     Train,
     UpdateAfterStep,
     WaitForSamples,
+    skipped_phases,
     step_sequence,
 )
 from tasks.phases import (
@@ -78,7 +79,7 @@ def training_step(run: RunRef, step: int, final: bool = False, lent: bool = True
             case Commit(step=n, version=version):
                 if run.test_freq > 0 and n % run.test_freq == 0:
                     val.update(run_phase(validate, run, n))
-                result = _commit(run, n, version, started, micro, got, val, final)
+                result = _commit(run, n, version, started, micro, got, val, final, lent)
         got[type(intent)] = result
     return {**result, "exhausted": any(m.exhausted for m in micro) or len(micro) < run.trigger_parameter_sync_step}
 
@@ -92,15 +93,20 @@ def _next(phases: Any, result: Any) -> Any:
 
 
 def _commit(run: RunRef, step: int, version: int, started: float, micro: list[MicroReport],
-            got: dict[type, Any], val: dict[str, float], final: bool) -> dict[str, Any]:
-    """The step's metrics (with the step's validation, if any) from the phases' reports, then the
-    commit task (``final``: the run's last step, kept and exported whatever ``save_freq`` says)."""
+            got: dict[type, Any], val: dict[str, float], final: bool, lent: bool) -> dict[str, Any]:
+    """The step's metrics (with the step's validation, if any) from the phases' reports, and the
+    phases it skipped with why (for the step's artifact), then the commit task (``final``: the
+    run's last step, kept and exported whatever ``save_freq`` says)."""
     activation = got.get(Activate)
     metrics = step_metrics(run, micro=micro, wait=got.get(WaitForSamples), sync=got[BroadcastSync],
                            activation=activation, hybrid=got.get(HybridSync), step_s=time.time() - started,
                            version=version) | val
     consumed = [p for m in micro for p in m.prompts]
+    deactivate, lend = got.get(ShouldDeactivate), got.get(ShouldActivate)
+    skipped = skipped_phases(has_hybrids=run.hybrid_replicas > 0, final=final, lent=lent,
+                             deactivate=bool(deactivate and deactivate.deactivate), lends=bool(lend and lend.lends),
+                             overlap_sync=run.overlap_hybrid_sync)
     summary = {"started_at": started, "outcome": got[UpdateAfterStep], "metrics": metrics, "prompts": consumed,
-               "consumed_total": run.consumed_before + len(consumed), "final": final}
+               "consumed_total": run.consumed_before + len(consumed), "final": final, "skipped": skipped}
     committed = run_phase(commit, run, step, version, summary)
     return {**committed, "metrics": metrics, "hybrid_active": got[UpdateAfterStep].hybrid_active, "trained": len(consumed)}

@@ -32,6 +32,7 @@ from loop.step import (
     WaitForSamples,
     WarmUp,
     run_start,
+    skipped_phases,
     step_sequence,
 )
 
@@ -60,5 +61,6 @@ __all__ = [
     "WarmUp",
     "lend_count",
     "run_start",
+    "skipped_phases",
     "step_sequence",
 ]

@@ -158,3 +158,34 @@ def step_sequence(
         yield Activate(lend)
     yield UpdateAfterStep(step)
     yield Commit(step, version)
+
+
+NO_HYBRIDS = "the run has no hybrid replicas: nothing is lent or taken back"
+NOT_LENT = "the hybrids were not lent as the step began: nothing to take back"
+KEPT_LENT = "should_deactivate kept the hybrids lent through this step"
+LAST_STEP = "the run's last step: nothing trains after it, so nothing is lent"
+NOT_LENDING = "should_activate did not lend"
+OVERLAPPED = "the lent hybrids loaded the weights during broadcast_sync (overlap_hybrid_sync)"
+
+
+def skipped_phases(*, has_hybrids: bool, final: bool, lent: bool, deactivate: bool, lends: bool,
+                   overlap_sync: bool) -> tuple[tuple[str, str], ...]:
+    """The phases (by task name) a step of ``step_sequence`` did not run, each with why, for the
+    step's artifact: the UI's timeline shows only the tasks that ran. The arguments are those of
+    ``step_sequence`` with the two answers: ``deactivate`` (``DeactivatePlan.deactivate``) and
+    ``lends`` (``LendPlan.lends``)."""
+    if not has_hybrids:
+        return tuple((p, NO_HYBRIDS) for p in ("should_deactivate", "wait_for_samples", "should_activate",
+                                                "hybrid_sync", "activate"))
+    out: list[tuple[str, str]] = []
+    if not lent:
+        out += [("should_deactivate", NOT_LENT), ("wait_for_samples", NOT_LENT)]
+    elif not deactivate:
+        out.append(("wait_for_samples", KEPT_LENT))
+    if final:
+        out += [("should_activate", LAST_STEP), ("hybrid_sync", LAST_STEP), ("activate", LAST_STEP)]
+    elif not lends:
+        out += [("hybrid_sync", NOT_LENDING), ("activate", NOT_LENDING)]
+    elif overlap_sync:
+        out.append(("hybrid_sync", OVERLAPPED))
+    return tuple(out)

@@ -8,6 +8,7 @@ import contextvars
 import logging
 import re
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -43,12 +44,26 @@ def step_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return table
 
 
+ANSWERED_BY = {"should_deactivate": "should_deactivate", "should_activate": "should_activate_after_step"}
+"""The policy hook whose answer a skip reason names (its own reason is added to the skip's)."""
+
+
 def step_markdown(step: int, decisions: list[dict[str, Any]], switches: list[dict[str, Any]],
-                  metrics: dict[str, float]) -> str:
+                  metrics: dict[str, float], skipped: Sequence[tuple[str, str]] = ()) -> str:
+    """The step's artifact: the policy's answers with reasons, the phases skipped with why, the
+    switches and the headline metrics."""
     lines = [f"## step {step}", "", "| hook | answer | reason | ms |", "|---|---|---|---|"]
     for d in decisions:
         reason = str(d.get("reason", "")).replace("|", "\\|")
         lines.append(f"| {d['hook']} | {d['answer']} | {reason} | {1000 * d.get('duration_s', 0.0):.2f} |")
+    if skipped:
+        reasons = {d["hook"]: str(d.get("reason", "")) for d in decisions}
+        lines += ["", "| skipped task | why |", "|---|---|"]
+        for task, why in skipped:
+            hook = next((h for name, h in ANSWERED_BY.items() if why.startswith(name)), None)
+            if hook and reasons.get(hook):
+                why = f"{why}: {reasons[hook]}"
+            lines.append(f"| {task} | {why.replace('|', chr(92) + '|')} |")
     lines += ["", "| switch | seconds | phases | aborted |", "|---|---|---|---|"]
     for s in switches:
         phases = ", ".join(f"{k} {v:.3f}s" for k, v in s.get("phases", {}).items())
@@ -59,7 +74,8 @@ def step_markdown(step: int, decisions: list[dict[str, Any]], switches: list[dic
     return "\n".join(lines) + "\n"
 
 
-def publish_step(run: Any, step: int, result: dict[str, Any], metrics: dict[str, float]) -> None:
+def publish_step(run: Any, step: int, result: dict[str, Any], metrics: dict[str, float],
+                 skipped: Sequence[tuple[str, str]] = ()) -> None:
     """The step's markdown (a new version of the run's step key) and the run's step table, read
     back from the store so that a resumed run's table has every step. The two are posted at the
     same time (the markdown from a helper thread in a copy of this task run's context): a step
@@ -72,7 +88,8 @@ def publish_step(run: Any, step: int, result: dict[str, Any], metrics: dict[str,
     try:
         posted = markdown.submit(contextvars.copy_context().run, create_markdown_artifact, _sync=True,
                                  key=artifact_key(run.uid, "step"),
-                                 markdown=step_markdown(step, result["decisions"], result["switch_events"], metrics),
+                                 markdown=step_markdown(step, result["decisions"], result["switch_events"], metrics,
+                                                        skipped),
                                  description=f"Tidal run {run.uid}: step {step} decisions, switches and metrics")
         with session_scope(open_store(run.storage_url, busy_timeout_ms=run.busy_timeout_ms)) as session:
             rows = read_step_metrics(session, run.uid, [metric for metric, _ in TABLE_COLUMNS])

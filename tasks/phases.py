@@ -165,7 +165,7 @@ def commit(run: RunRef, step: int, version: int, summary: dict[str, Any]) -> dic
 
     result = commit_rows(run, step, version, summary, time.time())
     try:
-        publish_step(run, step, result, summary["metrics"])
+        publish_step(run, step, result, summary["metrics"], summary.get("skipped", ()))
     except StoreUnavailable as exc:
         return {**result, "store_lost": {"message": str(exc), "url": exc.url, "reason": exc.reason}}
     return result

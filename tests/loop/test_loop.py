@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from types import SimpleNamespace
 
 import pytest
@@ -24,6 +25,7 @@ from loop import (
     WarmUp,
     lend_count,
     run_start,
+    skipped_phases,
     step_sequence,
 )
 from policies import DynamicScheduleContext, DynamicSchedulePolicyBase
@@ -102,6 +104,26 @@ def test_overlap_sync_changes_nothing_on_steps_that_cannot_lend():
     for kwargs in ({"final": True, "has_hybrids": True}, {"final": False, "has_hybrids": False}):
         seen = drive(step_sequence(1, micro_steps=1, overlap_sync=True, **kwargs), answers_for(lend=1))
         assert seen == [ShouldDeactivate(1), Train(1, 0), BroadcastSync(1, 1), UpdateAfterStep(1), Commit(1, 1)]
+
+
+TASK_OF = {ShouldDeactivate: "should_deactivate", WaitForSamples: "wait_for_samples", Train: "train",
+           BroadcastSync: "broadcast_sync", ShouldActivate: "should_activate", HybridSync: "hybrid_sync",
+           Activate: "activate", UpdateAfterStep: "update_after_step", Commit: "commit"}
+
+
+@pytest.mark.parametrize("has_hybrids,final,lent,deactivate,lends,overlap",
+                         [c for c in itertools.product([True, False], repeat=6) if c[0] or not c[2]])  # lent needs hybrids
+def test_every_phase_a_step_does_not_run_is_named_once_with_why(has_hybrids, final, lent, deactivate, lends, overlap):
+    seen = drive(step_sequence(5, micro_steps=1, final=final, has_hybrids=has_hybrids, overlap_sync=overlap,
+                               lent=lent), answers_for(deactivate=deactivate, wait=2, lend=int(lends)))
+    ran = {TASK_OF[type(i)] for i in seen}
+    asked = {type(i) for i in seen}
+    skipped = skipped_phases(has_hybrids=has_hybrids, final=final, lent=lent,
+                             deactivate=deactivate and ShouldDeactivate in asked,
+                             lends=lends and ShouldActivate in asked, overlap_sync=overlap)
+    names = [task for task, _ in skipped]
+    assert len(names) == len(set(names)) and all(why for _, why in skipped)
+    assert ran.isdisjoint(names) and ran | set(names) == set(TASK_OF.values())
 
 
 def test_the_run_start_asks_nothing_unless_the_policy_wants_a_warm_up_lend():

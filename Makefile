@@ -18,10 +18,11 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# Main job: train the tiny LM on CPU, lending the trainer's core to rollout when the policy says it pays (a Prefect
-# flow run per step over Ray actors); the run lands in runs/ (store, checkpoints, report, plots).
+# Main job: train the tiny LM on CPU on a rollout-bound split, lending the trainer's core to rollout when the policy
+# says it pays (a Prefect flow run per step over Ray actors; config/presets/main.yaml); the run lands in runs/
+# (store, checkpoints, report, plots) and its last line says how many steps lent and what that bought.
 run: $(STAMP)
-	$(VENV)/bin/tidal run tiny-cpu
+	$(VENV)/bin/tidal run main
 
 # A tiny Hugging Face model (Qwen2 architecture, BPE tokenizer trained in code) on verl-schema
 # parquet; the first run builds both into runs/tiny-hf/.

@@ -96,8 +96,8 @@ def write_report(cfg: TidalConfig, uid: str, out_dir: Path, *, artifact: bool = 
 
 def report_markdown(cfg: TidalConfig, data: ReportData, rows: list[dict[str, Any]]) -> str:
     gain = data.gain
-    bought = (f"**What lending bought**: {gain.sentence()}. The estimate is {LendingGain.BASIS}; those steps ran "
-              "at other moments of the run, and `tidal compare` runs the same job without lending beside it."
+    bought = (f"**What lending bought**: {gain.sentence()}. The estimate compares {LendingGain.BASIS}; those "
+              "steps ran at other moments of the run, and `tidal compare` runs the same job without lending beside it."
               if gain else f"The hybrids were lent on {len(data.lent)} of {len(rows)} steps: no comparison to make.")
     lines = [f"# Tidal run `{data.uid}`", "", f"policy `{data.policy}`, {cfg.trainer_gpus} trainer + "
              f"{cfg.standalone_gpus} rollout GPU(s), {len(rows)} steps", "", bought, "",

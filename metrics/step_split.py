@@ -85,7 +85,7 @@ class LendingGain:
     unlent_wait_s: float
     switch_s: float
 
-    BASIS = "measured in this run: the trainer's wait per lent step against its wait per step without a lend"
+    BASIS = "the trainer's wait per lent step against its wait per step without a lend, both measured in this run"
 
     @property
     def bought_s(self) -> float:

@@ -8,7 +8,8 @@ died behaves as only-hybrid), so that every switch has a decision record saying 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,10 +116,13 @@ class Decider:
     # ------------------------------------------------------------------ questions
 
     def should_deactivate(self, step: int, active: bool, ctx: DynamicScheduleContext) -> DeactivatePlan:
+        """Two hooks, recorded together or not at all: if the second raises, the first's record is
+        taken back, so the retried question records each hook once."""
         if not active:
             return DeactivatePlan(step=step, hybrid_active=False)
-        yes = self._ask(step, "should_deactivate", active, ctx, bool)
-        wait = self._ask(step, "deactivate_wait_samples", active, ctx, lambda a: max(0, int(a))) if yes else 0
+        with self._all_or_nothing():
+            yes = self._ask(step, "should_deactivate", active, ctx, bool)
+            wait = self._ask(step, "deactivate_wait_samples", active, ctx, lambda a: max(0, int(a))) if yes else 0
         return DeactivatePlan(step=step, deactivate=yes, wait_samples=wait, hybrid_active=True)
 
     def should_activate(self, step: int, active: bool, ctx: DynamicScheduleContext, of: int) -> LendPlan:
@@ -145,6 +149,16 @@ class Decider:
         self._records.append(DecisionRecord(step, guard, answer, reason, summarise(ctx, active), 0.0))
 
     # ------------------------------------------------------------------ internals
+
+    @contextlib.contextmanager
+    def _all_or_nothing(self) -> Iterator[None]:
+        """The records made inside the block are kept only if the block does not raise."""
+        mark = len(self._records)
+        try:
+            yield
+        except BaseException:
+            del self._records[mark:]
+            raise
 
     def _ask(self, step: int, hook: str, active: bool, ctx: DynamicScheduleContext,
              convert: Callable[[Any], Any]) -> Any:

@@ -272,6 +272,8 @@ class ControllerHost:
         """(weights ref, version) of the last broadcast, kept for replacements when asked to."""
         self._version: int | None = None
         """The param version of the last broadcast (what a refill loads into the hybrids)."""
+        self._outcome: StepOutcome | None = None
+        """The last step's outcome, answered again to a retried ``update_after_step``."""
         if transport not in ws.STANDALONE_TRANSPORTS:
             raise ValueError(f"standalone transport {transport!r}: expected one of {ws.STANDALONE_TRANSPORTS}")
         self.sync = CollectiveSync(self.trainer, self.members, sync_dtype, bucket_bytes, sync_timeout_s,
@@ -379,18 +381,26 @@ class ControllerHost:
 
     def update_after_step(self, step: int, micro: Sequence[MicroSummary]) -> StepOutcome:
         """``update_after_step``, then what the store keeps: policy and controller state, the
-        step's drained decisions and switches, and the replacer's state."""
+        step's drained decisions and switches, and the replacer's state.
+
+        Retry-safe: every remote read comes before the logs are drained, so a read that fails
+        leaves them for the retry; and the outcome is kept, so a retry after a lost reply gets the
+        same records again instead of empty logs."""
+        if self._outcome is not None and self._outcome.step == step:
+            return self._outcome
         replacements = self.service.replacement_state.remote()  # read while the policy adapts
         self.ctl.update_after_step(step, micro)
-        return StepOutcome(
+        replaced = ray.get(replacements)
+        self._outcome = StepOutcome(
             step=step,
             hybrid_active=self.ctl.is_hybrid_active,
             policy_state=self.policy.state_dict(),
             controller_state=self.ctl.state_dict(),
             decisions=tuple(self.ctl.drain_decisions()),
             switch_events=tuple(self.ctl.drain_switch_log()),
-            replacements=ray.get(replacements),
+            replacements=replaced,
         )
+        return self._outcome
 
     # ------------------------------------------------------------------ membership
 

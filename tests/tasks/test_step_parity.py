@@ -104,8 +104,14 @@ def overlap(request) -> bool:
 @pytest.fixture
 def production(monkeypatch, tmp_path, overlap):
     """Run the scenario's steps through the production step flow; returns (hooks, transitions)."""
+    return run_production(monkeypatch, tmp_path, overlap)
+
+
+def run_production(monkeypatch, tmp_path, overlap, plane_class=None, policy_class=ScriptedPolicy):
+    """The scenario through the production step flow, with ``plane_class`` (a ``FakeDataPlane``)
+    behind the controller and ``policy_class`` in it: the stored (hooks, transitions)."""
     cfg = config()
-    plane = FakeDataPlane(cfg)
+    plane = (plane_class or FakeDataPlane)(cfg)
     fake_ray = types.SimpleNamespace(get=_get, is_initialized=lambda: True, exceptions=ray.exceptions,
                                      get_actor=lambda name, namespace=None: actors[name])
     for module in (controller_actor, phases, tasks.commit):
@@ -113,7 +119,7 @@ def production(monkeypatch, tmp_path, overlap):
     monkeypatch.setattr("tasks.artifact.publish_step", lambda *args, **kwargs: None)
     actors: dict[str, Any] = {ROLLOUT_SERVICE: plane.handle(ROLLOUT_SERVICE), TRAINER: plane.handle(TRAINER)}
     actors.update({f"replica:{rid}": plane.handle(f"replica:{rid}") for rid in standalone_ids(cfg)})
-    host = ControllerHost(ScriptedPolicy, namespace="parity", standalone_ids=standalone_ids(cfg),
+    host = ControllerHost(policy_class, namespace="parity", standalone_ids=standalone_ids(cfg),
                           hybrid_ids=hybrid_ids(cfg), enable_rebalance=True, only_hybrid=False,
                           sizes=run_sizes(cfg))
     actors[CONTROLLER] = types.SimpleNamespace(**{
@@ -152,3 +158,44 @@ def test_production_and_the_simulator_record_the_same_hook_calls_and_transitions
 
     assert hooks == [(d.step, d.hook, d.answer, d.reason) for d in simulated.decisions] == EXPECTED_HOOKS
     assert transitions == simulated.transition_kinds() == EXPECTED_TRANSITIONS
+
+
+# ------------------------------------------------------------------ retried phases lose nothing
+
+
+class LastReadFailsOnce(FakeDataPlane):
+    """``update_after_step``'s last remote read (the replacer's state) fails the first time."""
+
+    failed = False
+
+    def service(self, method: str, args: tuple) -> Any:
+        if method == "replacement_state" and not self.failed:
+            LastReadFailsOnce.failed = True
+            return ray.exceptions.RayActorError(error_msg="replacement_state read failed once (injected)")
+        return super().service(method, args)
+
+
+class SecondHookFailsOnce(ScriptedPolicy):
+    """``should_deactivate``'s second hook (``deactivate_wait_samples``) raises the first time."""
+
+    failed = False
+
+    def deactivate_wait_samples(self, ctx):
+        if not SecondHookFailsOnce.failed:
+            SecondHookFailsOnce.failed = True
+            raise RuntimeError("deactivate_wait_samples failed once (injected)")
+        return super().deactivate_wait_samples(ctx)
+
+
+@pytest.mark.parametrize("fault", ["update_after_step's last read", "should_deactivate's second hook"])
+def test_a_phase_retried_after_a_failure_records_every_decision_and_switch_once(monkeypatch, tmp_path, fault):
+    monkeypatch.setattr(LastReadFailsOnce, "failed", False)
+    monkeypatch.setattr(SecondHookFailsOnce, "failed", False)
+    if fault.startswith("update_after_step"):
+        hooks, transitions = run_production(monkeypatch, tmp_path, False, plane_class=LastReadFailsOnce)
+        assert LastReadFailsOnce.failed
+    else:
+        hooks, transitions = run_production(monkeypatch, tmp_path, False, policy_class=SecondHookFailsOnce)
+        assert SecondHookFailsOnce.failed
+    assert hooks == EXPECTED_HOOKS  # Prefect retried the task (retries=1): nothing lost, nothing twice
+    assert transitions == EXPECTED_TRANSITIONS

@@ -465,7 +465,9 @@ class Simulator:
             required_samples=s.required_samples,
             trigger_parameter_sync_step=s.trigger_parameter_sync_step,
             total_generated_samples=r.total_generated,
-            expected_samples=step * s.step_required_samples,
+            # as production counts it: what the trainer consumed before this step, plus this
+            # step's micro-steps so far ((N−1)·SR at step N's first question, N·SR after training)
+            expected_samples=max(0, step - 1) * s.step_required_samples + len(self._wait_sums[0]) * s.required_samples,
             buffer_samples=s.buffer_samples,
             step_wait_times=list(self._wait_sums[0]),
             step_wait_samples=list(self._wait_sums[1]),

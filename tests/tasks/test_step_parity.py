@@ -103,13 +103,14 @@ def overlap(request) -> bool:
 
 @pytest.fixture
 def production(monkeypatch, tmp_path, overlap):
-    """Run the scenario's steps through the production step flow; returns (hooks, transitions)."""
+    """Run the scenario's steps through the production step flow; returns (hooks, transitions, inputs)."""
     return run_production(monkeypatch, tmp_path, overlap)
 
 
 def run_production(monkeypatch, tmp_path, overlap, plane_class=None, policy_class=ScriptedPolicy):
     """The scenario through the production step flow, with ``plane_class`` (a ``FakeDataPlane``)
-    behind the controller and ``policy_class`` in it: the stored (hooks, transitions)."""
+    behind the controller and ``policy_class`` in it: the stored (hooks, transitions, inputs), the
+    inputs being each decision's ``STEP_INPUTS``."""
     cfg = config()
     plane = (plane_class or FakeDataPlane)(cfg)
     fake_ray = types.SimpleNamespace(get=_get, is_initialized=lambda: True, exceptions=ray.exceptions,
@@ -146,18 +147,27 @@ def run_production(monkeypatch, tmp_path, overlap, plane_class=None, policy_clas
 
     with session_scope(make_engine(url)) as session:
         decisions = session.scalars(sa.select(Decision).where(Decision.run_id == run_id).order_by(Decision.id))
+        decisions = list(decisions)
         hooks = [(d.step, d.hook, d.answer_json, d.reason) for d in decisions]
+        inputs = [{k: d.inputs_json.get(k) for k in STEP_INPUTS} for d in decisions]
         events = session.scalars(sa.select(SwitchEvent).where(SwitchEvent.run_id == run_id).order_by(SwitchEvent.id))
         transitions = [(e.step, e.kind) for e in events]
-    return hooks, transitions
+    return hooks, transitions, inputs
+
+
+STEP_INPUTS = ("expected_samples", "buffer_samples", "is_hybrid_active", "standalone_lost")
+"""The decision inputs the step's logic decides (not the clock or the generation's timing): both
+sides must record the same ones for every question."""
 
 
 def test_production_and_the_simulator_record_the_same_hook_calls_and_transitions(production, overlap):
-    hooks, transitions = production
+    hooks, transitions, inputs = production
     simulated = run_scenario(overlap)
 
     assert hooks == [(d.step, d.hook, d.answer, d.reason) for d in simulated.decisions] == EXPECTED_HOOKS
     assert transitions == simulated.transition_kinds() == EXPECTED_TRANSITIONS
+    twin_inputs = [{k: d.inputs.get(k) for k in STEP_INPUTS} for d in simulated.decisions]
+    assert inputs == twin_inputs
 
 
 # ------------------------------------------------------------------ retried phases lose nothing
@@ -192,10 +202,10 @@ def test_a_phase_retried_after_a_failure_records_every_decision_and_switch_once(
     monkeypatch.setattr(LastReadFailsOnce, "failed", False)
     monkeypatch.setattr(SecondHookFailsOnce, "failed", False)
     if fault.startswith("update_after_step"):
-        hooks, transitions = run_production(monkeypatch, tmp_path, False, plane_class=LastReadFailsOnce)
+        hooks, transitions, _ = run_production(monkeypatch, tmp_path, False, plane_class=LastReadFailsOnce)
         assert LastReadFailsOnce.failed
     else:
-        hooks, transitions = run_production(monkeypatch, tmp_path, False, policy_class=SecondHookFailsOnce)
+        hooks, transitions, _ = run_production(monkeypatch, tmp_path, False, policy_class=SecondHookFailsOnce)
         assert SecondHookFailsOnce.failed
     assert hooks == EXPECTED_HOOKS  # Prefect retried the task (retries=1): nothing lost, nothing twice
     assert transitions == EXPECTED_TRANSITIONS

@@ -94,22 +94,25 @@ class _PoolAdapter:
                 self.members.died(rid)
         return out
 
-    def _run(self, op: str, ids: Sequence[str]) -> int:
+    def _each(self, ids: Sequence[str], standalone: Callable[[Any], Any], hybrids: Callable[[Any], Any]) -> int:
+        """One verb on every replica of ``ids``: ``standalone(actor)`` is the replica actor's
+        method (``lambda a: a.sleep``), ``hybrids(trainer)`` the trainer's for its hybrids
+        (``lambda t: t.hybrid_sleep``); the sum of what they return (aborted requests)."""
         hyb, std = self._split(ids)
-        total = sum(r or 0 for r in self.get_alive({i: getattr(self.standalone[i], op).remote() for i in std}).values())
+        total = sum(r or 0 for r in self.get_alive({i: standalone(self.standalone[i]).remote() for i in std}).values())
         if hyb:
-            total += ray.get(self.trainer.hybrid.remote(op, hyb)) or 0
+            total += ray.get(hybrids(self.trainer).remote(hyb)) or 0
         return int(total)
 
     def abort(self, ids: Sequence[str]) -> int:
-        self._run("pause", ids)
-        return self._run("abort_all", ids)
+        self._each(ids, lambda a: a.pause, lambda t: t.hybrid_pause)
+        return self._each(ids, lambda a: a.abort_all, lambda t: t.hybrid_abort_all)
 
     def sleep(self, ids: Sequence[str]) -> None:
-        self._run("sleep", ids)
+        self._each(ids, lambda a: a.sleep, lambda t: t.hybrid_sleep)
 
     def wake_up(self, ids: Sequence[str]) -> None:
-        self._run("wake_up", ids)
+        self._each(ids, lambda a: a.wake_up, lambda t: t.hybrid_wake_up)
 
     def offload(self, ids: Sequence[str]) -> dict[str, float]:
         """Before hybrids wake on the trainer's devices: its state to host memory (``TrainerRoom``)."""
@@ -122,7 +125,7 @@ class _PoolAdapter:
         return ray.get(self.trainer.reload.remote()) if hyb else {}
 
     def resume(self, ids: Sequence[str]) -> None:
-        self._run("resume", ids)
+        self._each(ids, lambda a: a.resume, lambda t: t.hybrid_resume)
 
     def load_weights(self, ids: Sequence[str], version: int) -> None:
         hyb, std = self._split(ids)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import ray
@@ -165,17 +165,32 @@ class TrainerActor(HybridHost):
         """The rank actor each rank-hosted hybrid's ``generate`` calls go to (the others are here)."""
         return {rid: self.ranks[r] for rid, r in self._host_rank.items()}
 
-    async def hybrid(self, op: str, replica_ids: Sequence[str]) -> int:
-        """Run an engine verb (abort_all, pause, resume, sleep, wake_up) on hybrid engines, here
-        and on the ranks hosting the others."""
+    async def _across(self, replica_ids: Sequence[str], verb: Callable[[Any, Sequence[str]], Awaitable[int]]) -> int:
+        """A ``HybridHost`` verb (``HybridHost.hybrid_sleep``, …) on the hybrids here and, through
+        the same verb of their rank actors, on the ranks hosting the others."""
         here = [rid for rid in replica_ids if rid not in self._host_rank]
         by_rank: dict[int, list[str]] = {}
         for rid in replica_ids:
             if rid in self._host_rank:
                 by_rank.setdefault(self._host_rank[rid], []).append(rid)
-        remote = [self.ranks[r].hybrid.remote(op, ids) for r, ids in by_rank.items()]
-        total = await HybridHost.hybrid(self, op, here) if here else 0
+        remote = [getattr(self.ranks[r], verb.__name__).remote(ids) for r, ids in by_rank.items()]
+        total = await verb(self, here) if here else 0
         return int(total + sum(await asyncio.gather(*remote)))
+
+    async def hybrid_pause(self, replica_ids: Sequence[str]) -> int:
+        return await self._across(replica_ids, HybridHost.hybrid_pause)
+
+    async def hybrid_abort_all(self, replica_ids: Sequence[str]) -> int:
+        return await self._across(replica_ids, HybridHost.hybrid_abort_all)
+
+    async def hybrid_resume(self, replica_ids: Sequence[str]) -> int:
+        return await self._across(replica_ids, HybridHost.hybrid_resume)
+
+    async def hybrid_sleep(self, replica_ids: Sequence[str]) -> int:
+        return await self._across(replica_ids, HybridHost.hybrid_sleep)
+
+    async def hybrid_wake_up(self, replica_ids: Sequence[str]) -> int:
+        return await self._across(replica_ids, HybridHost.hybrid_wake_up)
 
     async def hybrid_load_weights(self, replica_ids: Sequence[str], version: int) -> float:
         """Load ``version`` into the hybrids: in their rank's process (``in_rank``), or one

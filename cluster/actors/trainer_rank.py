@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -117,12 +117,26 @@ class HybridHost:
     ) -> list[GenerationResult | BaseException]:
         return await generate_each(self.hybrids[replica_id], requests)
 
-    async def hybrid(self, op: str, replica_ids: Sequence[str]) -> int:
-        """Run an engine verb (abort_all, pause, resume, sleep, wake_up) on hybrid engines here."""
-        if op not in {"abort_all", "pause", "resume", "sleep", "wake_up"}:
-            raise ValueError(f"unknown hybrid op {op!r}")
-        results = await asyncio.gather(*(getattr(self.hybrids[rid], op)() for rid in replica_ids))
+    async def _on_hybrids(self, replica_ids: Sequence[str], verb: Callable[[Any], Awaitable[Any]]) -> int:
+        """``verb(engine)`` on each hybrid engine here, concurrently; the sum of what they return."""
+        results = await asyncio.gather(*(verb(self.hybrids[rid]) for rid in replica_ids))
         return int(sum(r or 0 for r in results))
+
+    async def hybrid_pause(self, replica_ids: Sequence[str]) -> int:
+        return await self._on_hybrids(replica_ids, lambda engine: engine.pause())
+
+    async def hybrid_abort_all(self, replica_ids: Sequence[str]) -> int:
+        """Abort the in-flight requests; how many were aborted."""
+        return await self._on_hybrids(replica_ids, lambda engine: engine.abort_all())
+
+    async def hybrid_resume(self, replica_ids: Sequence[str]) -> int:
+        return await self._on_hybrids(replica_ids, lambda engine: engine.resume())
+
+    async def hybrid_sleep(self, replica_ids: Sequence[str]) -> int:
+        return await self._on_hybrids(replica_ids, lambda engine: engine.sleep())
+
+    async def hybrid_wake_up(self, replica_ids: Sequence[str]) -> int:
+        return await self._on_hybrids(replica_ids, lambda engine: engine.wake_up())
 
     async def hybrid_load_state(self, replica_ids: Sequence[str], state: Mapping[str, Any], version: int) -> None:
         """The object-store transport for hybrids: a whole state dict (a Ray reference resolved)."""

@@ -82,10 +82,11 @@ def _sid(pid: int) -> int:
         return -1
 
 
-def _result(reward: float, lent: bool) -> dict:
+def _result(reward: float, lent: bool, wait_s: float = 0.0, switch_s: float = 0.0) -> dict:
     return {"hybrid_active": lent, "metrics": {"timing_s/step": 1.5, "train/reward_mean": reward,
                                                "dynamic_resource/mq_size": 4,
-                                               "dynamic_resource/resource_utilization": 0.75}}
+                                               "dynamic_resource/resource_utilization": 0.75,
+                                               "timing_s/wait_for_enough_samples": wait_s, "waste/switch_s": switch_s}}
 
 
 def test_a_non_terminal_gets_one_plain_line_per_step_and_a_summary():
@@ -93,7 +94,7 @@ def test_a_non_terminal_gets_one_plain_line_per_step_and_a_summary():
     out = io.StringIO()
     progress = LineProgress("r1", cfg, out=out)
     progress.begin(1, 2)
-    progress.step(1, _result(0.25, True))
+    progress.step(1, _result(0.25, True, wait_s=1.0, switch_s=0.5))  # lends at its end: step 2 is lent
     progress.step(2, _result(0.5, False))
     progress.done({"markdown": "/runs/r1/report.md"})
     lines = out.getvalue().splitlines()
@@ -103,7 +104,9 @@ def test_a_non_terminal_gets_one_plain_line_per_step_and_a_summary():
     assert lines[0] == (f"tidal run r1: {cfg.trainer_gpus} trainer GPU(s), {cfg.standalone_gpus} rollout GPU(s), policy "
                         f"{cfg.async_training.dynamic_schedule_policy}; steps 1..2")
     assert lines[3].startswith("done: 2 step(s) in ") and lines[3].endswith(
-        "s, reward 0.250 → 0.500; report /runs/r1/report.md")
+        "s, reward 0.250 → 0.500; lent on 1 of 2 steps: the trainer waited 0.00 s a lent step against 1.00 s a "
+        "step without a lend, switching cost 0.5 s in all: lending bought ≈ 0.5 s (measured in this run); "
+        "report /runs/r1/report.md")
     assert len(lines) == 4
 
 
@@ -124,7 +127,7 @@ def test_a_terminal_gets_the_start_up_stages_then_a_step_bar_and_the_summary():
     assert [f"{mark} {stage} (" in shown_stages for mark, stage in
             [("✓", "Prefect server"), ("✓", "Ray cluster"), ("✓", "actors"), ("…", "weights")]] == [True] * 4
     assert ["phase: train" in shown, "1/2" in shown, "last: step    1/2    1.50s  reward 0.250" in shown,
-            "reward 0.250 → 0.250; report /runs/r1/report.md" in shown] == [True] * 4
+            "reward 0.250 → 0.250; lent on 0 of 1 steps; report /runs/r1/report.md" in shown] == [True] * 4
 
 
 @pytest.mark.filterwarnings("ignore:Logger 'prefect")  # no flow run here for the API handler to attach to

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from cluster.membership import Membership
 from cluster.readonly import ReadOnly
 from cluster.types import RolloutCounters
-from loop import Decider, DecisionRecord, SwitchDurations
+from loop import Decider, DecisionRecord, Snapshot, SwitchDurations, policy_context
 from loop.plans import DeactivatePlan, LendPlan, MicroSummary, RunSizes, SwitchReport
 from policies import DynamicScheduleContext
 
@@ -322,28 +322,12 @@ class DynamicResourceController:
         is when the last activate or deactivate finished.
         """
         counters = self._counters()
-        s = self._sizes
-        return DynamicScheduleContext(
-            required_samples=s.required_samples,
-            trigger_parameter_sync_step=s.trigger_parameter_sync_step,
-            total_generated_samples=s.generated_before + int(counters.generated_total),
-            expected_samples=self._consumed + sum(m.samples for m in micro),
-            buffer_samples=s.buffer_samples,
-            step_wait_times=[m.wait_s for m in micro],
-            step_wait_samples=[m.wait_samples for m in micro],
-            only_hybrid=s.only_hybrid,
-            last_activate_duration_s=self._durations.activate_s,
-            last_deactivate_duration_s=self._durations.deactivate_s,
-            now=self._clock(),
-            last_switch_at=self._last_switch_at,
-            mq_size=int(counters.queue_size),
-            standalone_replicas=s.standalone_replicas,
-            hybrid_replicas=s.hybrid_replicas,
-            standalone_lost=self._members.standalone_lost,
-            lent_replicas=len(self._lent),
-            max_required_samples=s.max_required_samples,
-            in_flight_samples=int(counters.in_flight),
-        )
+        return policy_context(self._sizes, Snapshot(
+            generated_total=int(counters.generated_total), queue_size=int(counters.queue_size),
+            in_flight=int(counters.in_flight), consumed=self._consumed, micro=tuple(micro),
+            activate_s=self._durations.activate_s, deactivate_s=self._durations.deactivate_s,
+            now=self._clock(), last_switch_at=self._last_switch_at,
+            standalone_lost=self._members.standalone_lost, lent_replicas=len(self._lent)))
 
     # ------------------------------------------------------------ step phases
 

@@ -8,6 +8,7 @@ Must not: import Ray, torch, Prefect or a clock, do I/O, or know how a phase is 
 Production executes the intents against its actors; the simulator against its event heap.
 """
 
+from loop.context import Snapshot, micro_summaries, policy_context
 from loop.decisions import DecisionRecord, Decider, SwitchDurations, lend_count
 from loop.plans import (
     BroadcastReport,
@@ -51,6 +52,7 @@ __all__ = [
     "RunSizes",
     "ShouldActivate",
     "ShouldDeactivate",
+    "Snapshot",
     "StepOutcome",
     "SwitchDurations",
     "SwitchReport",
@@ -60,6 +62,8 @@ __all__ = [
     "WaitReport",
     "WarmUp",
     "lend_count",
+    "micro_summaries",
+    "policy_context",
     "run_start",
     "skipped_phases",
     "step_sequence",

@@ -33,8 +33,10 @@ from loop import (
     HybridSync,
     Intent,
     LendPlan,
+    RunSizes,
     ShouldActivate,
     ShouldDeactivate,
+    Snapshot,
     SwitchDurations,
     SwitchReport,
     Train,
@@ -42,6 +44,8 @@ from loop import (
     WaitForSamples,
     WaitReport,
     WarmUp,
+    micro_summaries,
+    policy_context,
     run_start,
     step_sequence,
 )
@@ -152,6 +156,14 @@ class Simulator:
         self.switches = 0
         self.switch_s = 0.0
         self.last_switch_at: float | None = None
+        self.sizes = RunSizes(required_samples=spec.required_samples,
+                              trigger_parameter_sync_step=spec.trigger_parameter_sync_step,
+                              buffer_samples=spec.buffer_samples, only_hybrid=spec.only_hybrid,
+                              standalone_replicas=spec.standalone_replicas, hybrid_replicas=spec.hybrid_replicas,
+                              max_required_samples=spec.max_required_samples)
+        """The run's static sizes, as the controller has them (``loop.policy_context``)."""
+        self.consumed = 0
+        """Samples the trainer consumed before the current step (as the controller counts them)."""
         self._wait_sums: tuple[list[float], list[int]] = ([], [])
         self._wake_when: Callable[[], bool] | None = None
         self._log = _StepLog(step=0, start=0.0, waste0=WastedWork())
@@ -267,10 +279,10 @@ class Simulator:
 
     def _warm_up(self, intent: WarmUp) -> LendPlan:
         """Only for a policy with ``warm_up_lend``: lend before step 1 (the standalones generate)."""
-        return self.decider.warm_up(self.context(0), of=len(self.rollouter.hybrids))
+        return self.decider.warm_up(self.context(), of=len(self.rollouter.hybrids))
 
     def _should_deactivate(self, intent: ShouldDeactivate) -> DeactivatePlan:
-        return self.decider.should_deactivate(intent.step, self.hybrid_active, self.context(intent.step))
+        return self.decider.should_deactivate(intent.step, self.hybrid_active, self.context())
 
     def _wait_for_samples(self, intent: WaitForSamples) -> Iterator[Wait]:
         """Let the hybrids generate until enough is queued (a threshold above the queue's capacity
@@ -339,7 +351,7 @@ class Simulator:
             self._hybrid_synced(intent.lend, began)
 
     def _should_activate(self, intent: ShouldActivate) -> LendPlan:
-        return self.decider.should_activate(intent.step, self.hybrid_active, self.context(intent.step),
+        return self.decider.should_activate(intent.step, self.hybrid_active, self.context(),
                                        of=len(self.rollouter.hybrids))
 
     def _hybrid_sync(self, intent: HybridSync) -> Iterator[Wait]:
@@ -359,7 +371,7 @@ class Simulator:
         self.hybrid_active, log.activated = True, True
         self._record_trace("activate")
         reports = [self._switched(step, "activate", t, lent)]
-        if self.decider.wants_rebalance(step, self.context(step)):
+        if self.decider.wants_rebalance(step, self.context()):
             t = self.loop.now
             aborted = r.pause(list(r.routable))
             yield Delay(self.spec.rebalance_s)
@@ -375,8 +387,9 @@ class Simulator:
         log = self._log
         log.micro[-1][TRAIN_ALLOCATED_TIME_S] += (
             self.loop.now - log.train_end - log.tasks_since_train * self.spec.task_overhead_s)
-        self.decider.update_after_step(intent.step, self.hybrid_active, self.context(intent.step))
+        self.decider.update_after_step(intent.step, self.hybrid_active, self.context())
         self.durations.reset()
+        self.consumed += len(self._wait_sums[0]) * self.spec.required_samples
 
     def _waste(self) -> WastedWork:
         r = self.rollouter
@@ -455,35 +468,19 @@ class Simulator:
 
     # ------------------------------------------------------------------ policy
 
-    def context(self, step: int) -> DynamicScheduleContext:
+    def context(self) -> DynamicScheduleContext:
         """The context a policy sees now (built fresh before every question, as in production).
 
         The switch durations are the current cycle's (``loop.SwitchDurations``); ``standalone_lost``
         once every standalone died (``SimSpec.standalone_deaths``)."""
-        s, r = self.spec, self.rollouter
-        return DynamicScheduleContext(
-            required_samples=s.required_samples,
-            trigger_parameter_sync_step=s.trigger_parameter_sync_step,
-            total_generated_samples=r.total_generated,
-            # as production counts it: what the trainer consumed before this step, plus this
-            # step's micro-steps so far ((N−1)·SR at step N's first question, N·SR after training)
-            expected_samples=max(0, step - 1) * s.step_required_samples + len(self._wait_sums[0]) * s.required_samples,
-            buffer_samples=s.buffer_samples,
-            step_wait_times=list(self._wait_sums[0]),
-            step_wait_samples=list(self._wait_sums[1]),
-            only_hybrid=s.only_hybrid,
-            last_activate_duration_s=self.durations.activate_s,
-            last_deactivate_duration_s=self.durations.deactivate_s,
-            now=self.loop.now,
-            last_switch_at=self.last_switch_at,
-            mq_size=len(r.queue),
-            standalone_replicas=s.standalone_replicas,
-            hybrid_replicas=s.hybrid_replicas,
-            standalone_lost=r.standalone_lost,
-            lent_replicas=sum(1 for rep in r.hybrids if rep in r.routable),
-            max_required_samples=s.max_required_samples,
-            in_flight_samples=r.in_flight,
-        )
+        r = self.rollouter
+        return policy_context(self.sizes, Snapshot(
+            generated_total=r.total_generated, queue_size=len(r.queue), in_flight=r.in_flight,
+            consumed=self.consumed,
+            micro=micro_summaries(self._wait_sums[0], self._wait_sums[1], self.spec.required_samples),
+            activate_s=self.durations.activate_s, deactivate_s=self.durations.deactivate_s,
+            now=self.loop.now, last_switch_at=self.last_switch_at, standalone_lost=r.standalone_lost,
+            lent_replicas=sum(1 for rep in r.hybrids if rep in r.routable)))
 
     # ------------------------------------------------------------------ result
 

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from cluster.membership import Membership
 from cluster.readonly import ReadOnly
 from cluster.types import RolloutCounters
-from loop import Decider, DecisionRecord, Snapshot, SwitchDurations, policy_context
+from loop import Decider, DecisionRecord, Snapshot, SwitchBook, policy_context
 from loop.plans import DeactivatePlan, LendPlan, MicroSummary, RunSizes, SwitchReport
 from policies import DynamicScheduleContext
 
@@ -237,15 +237,12 @@ class DynamicResourceController:
         self._rebalance_timeout_s = float(rebalance_timeout_s)
 
         self._state = initial_state
-        self._switch_log: list[SwitchReport] = []
         # Memory a resumed run needs (all of it is in state_dict()).
         self._synced_version: int | None = None  # weights the hybrids hold since the last sleep
         self._synced: tuple[str, ...] = ()  # the hybrids woken and loaded since the last sleep
         self._lent: tuple[str, ...] = hybrids if initial_state is ControllerState.HYBRID_ACTIVE else ()
         self._relend_count = len(hybrids)  # how many a resumed run lends again (its stored lent count)
-        self._durations = SwitchDurations()  # this cycle's switch seconds, as the policy sees them
-        self._last_switch_at: float | None = None
-        self._switch_count = 0
+        self._book = SwitchBook()  # the switch log, this cycle's seconds, the count, the last one's end
         self._consumed = int(self._sizes.consumed_before)
         self._answered: dict[tuple[int, str], Any] = {}  # (step, question) -> its answer
 
@@ -289,12 +286,12 @@ class DynamicResourceController:
     @property
     def switch_log(self) -> list[SwitchReport]:
         """Every completed switch (activate, deactivate, hybrid_sync, rebalance), oldest first."""
-        return list(self._switch_log)
+        return self._book.log
 
     @property
     def switch_count(self) -> int:
         """Completed activates plus deactivates over the whole run (survives a resume)."""
-        return self._switch_count
+        return self._book.count
 
     @property
     def decisions(self) -> list[DecisionRecord]:
@@ -307,8 +304,7 @@ class DynamicResourceController:
 
     def drain_switch_log(self) -> list[SwitchReport]:
         """Return the completed switches and forget them (``switch_count`` is kept)."""
-        drained, self._switch_log = self._switch_log, []
-        return drained
+        return self._book.drain()
 
     def active_replica_ids(self) -> tuple[str, ...]:
         """Replicas that generate now: routable standalone, plus hybrids when active; each once."""
@@ -325,8 +321,8 @@ class DynamicResourceController:
         return policy_context(self._sizes, Snapshot(
             generated_total=int(counters.generated_total), queue_size=int(counters.queue_size),
             in_flight=int(counters.in_flight), consumed=self._consumed, micro=tuple(micro),
-            activate_s=self._durations.activate_s, deactivate_s=self._durations.deactivate_s,
-            now=self._clock(), last_switch_at=self._last_switch_at,
+            activate_s=self._book.durations.activate_s, deactivate_s=self._book.durations.deactivate_s,
+            now=self._clock(), last_switch_at=self._book.last_switch_at,
             standalone_lost=self._members.standalone_lost, lent_replicas=len(self._lent)))
 
     # ------------------------------------------------------------ step phases
@@ -385,7 +381,7 @@ class DynamicResourceController:
 
     def _update_after_step(self, step: int, micro: Sequence[MicroSummary]) -> None:
         self._decider.update_after_step(step, self.is_hybrid_active, self.context(micro))
-        self._durations.reset()
+        self._book.durations.reset()
         self._consumed += sum(m.samples for m in micro)
 
     def refill_if_stranded(self, step: int, version: int, wait_for_queue: Callable[[int], Any]) -> bool:
@@ -428,8 +424,7 @@ class DynamicResourceController:
         self._state = ControllerState.STANDALONE_ONLY
         self._lent = self._synced = ()
         self._synced_version = None
-        self._count_switch(timing)
-        return timing
+        return self._book.book(timing)
 
     def hybrid_sync(self, version: int, count: int | None = None) -> SwitchReport:
         """Wake ``count`` sleeping hybrids (the first ones; all when None) and load ``version``."""
@@ -450,9 +445,7 @@ class DynamicResourceController:
 
         self._synced = ids
         self._synced_version = int(version)
-        self._switch_log.append(timing)
-        self._durations.add("hybrid_sync", timing.duration_s)
-        return timing
+        return self._book.book(timing)
 
     def activate(self, version: int | None = None) -> SwitchReport:
         """Lend the synced hybrids to rollout: add to the balancer -> resume.
@@ -477,8 +470,7 @@ class DynamicResourceController:
 
         self._state = ControllerState.HYBRID_ACTIVE
         self._lent = ids
-        self._count_switch(timing)
-        return timing
+        return self._book.book(timing)
 
     def rebalance(self) -> SwitchReport:
         """Spread the work onto the fresh hybrids: clear sticky -> hold -> abort -> drain ->
@@ -520,9 +512,7 @@ class DynamicResourceController:
         finally:
             self._lb.unhold()
         timing = timer.finish("rebalance", ids, aborted)
-        self._switch_log.append(timing)
-        self._durations.add("rebalance", timing.duration_s)
-        return timing
+        return self._book.book(timing)
 
     def _wait_for_drain(self, ids: Sequence[str]) -> int:
         """Poll until nothing is in flight on ``ids``; returns what is left (0 when drained)."""
@@ -539,13 +529,6 @@ class DynamicResourceController:
         if not self._hybrids:
             raise IllegalTransition(f"no hybrid replicas to {verb}")
 
-    def _count_switch(self, timing: SwitchReport) -> None:
-        """An activate or deactivate finished: logged, counted, and added to the cycle's durations."""
-        self._switch_log.append(timing)
-        self._durations.add(timing.kind, timing.duration_s)
-        self._switch_count += 1
-        self._last_switch_at = timing.started_at + timing.duration_s
-
     # ------------------------------------------------------------- persistence
 
     def state_dict(self) -> dict[str, Any]:
@@ -553,9 +536,7 @@ class DynamicResourceController:
         return {
             "state": self._state.name,
             "synced_version": self._synced_version,
-            "switch_durations": self._durations.state_dict(),
-            "last_switch_at": self._last_switch_at,
-            "switch_count": self._switch_count,
+            **self._book.state_dict(),
             "lent": len(self._lent),
             "synced": len(self._synced),
         }
@@ -572,10 +553,10 @@ class DynamicResourceController:
         try:
             name = state["state"]
             synced_version = state["synced_version"]
-            last_switch_at = state["last_switch_at"]
-            switch_count = int(state["switch_count"])
         except KeyError as missing:
             raise ValueError(f"controller state_dict is missing {missing}") from None
+        book = SwitchBook()
+        book.load_state_dict(state)  # the switch memory, checked before anything changes
         if name not in ControllerState.__members__:
             known = ", ".join(ControllerState.__members__)
             raise ValueError(f"unknown controller state {name!r}; known: {known}")
@@ -592,6 +573,4 @@ class DynamicResourceController:
         synced = int(state.get("synced", len(self._hybrids))) if synced_version is not None else 0
         self._synced = self._lent or self._hybrids[:synced]
         self._synced_version = None if synced_version is None else int(synced_version)
-        self._durations.load_state_dict(state.get("switch_durations", {}))
-        self._last_switch_at = None if last_switch_at is None else float(last_switch_at)
-        self._switch_count = switch_count
+        self._book = book

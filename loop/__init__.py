@@ -9,7 +9,7 @@ Production executes the intents against its actors; the simulator against its ev
 """
 
 from loop.context import Snapshot, micro_summaries, policy_context
-from loop.decisions import DecisionRecord, Decider, SwitchDurations, lend_count
+from loop.decisions import DecisionRecord, Decider, SwitchBook, SwitchDurations, lend_count
 from loop.plans import (
     BroadcastReport,
     DeactivatePlan,
@@ -54,6 +54,7 @@ __all__ = [
     "ShouldDeactivate",
     "Snapshot",
     "StepOutcome",
+    "SwitchBook",
     "SwitchDurations",
     "SwitchReport",
     "Train",

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from loop.plans import DeactivatePlan, LendPlan
+from loop.plans import DeactivatePlan, LendPlan, SwitchReport
 from policies import DynamicScheduleContext, DynamicSchedulePolicyBase
 from policies.guard import LostStandaloneGuard
 
@@ -70,6 +70,56 @@ class SwitchDurations:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.activate_s = float(state.get("activate_s", 0.0))
         self.deactivate_s = float(state.get("deactivate_s", 0.0))
+
+
+class SwitchBook:
+    """The bookkeeping of finished switches, one copy for production and the twin.
+
+    ``book(report)`` logs a switch, adds its seconds to the cycle's ``durations`` (what the policy
+    sees), and for an activate or deactivate counts it and moves ``last_switch_at`` to its end.
+    ``drain()`` hands over the log (each switch is reported once); the count, the last switch's
+    end and the cycle's durations are the memory a resumed run needs (``state_dict``).
+    """
+
+    COUNTED = ("activate", "deactivate")
+
+    def __init__(self) -> None:
+        self.durations = SwitchDurations()
+        self.count = 0
+        self.last_switch_at: float | None = None
+        self._log: list[SwitchReport] = []
+
+    def book(self, report: SwitchReport) -> SwitchReport:
+        self._log.append(report)
+        self.durations.add(report.kind, report.duration_s)
+        if report.kind in self.COUNTED:
+            self.count += 1
+            self.last_switch_at = report.started_at + report.duration_s
+        return report
+
+    @property
+    def log(self) -> list[SwitchReport]:
+        """The switches booked since the last ``drain``, oldest first."""
+        return list(self._log)
+
+    def drain(self) -> list[SwitchReport]:
+        drained, self._log = self._log, []
+        return drained
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"switch_durations": self.durations.state_dict(), "last_switch_at": self.last_switch_at,
+                "switch_count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """``state_dict()`` output (or a controller state dict that holds it): the count and the
+        last switch's end are required; a state without ``switch_durations`` starts a fresh cycle."""
+        try:
+            last_switch_at, count = state["last_switch_at"], int(state["switch_count"])
+        except KeyError as missing:
+            raise ValueError(f"controller state_dict is missing {missing}") from None
+        self.durations.load_state_dict(state.get("switch_durations", {}))
+        self.last_switch_at = None if last_switch_at is None else float(last_switch_at)
+        self.count = count
 
 
 class Decider:

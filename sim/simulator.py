@@ -3,7 +3,7 @@
 Owns the virtual-time execution of the ``loop`` package's step: it drives ``loop.run_start`` and
 ``loop.step_sequence`` (production's sequence), carries out each intent as waits (a delay, enough
 queued samples, an empty flight) that the event loop turns into events or wake-up conditions, and
-asks every policy question through ``loop.Decider``, with ``loop.SwitchDurations`` in the context.
+asks every policy question through ``loop.Decider``, with ``loop.SwitchBook``'s durations in the context.
 Must not ask a policy hook itself or decide what a step does next (``loop`` does).
 
 Timing conventions of the metrics (per micro-step ``i``, reference §4):
@@ -37,7 +37,7 @@ from loop import (
     ShouldActivate,
     ShouldDeactivate,
     Snapshot,
-    SwitchDurations,
+    SwitchBook,
     SwitchReport,
     Train,
     UpdateAfterStep,
@@ -145,7 +145,8 @@ class Simulator:
         self.hybrid_active = False
         self.records: list[SimStep] = []
         self.decider = Decider(policy, enable_rebalance=spec.enable_rebalance)
-        self.durations = SwitchDurations()
+        self.book = SwitchBook()
+        """Switch durations of the cycle, count and last end, booked as the controller books them."""
         self.transitions: list[Transition] = []
         self.broadcasts = 0
         self.trained_ids: list[int] = []
@@ -153,9 +154,7 @@ class Simulator:
         self.trained_tokens: list[int] = []
         self.train_compute_total_s = 0.0
         self.trained_response_tokens = 0
-        self.switches = 0
         self.switch_s = 0.0
-        self.last_switch_at: float | None = None
         self.sizes = RunSizes(required_samples=spec.required_samples,
                               trigger_parameter_sync_step=spec.trigger_parameter_sync_step,
                               buffer_samples=spec.buffer_samples, only_hybrid=spec.only_hybrid,
@@ -388,7 +387,8 @@ class Simulator:
         log.micro[-1][TRAIN_ALLOCATED_TIME_S] += (
             self.loop.now - log.train_end - log.tasks_since_train * self.spec.task_overhead_s)
         self.decider.update_after_step(intent.step, self.hybrid_active, self.context())
-        self.durations.reset()
+        self.book.durations.reset()
+        self.book.drain()  # the transitions keep every switch
         self.consumed += len(self._wait_sums[0]) * self.spec.required_samples
 
     def _waste(self) -> WastedWork:
@@ -452,18 +452,15 @@ class Simulator:
         return s.train_step_overhead_s + tokens / (s.trainer_gpus * s.train_tokens_per_gpu_s)
 
     def _switched(self, step: int, kind: str, began: float, replicas: list[Replica]) -> SwitchReport:
-        """Book a finished switch: its transition, the policy's switch durations and the waste.
-
-        ``switches`` counts activations and deactivations; ``switch_s`` every switch's seconds
-        (not the tasks between a hybrid sync and its activation)."""
+        """Book a finished switch: its transition, then ``loop.SwitchBook`` (the policy's switch
+        durations, the activate/deactivate count and the last one's end, as the controller books
+        them); ``switch_s`` sums every switch's seconds (not the tasks between a hybrid sync and its
+        activation)."""
         now = self.loop.now
         report = SwitchReport(kind, began, now - began, replicas=tuple(rep.name for rep in replicas))
         self.transitions.append(Transition(step, report))
-        self.durations.add(kind, report.duration_s)
+        self.book.book(report)
         self.switch_s += report.duration_s
-        if kind in ("activate", "deactivate"):
-            self.switches += 1
-            self.last_switch_at = now
         return report
 
     # ------------------------------------------------------------------ policy
@@ -478,8 +475,8 @@ class Simulator:
             generated_total=r.total_generated, queue_size=len(r.queue), in_flight=r.in_flight,
             consumed=self.consumed,
             micro=micro_summaries(self._wait_sums[0], self._wait_sums[1], self.spec.required_samples),
-            activate_s=self.durations.activate_s, deactivate_s=self.durations.deactivate_s,
-            now=self.loop.now, last_switch_at=self.last_switch_at, standalone_lost=r.standalone_lost,
+            activate_s=self.book.durations.activate_s, deactivate_s=self.book.durations.deactivate_s,
+            now=self.loop.now, last_switch_at=self.book.last_switch_at, standalone_lost=r.standalone_lost,
             lent_replicas=sum(1 for rep in r.hybrids if rep in r.routable)))
 
     # ------------------------------------------------------------------ result
@@ -508,7 +505,7 @@ class Simulator:
             trained_tokens=list(self.trained_tokens),
             queued_ids=[sample.id for sample in r.queue],
             in_flight_ids=in_flight,
-            switches=self.switches,
+            switches=self.book.count,
             waste=self._waste(),
             decisions=self.decider.records,
             transitions=list(self.transitions),

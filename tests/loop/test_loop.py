@@ -252,3 +252,21 @@ def test_switch_durations_add_up_over_a_cycle_with_the_rebalance_in_the_activati
     assert (d.activate_s, d.deactivate_s) == (0.0, 0.0)
     with pytest.raises(ValueError, match="unknown switch kind"):
         d.add("broadcast", 1.0)
+
+
+def test_the_switch_book_counts_lends_and_take_backs_and_keeps_what_a_resume_needs():
+    from loop import SwitchBook, SwitchReport
+
+    book = SwitchBook()
+    for kind, start, seconds in [("hybrid_sync", 0.0, 2.0), ("activate", 2.0, 1.0), ("rebalance", 3.0, 0.5),
+                                 ("deactivate", 10.0, 0.25)]:
+        book.book(SwitchReport(kind, start, seconds))
+    assert (book.count, book.last_switch_at) == (2, 10.25)  # activate and deactivate only; the last one's end
+    assert (book.durations.activate_s, book.durations.deactivate_s) == (3.5, 0.25)
+    assert [r.kind for r in book.drain()] == ["hybrid_sync", "activate", "rebalance", "deactivate"]
+    assert book.log == [] and book.count == 2  # drained once; the count is the run's
+    again = SwitchBook()
+    again.load_state_dict(book.state_dict())
+    assert again.state_dict() == book.state_dict()
+    with pytest.raises(ValueError, match="missing 'switch_count'"):
+        SwitchBook().load_state_dict({"last_switch_at": None})

@@ -6,6 +6,8 @@
     python benchmarks/bench_sim.py sensitivity  # the dynamic prediction under other cost-model shapes
     python benchmarks/bench_sim.py grid         # every policy vs never lending over 36 scenarios × 3 seeds
     python benchmarks/bench_sim.py ceiling      # how far lending can take the seed preset (free switches)
+    python benchmarks/bench_sim.py random [--n 200] [--seed 0]  # default, predictive vs never lending on
+                                                # scenarios drawn from sim/random_scenarios.py
 
 ``--write benchmarks/RESULTS.md`` replaces that section of the file (between its
 ``<!-- bench_sim:NAME -->`` markers) and leaves the other sections alone, and saves the section's
@@ -475,6 +477,91 @@ def bench_ceiling() -> str:
     ])
 
 
+RANDOM_POLICIES = (NEVER_LEND, "default", "predictive")
+
+
+def _random_job(sc) -> dict:
+    """Worker: one drawn scenario under never lending, ``default`` and ``predictive``; wall clocks
+    and what explains a close call (never lending's waits, predictive's lends)."""
+    runs = {p: simulate_spec(sc.spec(p), sc.policy(p), seed=sc.seed, policy_name=p) for p in RANDOM_POLICIES}
+    never, pred = runs[NEVER_LEND], runs["predictive"]
+    spec = sc.spec("predictive")
+    return {
+        "walls": {p: r.wall_clock_s for p, r in runs.items()},
+        "never_cycle_s": statistics.fmean(s.step_time_s for s in never.steps),
+        "never_wait_s": statistics.fmean(sum(s.micro_wait_s) for s in never.steps),
+        "switch_s": sum(getattr(spec, k) for k in ("hybrid_sync_s", "activate_s", "rebalance_s", "deactivate_s")),
+        "predictive_lends": sum(s.activated for s in pred.steps),
+        "standalone_replicas": spec.standalone_replicas, "hybrid_replicas": spec.hybrid_replicas,
+        "cap": spec.max_required_samples, "step_samples": spec.step_required_samples,
+    }
+
+
+def _why(sc, f: dict) -> str:
+    """A close scenario's numbers: what lending could win (the wait) against what it costs."""
+    w, t, c = f["never_wait_s"], f["never_cycle_s"], f["switch_s"]
+    lends = f["predictive_lends"]
+    return (f"never lending waits {w:.1f} s of a {t:.1f} s cycle; a lend cycle's switches cost {c:.1f} s "
+            f"(×{sc.switch_factor:.2f}); {f['hybrid_replicas']} hybrids vs {f['standalone_replicas']} standalones, "
+            f"cap {f['cap']} for {f['step_samples']} samples a step; predictive lent after {lends} of "
+            f"{sc.steps} steps" + (" (it never lent: it stayed within noise of never lending)" if not lends else ""))
+
+
+def bench_random(n: int = 200, seed: int = 0, workers: int = 2) -> str:
+    """``default`` and ``predictive`` against never lending on ``n`` scenarios drawn from
+    ``sim.random_scenarios``' distribution (its docstring states it)."""
+    from sim import random_scenarios
+
+    scenarios = random_scenarios.draw(n, seed)
+    t0 = time.perf_counter()
+    if workers <= 1:
+        found = [_random_job(sc) for sc in scenarios]
+    else:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            found = pool.map(_random_job, scenarios, chunksize=4)
+    took = time.perf_counter() - t0
+    ratios = {p: [f["walls"][p] / f["walls"][NEVER_LEND] - 1 for f in found] for p in ("default", "predictive")}
+    order = sorted(range(n), key=lambda i: ratios["predictive"][i], reverse=True)
+    closest = [{"label": scenarios[i].label, "predictive_vs_never_lend": ratios["predictive"][i],
+                "default_vs_never_lend": ratios["default"][i], "params": scenarios[i].params(),
+                "why": _why(scenarios[i], found[i])} for i in order[:5]]
+    figures = FIGURES["random"] = {
+        "command": f"python benchmarks/bench_sim.py random --n {n} --seed {seed}",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "distribution": "sim/random_scenarios.py (module docstring): TP 4/8; GPU total 8-128 log-uniform; "
+                        "trainer GPUs uniform over the multiples of TP leaving one replica each side; staleness "
+                        "0 w.p. 1/4 else U[0,1]; trigger 1-4; response-length mean 750-12000 log-uniform with a "
+                        "drift x1/3-x3; switch costs x0.25-x4 log-uniform; simulation seed 0-4; "
+                        f"{random_scenarios.STEPS} steps",
+        "draw_seed": seed, "scenarios": n, "steps": random_scenarios.STEPS, "never_lend": NEVER_LEND,
+        "wall_s": took,
+        **{f"{p}_{stat}_vs_never_lend": fn(ratios[p]) for p in ("predictive", "default")
+           for stat, fn in (("worst", max), ("median", statistics.median))},
+        **{f"{p}_best_vs_never_lend": min(ratios[p]) for p in ("predictive", "default")},
+        **{f"{p}_over_1pct": sum(r > 0.01 for r in ratios[p]) for p in ("predictive", "default")},
+        "closest": closest,
+    }
+    summary = [f"| {p} | {_pct(1 + statistics.median(r))} | {_pct(1 + max(r))} | {_pct(1 + min(r))} | "
+               f"{sum(x > 0.01 for x in r)} |" for p, r in ratios.items()]
+    rows = [f"| {c['label']} | {_pct(1 + c['predictive_vs_never_lend'])} | {_pct(1 + c['default_vs_never_lend'])} | "
+            f"{c['why']} |" for c in closest]
+    return "\n".join([
+        f"{n} scenarios drawn by `sim.random_scenarios.draw({n}, {seed})` (the distribution: that module's "
+        f"docstring), {random_scenarios.STEPS} steps each, each at its drawn simulation seed; `{NEVER_LEND}` on "
+        f"the same GPUs is never lending. {took:.0f} s on {workers} worker processes, {_machine()}.",
+        "",
+        "| policy | median | worst | best | scenarios > +1 % |",
+        "|---|---:|---:|---:|---:|",
+        *summary,
+        "",
+        "The five closest for `predictive` (largest wall clock against never lending):",
+        "",
+        "| scenario | predictive | default | why |",
+        "|---|---:|---:|---|",
+        *rows,
+    ])
+
+
 # --------------------------------------------------------------------------------------------
 
 SECTIONS: dict[str, tuple[str, Callable[[argparse.Namespace], str]]] = {
@@ -483,6 +570,8 @@ SECTIONS: dict[str, tuple[str, Callable[[argparse.Namespace], str]]] = {
     "seed": ("The seed experiment", lambda args: bench_seed(args.plots)),
     "grid": ("Every policy against never lending, over 36 scenarios", lambda args: bench_grid()),
     "ceiling": ("How far lending can take the seed preset", lambda args: bench_ceiling()),
+    "random": ("The lending promise on randomly drawn scenarios",
+               lambda args: bench_random(args.n, args.seed, args.workers)),
     "sensitivity": (
         "How much the dynamic prediction depends on the cost model's shape",
         lambda args: bench_sensitivity(),
@@ -502,11 +591,18 @@ def main() -> None:
     parser.add_argument("section", choices=sorted(SECTIONS))
     parser.add_argument("--write", metavar="RESULTS_MD", help="replace this section in the file")
     parser.add_argument("--plots", default="benchmarks/plots", help="where `seed` writes its PNGs")
+    parser.add_argument("--n", type=int, default=200, help="`random`: scenarios to draw")
+    parser.add_argument("--seed", type=int, default=0, help="`random`: the draw's seed")
+    parser.add_argument("--workers", type=int, default=2, help="`random`: worker processes")
     parser.add_argument("--results", default=str(Path(__file__).resolve().parent / "results.json"),
                         help="the merged results file whose sim_SECTION key --write replaces")
     args = parser.parse_args()
     body = SECTIONS[args.section][1](args)
     print(body)
+    if args.section == "random":  # its own file only: results.json and RESULTS.md are merged by hand
+        from results_io import write_json
+
+        write_json("sim_random", {**FIGURES["random"], "load_average": os.getloadavg()[0]})
     if args.write:
         write_section(Path(args.write), args.section, body)
         if args.section in FIGURES:

@@ -10,6 +10,8 @@ and a lend needs gain > 1 standard error + 2 % of T0 (1.2 s here).
 
 from __future__ import annotations
 
+import math
+
 import json
 from dataclasses import replace
 
@@ -52,7 +54,8 @@ def test_a_training_bound_run_never_lends_because_no_wait_can_pay_for_the_switch
     answers, _ = drive(policy, [60.0] * 40, wait=5.0)  # W 5 s < C 6 s: the gain is negative
 
     assert answers == [0] * 40
-    assert policy.predictions(41, replace(CTX, hybrid_replicas=1)) == {0: (60.0, 0.0), 1: (60.5, 0.0)}
+    # no switch measured: each half of C is the prior's 3 s, known no better than its own size
+    assert policy.predictions(41, replace(CTX, hybrid_replicas=1)) == {0: (60.0, 0.0), 1: (60.5, 0.5 * math.hypot(3.0, 3.0))}
 
 
 def test_a_rollout_bound_run_lends_once_three_no_lend_cycles_are_measured():
@@ -64,7 +67,9 @@ def test_a_rollout_bound_run_lends_once_three_no_lend_cycles_are_measured():
     answers, _ = drive(policy, [60.0] * 4 + [50.0] * 4)
 
     assert answers == [0, 0, 0, 0, True, True, True, True]
-    assert policy.predictions(9, replace(CTX, hybrid_replicas=1)) == {0: (60.0, 0.0), 1: (46.5, 0.0)}
+    # the whole lending cycles (steps 7, 8) measured 60 − 50 = 10 s, less than the model's 13.5 s:
+    # the measured gain rules
+    assert policy.predictions(9, replace(CTX, hybrid_replicas=1)) == {0: (60.0, 0.0), 1: (50.0, 0.0)}
 
 
 def test_no_staleness_headroom_means_no_lend_however_long_the_trainer_waits():
@@ -92,8 +97,8 @@ def test_it_lends_k_of_m_when_lending_more_costs_more_switch_seconds_than_it_add
     # 51.3 s > T[1] = 60 − (30 − 3)/2 = 46.5 s: step 10 lends 1 of 2; its take-back of the two takes
     # 11 s, so C_2 = 27 s and T[2] = 58 s from then on
     policy = PredictiveDynamicSchedulePolicy()
-    head, now = drive(policy, [60.0] * 8)
-    tail, _ = drive(policy, [50.0] * 4, hybrids=2, switch={**SWITCH, 2: (16.0, 11.0)}, start_step=9,
+    head, now = drive(policy, [60.0] * 5 + [46.5] * 3)  # lending cycles as fast as the model says
+    tail, _ = drive(policy, [46.5] * 4, hybrids=2, switch={**SWITCH, 2: (16.0, 11.0)}, start_step=9,
                     start_now=now, lent_before=1)
 
     assert (head, tail) == ([0] * 4 + [True] * 4, [True, 1, 1, 1])
@@ -109,7 +114,7 @@ def test_the_explanation_gives_the_predicted_times_behind_the_answer():
     reason = policy.explain("should_activate_after_step", 5, False, ctx)
 
     # ρ_1 = 1 → gain 12 s; ρ_2 = 2 → (2/3) × 24 = 16 s
-    assert reason == ("T0 60.0±0.0s, W 30.0s, C 6.0s; T[1] 48.0±0.0s, T[2] 44.0±0.0s → lend 2 (predicted win); "
+    assert reason == ("T0 60.0±0.0s, W 30.0s, C 6.0s; T[1] 48.0±2.1s, T[2] 44.0±2.8s → lend 2 (predicted win); "
                       "in flight 16 + queued 0 of cap 96")
 
 
@@ -180,16 +185,17 @@ def test_it_rebalances_only_when_the_lent_hybrids_hold_less_than_a_filled_standa
 
 def test_the_switch_cost_prior_decides_whether_the_first_lend_is_tried():
     # W 5 s: against the 6 s prior the gain is negative and nothing is ever measured, so it never
-    # lends; with a 2 s prior (a run whose fixed costs are smaller) the gain (5 − 2) / 2 = 1.5 s
-    # clears 2 % of T0, and from then on the measured switch (3 s) gives (5 − 3) / 2 = 1 s, which
-    # no longer clears 1.2 s: it lends once, measures, and stops
+    # lends; with a 1 s prior (a run whose fixed costs are smaller) the gain (5 − 1) / 2 = 2 s
+    # clears 2 % of T0 and the prior's own uncertainty (½ hypot(0.5, 0.5) = 0.35 s), and from then
+    # on the measured switch (3 s) gives (5 − 3) / 2 = 1 s, which no longer clears 1.2 s: it lends
+    # once, measures, and stops
     assert drive(build_policy("predictive"), [60.0] * 8, wait=5.0)[0] == [0] * 8
-    primed = build_policy("predictive", prior_switch_s=2.0)
+    primed = build_policy("predictive", prior_switch_s=1.0)
 
     answers, _ = drive(primed, [60.0] * 8, wait=5.0)
 
     assert answers == [0, 0, 0, 0, True, 0, 0, 0]
-    assert primed.state_dict()["prior_switch_s"] == 2.0
+    assert primed.state_dict()["prior_switch_s"] == 1.0
     with pytest.raises(ValueError, match="prior_switch_s"):
         build_policy("predictive", prior_switch_s=0.0)
 

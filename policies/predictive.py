@@ -31,8 +31,6 @@ Z = 1.0
 MARGIN = 0.02
 """…and a share of ``T0`` it must clear too: what the fluid model leaves out (aborted and
 re-prefilled work at the switches, the long tail of a sample's responses)."""
-MIN_LENT_CYCLES = 2
-"""Whole lending cycles to measure before their gain may overrule the model's."""
 TREND_BETA = 0.2
 """Share of a no-lend cycle's surprise that goes into the per-step slope."""
 PRIOR_SWITCH_S = 6.0
@@ -139,12 +137,6 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         """Measured take-back seconds, the same way: the second half of ``C_k``."""
         self.ratio: float | None = None
         """Share of a cycle to queue before the take-back; None until the first lend cycle ends."""
-        self.lent_gain: dict[str, dict[str, float]] = {}
-        """Measured gains of whole lending cycles (ones that began and ended with k lent): the no-lend
-        trend at that step minus the cycle's seconds, per k (a string) and under "any". They cap the
-        model's gain: what the fluid model leaves out (a fresh sample's latency on a hybrid lent
-        shorter than it, the rebalance's stall and re-prefill, a standalone at its sequence cap)
-        shows up only here."""
         self.load = _stat()
         """Samples in flight per standalone replica after no-lend cycles: what a filled replica holds."""
         self.lends_since_refresh = 0
@@ -177,11 +169,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         rho = hybrid_share(k, ctx)
         share = rho / (1.0 + rho)
         se_c = math.hypot(*(self._part_se(p) for p in self.switch_parts(k)))
-        gain, se = share * (self.wait["mean"] - self.switch_s(k)), share * math.hypot(_se(self.wait), se_c)
-        seen = self.lent_gain.get(str(k)) or self.lent_gain.get("any")
-        if seen and seen["n"] >= MIN_LENT_CYCLES and seen["mean"] + Z * _se(seen) < gain:
-            return seen["mean"], _se(seen)  # measured lending cycles gained less than the model says
-        return gain, se
+        return share * (self.wait["mean"] - self.switch_s(k)), share * math.hypot(_se(self.wait), se_c)
 
     def predictions(self, step: int, ctx: DynamicScheduleContext) -> dict[int, tuple[float, float]]:
         """k → (predicted seconds of cycle ``step``, uncertainty) for k = 0 (no lend) … m."""
@@ -273,8 +261,6 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             self.activate = _book(self.activate, after, ctx.last_activate_duration_s)
         if before and ctx.last_deactivate_duration_s > 0:
             self.deactivate = _book(self.deactivate, before, ctx.last_deactivate_duration_s)
-        if before and after == before and min(self.base["n"], self.wait["n"]) >= MIN_BASE_CYCLES:
-            self.lent_gain = _book(self.lent_gain, after, _trend_at(self.base, step) - cycle_s)
         if before == 0 and after == 0:
             self.base = _trend_add(self.base, step, cycle_s)
             self.wait = _add(self.wait, float(sum(ctx.step_wait_times)))

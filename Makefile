@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.tidal-installed
 
-.PHONY: setup run run-hf run-smollm2 simulate test test-fast bench clean-venv
+.PHONY: setup run compare run-hf run-smollm2 simulate test test-fast bench clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ setup: $(STAMP)
 # (store, checkpoints, report, plots) and its last line says how many steps lent and what that bought.
 run: $(STAMP)
 	$(VENV)/bin/tidal run main
+
+# The main job twice, one run after the other: never lending, then with the recommended policy
+# (`predictive`); a table and a plot of the two in runs/compare/ (and docs/images/compare.png).
+compare: $(STAMP)
+	$(VENV)/bin/tidal compare main --readme-figure
 
 # A tiny Hugging Face model (Qwen2 architecture, BPE tokenizer trained in code) on verl-schema
 # parquet; the first run builds both into runs/tiny-hf/.

@@ -199,6 +199,27 @@ def run(
                flow_args=dict(config=config, overrides=shown, run_id=uid))
 
 
+@app.command("compare")
+def compare(
+    config: Annotated[str, typer.Argument(help="Preset name or YAML file.")] = "main",
+    set_: SetOption = None,
+    steps: Annotated[int | None, typer.Option(min=1, help="Stop each run after this many steps.")] = None,
+    out: Annotated[str, typer.Option(help="Folder for both runs, the table and the plot.")] = "runs/compare",
+    readme_figure: Annotated[bool, typer.Option(help="Also copy the plot to docs/images/compare.png.")] = False,
+) -> None:
+    """Run the job never lending, then with the recommended policy (`predictive`), one after the
+    other; write a table (compare.md) and a plot (compare.png) of the two."""
+    from pathlib import Path
+
+    from flows.compare import compare_main
+
+    try:
+        compare_main(config, list(set_ or []), steps, Path(out), readme_figure, say=typer.echo)
+    except RuntimeError as exc:  # a run failed: its log says why; no table or plot was written
+        print(f"tidal: error: {_one_line(str(exc))}", file=sys.stderr)
+        raise typer.Exit(1) from None
+
+
 @app.command("resume")
 def resume(
     run_id: Annotated[str, typer.Argument(help="Run id (see `tidal runs`).")],

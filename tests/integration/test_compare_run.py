@@ -1,0 +1,30 @@
+"""`tidal compare` for real: the main job never lending, then with `predictive`, one after the
+other on the session's Ray cluster; each run has its own store, and the table and plot are written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from driver_support import cli_env
+
+from flows.compare import read_rows
+
+STEPS = 2
+
+
+def test_compare_runs_both_setups_into_stores_of_their_own_and_writes_table_and_plot(tmp_path, ray_address):
+    out = tmp_path / "cmp"
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "compare", "main", "--steps", str(STEPS),
+                           "--out", str(out), "--set", f"ray.address={ray_address}"],
+                          capture_output=True, text=True, env=cli_env(), timeout=400)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    for folder in ("never-lend", "predictive"):
+        rows = read_rows(f"sqlite:///{out / folder / 'tidal.db'}")
+        assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    never = read_rows(f"sqlite:///{out / 'never-lend' / 'tidal.db'}")
+    assert not any(r["hybrid_active_after"] for r in never)  # never lending never lends
+    table = (out / "compare.md").read_text()
+    assert "| never lend | `static_fully_async` | 2 |" in table and "| predictive | `predictive` | 2 |" in table
+    assert (out / "compare.png").stat().st_size > 10_000
+    assert "== never lend: done in" in done.stdout and "== predictive: done in" in done.stdout

@@ -1,4 +1,8 @@
-"""The config reference (every key, default, limits, meaning) rendered from the schema itself."""
+"""The config reference (every key, default, limits, meaning) rendered from the schema itself.
+
+The table lives in docs/config.md between START_MARK and END_MARK; `python -m config.reference`
+(default target docs/config.md) rewrites it in place, and tests/test_readme.py keeps it in step.
+"""
 
 from __future__ import annotations
 
@@ -66,9 +70,9 @@ def splice_into(text: str) -> str:
     return f"{head}{START_MARK}\n{markdown_reference()}{END_MARK}{tail}"
 
 
-if __name__ == "__main__":  # python -m config.reference README.md  (rewrites the table in place)
+if __name__ == "__main__":  # python -m config.reference docs/config.md  (rewrites the table in place)
     import sys
     from pathlib import Path
 
-    target = Path(sys.argv[1] if len(sys.argv) > 1 else "README.md")
+    target = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/config.md")
     target.write_text(splice_into(target.read_text(encoding="utf-8")), encoding="utf-8")

@@ -5,7 +5,7 @@ Owns: the deployment definitions (one per preset: ``training-run/tiny-cpu`` on C
 process work pool, tags, entrypoint) and their parameters (``config``: preset or YAML path;
 ``overrides``: ``key=value`` strings, as ``tidal run --set``). ``prefect deploy --prefect-file
 deployments/prefect.yaml --all`` registers them for a worker; ``python -m flows.serve`` serves
-the same ones without a work pool. README "Running with a Prefect server" has the commands.
+the same ones without a work pool. docs/deployment.md has the commands.
 Must not: hold flow or task logic (that lives in ``flows`` and ``tasks``).
 May import: flows, config. Nothing imports this package.
 """

@@ -1,7 +1,7 @@
 """`tidal run` with no Prefect server: embedded Prefect, in-process task runner.
 
 The run (conftest ``embedded_run``) writes its flow runs into its own ``PREFECT_HOME``; the
-session's server, started afterwards on that home, shows them (as the README promises), with the
+session's server, started afterwards on that home, shows them (docs/deployment.md), with the
 same step flow runs and phase order as the Ray task runner path.
 """
 

@@ -1,6 +1,6 @@
 """A deployment triggered with `prefect deployment run` against a real local Prefect server.
 
-The module fixture does what the README's "Running with a Prefect server" does, on a private
+The module fixture does what docs/deployment.md does, on a private
 server: create the process work pool, `prefect deploy` from `deployments/prefect.yaml`, start a
 worker, trigger `training-run/tiny-cpu` for a few steps with `prefect deployment run --param`
 (and `--watch` until it ends). The tests then read the run back through the Prefect client API

@@ -16,7 +16,7 @@ c) Checkpoints load with ``weights_only=True``: a checkpoint whose pickle would 
 d) A policy name is imported as code only when given as ``module:Class``: a bare module name
    that would run code on import is an unknown policy (exit 2, one line) for ``tidal config
    check``, ``tidal run`` and ``tidal simulate``; the ``module:Class`` form imports it (explicit
-   opt-in, documented in the README's "Writing a custom policy").
+   opt-in, documented in docs/policies.md, "Writing a custom policy").
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ def _hf_torch_engine(spec: HFModelSpec, max_batch: int, device: str, threads: in
 
 
 def _vllm_engine(model_cfg: TinyLMConfig, max_batch: int, threads: int, eos: int, seed: int, tp: int = 1) -> Any:
-    # vLLM lives in its own venv (README, "vLLM"); importing it here, where the engine is built
+    # vLLM lives in its own venv (docs/vllm-hf.md); importing it here, where the engine is built
     # (inside a Ray actor), keeps every other kind free of it.
     from cluster.engines.vllm_engine import VLLMEngine
 

@@ -84,7 +84,7 @@ class LocalPrefectServer:
         """The server's command line and environment (``home`` set)."""
         env = self.env()
         env.pop("PREFECT_API_URL")  # the server itself is not a client of anything
-        # the home's own SQLite, unless the caller chose a database (PostgreSQL: README, Prefect server)
+        # the home's own SQLite, unless the caller chose a database (PostgreSQL: docs/deployment.md)
         env.setdefault("PREFECT_API_DATABASE_CONNECTION_URL", f"sqlite+aiosqlite:///{Path(str(self.home)) / 'prefect.db'}")
         if self.factory is None:
             return [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",

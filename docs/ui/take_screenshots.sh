@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Re-take the README's Prefect UI screenshots: the main job (`tidal run main`, 12 steps) into a
+# Re-take the Prefect UI screenshots (README, docs/deployment.md): the main job (`tidal run main`, 12 steps) into a
 # scratch PREFECT_HOME, a Prefect server with its UI on that home, then headless Chromium on four
 # pages. The step timeline is of the first step that took the hybrids back and lent them again, so
 # it shows every phase: should_deactivate, wait_for_samples, train, broadcast_sync,

@@ -101,6 +101,18 @@ def table(runs: Sequence[SetupRun]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def lent_spans(run: SetupRun) -> list[tuple[float, float]]:
+    """The x-ranges to shade for ``run``: each stretch of consecutive lent steps as one span from
+    half a step before its first to half a step after its last."""
+    spans: list[tuple[float, float]] = []
+    for step in lent_steps(run.rows):
+        if spans and spans[-1][1] == step - 0.5:
+            spans[-1] = (spans[-1][0], step + 0.5)
+        else:
+            spans.append((step - 0.5, step + 0.5))
+    return spans
+
+
 def plot(runs: Sequence[SetupRun], path: Path) -> Path:
     """Three panels over the steps: cumulative step time, the trainer's wait per step, the mean
     reward; the recommended policy's lent steps shaded; legends outside the plotting area."""
@@ -125,11 +137,11 @@ def plot(runs: Sequence[SetupRun], path: Path) -> Path:
                      lw=1, label=run.label)
         axes[2].plot(steps, [r.get("train/reward_mean", math.nan) for r in run.rows], color=colors[i % 2],
                      label=run.label)
-    lent = lent_steps(runs[-1].rows) if runs else []
+    lent = lent_spans(runs[-1]) if runs else []
     for ax, title, ylabel in zip(axes, ("time to reach each step (summed step times)", "trainer wait for samples",
                                         "mean reward"), ("seconds", "seconds per step", "reward")):
-        for step in lent:
-            ax.axvspan(step - 0.5, step + 0.5, color="#d8a93b", alpha=0.15, linewidth=0)
+        for start, end in lent:
+            ax.axvspan(start, end, color="#d8a93b", alpha=0.15, linewidth=0)
         ax.set_title(title, fontsize=9)
         ax.set_ylabel(ylabel, fontsize=8)
         ax.grid(alpha=0.3)

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from flows.cli import main
-from flows.compare import LAST_REWARDS, NEVER_LEND, RECOMMENDED, SETUPS, SetupRun, plot, table
+from flows.compare import LAST_REWARDS, NEVER_LEND, RECOMMENDED, SETUPS, SetupRun, lent_spans, plot, table
 
 
 def _rows(n: int, *, wait: float, lent_after: set[int] = frozenset(), switch: float = 0.0) -> list[dict]:
@@ -35,9 +35,16 @@ def test_the_table_sums_each_run_and_says_how_much_faster_the_recommended_policy
     assert NEVER.final_reward == pytest.approx(sum(s / 12 for s in range(3, 13)) / LAST_REWARDS)
 
 
+def test_the_shading_covers_each_stretch_of_lent_steps_once():
+    assert lent_spans(LENDING) == [(3.5, 7.5)]  # lent after steps 3-6: steps 4-7 lent
+    apart = SetupRun(RECOMMENDED, RECOMMENDED, 1.0, _rows(12, wait=0.5, lent_after={1, 2, 8}))
+    assert lent_spans(apart) == [(1.5, 3.5), (8.5, 9.5)]
+    assert lent_spans(NEVER) == []
+
+
 def test_the_plot_is_written_with_the_lent_steps_of_the_recommended_policy(tmp_path):
     path = plot([NEVER, LENDING], tmp_path / "compare.png")
-    assert path.stat().st_size > 10_000
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
     assert math.isnan(SetupRun("x", "y", 0.0, []).final_reward)
 
 

@@ -3,7 +3,9 @@
 Owns the simulated samples' life: start (under ``loop.staleness.StalenessGate``, DESIGN §5), route
 (``loop.balance.least_loaded``, sticky per sample), abort, retry and queue; and the
 ``(t, in flight, capacity)`` history (``loop.staleness.record_change``). The rules are the loop
-package's, shared with ``cluster.rollouter``; docs/simulator.md says what is modelled.
+package's, shared with ``cluster.rollouter``; docs/simulator.md says what is modelled. The abort
+guards (``SimSpec.abort_*``, ``loop.abort_rules``) spare a lent hybrid work its take-back would
+abort; they see only what production's rollouter sees (queue, plan, finish times).
 Must not decide anything of the control plane (the simulator calls the verbs below).
 """
 
@@ -14,6 +16,7 @@ from collections.abc import Callable
 
 import random
 
+from loop import abort_rules
 from loop.balance import least_loaded
 from loop.staleness import StalenessGate, record_change
 from loop.workload import LengthModel, replica_costs
@@ -78,6 +81,19 @@ class SimRollouter:
         self.on_generated: Callable[[], list[Event]] = lambda: []
         """Called after samples land in the queue or leave flight; returns control-plane events."""
         self._dirty: dict[int, Replica] = {}
+        self.takeback_samples: int | None = None
+        """The latest plan's ``wait_samples``: the lent hybrids go when the queue holds them."""
+        self._finished_at: deque[float] = deque(maxlen=spec.abort_history)
+        self._hybrid_durations: deque[float] = deque(maxlen=spec.abort_history)
+        self._routed_at: dict[int, float] = {}
+        self.attempts = {False: 0, True: 0}
+        """Routings (first or retry) to standalones (False) and hybrids (True)."""
+        self.delivered_tokens = {False: 0, True: 0}
+        """Tokens of the samples that finished on each kind."""
+        self.kind_aborted_tokens = {False: 0, True: 0}
+        """``aborted_tokens`` by the kind of replica they were aborted on."""
+        self.kind_reprefilled_tokens = {False: 0, True: 0}
+        """``reprefilled_tokens`` by the kind of replica that prefilled them again."""
 
     # ------------------------------------------------------------------ state
 
@@ -106,7 +122,8 @@ class SimRollouter:
         """Start samples while the staleness rules allow (see the module docstring)."""
         s, now, gate = self.spec, self._clock(), self.gate
         started = False
-        while self.accepting and self.total_started < s.total_samples and gate.allows(self.in_flight, len(self.queue)):
+        while (self.accepting and self.total_started < s.total_samples
+               and gate.allows(self.in_flight + self._cap_deficit(), len(self.queue))):
             lengths = self.lengths.draw(self._rng, s.n, self.version)
             sample = Sample(self.total_started, lengths, s.prompt_tokens, self.version, now)
             self.total_started += 1
@@ -120,10 +137,53 @@ class SimRollouter:
         if not self.routable:
             self.pending.append(sample)
             return
-        rep = least_loaded(self.routable, _load, _replica_id)
-        self.reprefilled_tokens += rep.add(sample, self._clock(), resubmit=resubmit)
+        rep = least_loaded(self._guarded(self.routable), _load, _replica_id)
+        self._place(sample, rep, resubmit=resubmit)
+
+    def _place(self, sample: Sample, rep: Replica, *, resubmit: bool) -> None:
+        now = self._clock()
+        prefilled = rep.add(sample, now, resubmit=resubmit)
+        self.reprefilled_tokens += prefilled
+        self.kind_reprefilled_tokens[rep.hybrid] += prefilled
+        self.attempts[rep.hybrid] += 1
+        self._routed_at[sample.id] = now
         self._dirty[rep.index] = rep
         self._trace("route", sample.id, rep.name)
+
+    # ------------------------------------------------------------ abort guards
+
+    def finish_share(self) -> float:
+        """How likely a sample routed to a lent hybrid now finishes before its take-back
+        (``loop.abort_rules.finish_share``; 1 without a plan or evidence)."""
+        rate = abort_rules.completion_rate(self._finished_at)
+        eta = abort_rules.takeback_eta_s(self.takeback_samples, len(self.queue), rate)
+        return abort_rules.finish_share(eta, self._hybrid_durations)
+
+    def hybrid_cap(self) -> int:
+        """A lent hybrid's concurrency cap now (``concurrent_samples_per_replica`` unless
+        ``SimSpec.abort_cap``)."""
+        per = self.spec.concurrent_samples_per_replica
+        return abort_rules.shrunk_cap(per, self.finish_share()) if self.spec.abort_cap else per
+
+    def _guarded(self, routable: list[Replica]) -> list[Replica]:
+        """The replicas a sample may go to: a lent hybrid only while the guards allow (never
+        none: with only hybrids left, all of them)."""
+        s = self.spec
+        if not (s.abort_cap or s.abort_route_min_share > 0.0) or not any(r.hybrid for r in routable):
+            return routable
+        share = self.finish_share()
+        cap = abort_rules.shrunk_cap(s.concurrent_samples_per_replica, share) if s.abort_cap else None
+        routed = abort_rules.may_route(share, s.abort_route_min_share)
+        allowed = [r for r in routable if not r.hybrid or (routed and (cap is None or r.samples < cap))]
+        return allowed or routable
+
+    def _cap_deficit(self) -> int:
+        """Slots the routable hybrids give up under ``SimSpec.abort_cap`` (the gate counts every
+        routable replica at ``concurrent_samples_per_replica``)."""
+        if not self.spec.abort_cap:
+            return 0
+        lent = sum(1 for r in self.routable if r.hybrid)
+        return lent * (self.spec.concurrent_samples_per_replica - self.hybrid_cap()) if lent else 0
 
     # -------------------------------------------------------------- handlers
 
@@ -135,8 +195,14 @@ class SimRollouter:
         self._dirty[rep.index] = rep
         events: list[Event] = []
         if finished:
+            now = self._clock()
             for sample in finished:
                 self.queue.append(sample)
+                self._finished_at.append(now)
+                self.delivered_tokens[rep.hybrid] += sample.tokens
+                routed_at = self._routed_at.pop(sample.id, now)
+                if rep.hybrid:
+                    self._hybrid_durations.append(now - routed_at)
                 self._trace("generated", sample.id)
             self.total_generated += len(finished)
             self.step_generated += len(finished)
@@ -166,6 +232,7 @@ class SimRollouter:
             rep.paused = True
             self.aborted_requests += requests
             self.aborted_tokens += tokens
+            self.kind_aborted_tokens[rep.hybrid] += tokens
             self._dirty[rep.index] = rep
             aborted.extend((sample, rep) for sample in samples)
             for sample in samples:
@@ -191,12 +258,15 @@ class SimRollouter:
             self._dirty[rep.index] = rep
         for sample, home in aborted:
             if sticky and home in self.routable:
-                self.reprefilled_tokens += home.add(sample, now, resubmit=True)
-                self._dirty[home.index] = home
-                self._trace("route", sample.id, home.name)
+                self._place(sample, home, resubmit=True)
             else:
                 self._route(sample, resubmit=True)
         self.try_start()
+
+    def unroute(self, reps: list[Replica]) -> None:
+        """Take ``reps`` out of the balancer; they keep generating what they have (a drain)."""
+        self._set_routable([r for r in self.routable if r not in reps])
+        self._record()
 
     def remove(self, reps: list[Replica]) -> None:
         """Deactivate: remove from the balancer → abort (retries go elsewhere) → sleep."""

@@ -287,11 +287,15 @@ class Simulator:
         """Let the hybrids generate until enough is queued (a threshold above the queue's capacity
         could never be met: it is clamped to it), then take them back."""
         r, log, t = self.rollouter, self._log, self.loop.now
-        yield UntilQueued(min(intent.plan.wait_samples, self.spec.max_required_samples))
+        r.takeback_samples = min(intent.plan.wait_samples, self.spec.max_required_samples)
+        yield UntilQueued(r.takeback_samples)
         log.wait_for_samples_s = self.loop.now - t
         t = self.loop.now
         self._record_trace("deactivate")
         lent = [rep for rep in r.hybrids if rep in r.routable]
+        if self.spec.abort_drain_s > 0.0 and lent:
+            r.unroute(lent)  # SimSpec.abort_drain_s: what finishes meanwhile is queued, not aborted
+            yield Delay(self.spec.abort_drain_s)
         r.remove(r.hybrids)
         yield Delay(self.spec.deactivate_s)
         self.hybrid_active, log.deactivated = False, True

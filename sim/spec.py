@@ -52,6 +52,19 @@ class _RunShape:
     after every sync). Not a config key: scenarios set it with ``dataclasses.replace``. Not
     modelled: production's stranded refill, so a run whose last standalone dies while the hybrids
     are asleep and the queue is short stalls (``SimulationStalled``)."""
+    abort_route_min_share: float = 0.0
+    """Route a sample to a lent hybrid only while at least this share of the hybrids' recent
+    samples finished within the expected time to the take-back (``loop.abort_rules``); 0 = always
+    (off). Not a config key (issue 38 item 6, measured in benchmarks/results/sim_abort_waste.json)."""
+    abort_drain_s: float = 0.0
+    """At the take-back, leave the balancer first and let the hybrids generate this many seconds
+    before aborting what is left (what finishes meanwhile is queued); 0 = abort at once (off)."""
+    abort_cap: bool = False
+    """Shrink a lent hybrid's concurrency to ``concurrent_samples_per_replica`` × the share of its
+    recent samples that finished within the expected time to the take-back (off by default)."""
+    abort_history: int = 64
+    """Recent samples the rules above look at (finish times for the queue's rate, the hybrids'
+    durations)."""
 
     @property
     def step_required_samples(self) -> int:

@@ -41,3 +41,15 @@ def test_a_new_block_goes_after_its_anchor_or_at_the_end_without_one(tmp_path):
     assert _blocks(path.read_text()) == ["a", "a2", "b", "z"]
     results_io.write_section("a2", "a2 again", path, after="b")  # an existing block stays where it is
     assert _blocks(path.read_text()) == ["a", "a2", "b", "z"]
+
+
+def test_a_new_block_goes_above_the_history_and_nothing_is_written_under_it(tmp_path):
+    path = tmp_path / "RESULTS.md"
+    results_io.write_section("a", "a", path)
+    path.write_text(path.read_text() + "\n# History\n\n## old a (2026-11-30)\n\nold figures\n")
+    results_io.write_section("b", "b", path)
+    results_io.write_section("a", "a again", path)
+    text = path.read_text()
+    current, history = text.split("\n# History\n")
+    assert _blocks(current) == ["a", "b"] and "a again" in current
+    assert history == "\n## old a (2026-11-30)\n\nold figures\n"

@@ -170,7 +170,9 @@ def merge() -> dict:
         met = None if value is None else (value >= bound if op == ">=" else value <= bound)
         checks[key] = {"value": value, "target": f"{op} {bound}", "met": met}
     out["targets"] = checks
-    out["sources"] = {p.stem: written_at(p) for p in sorted(RESULTS_DIR.glob("*.json"))}
+    # each results file and the date of the run it holds (not when the file was last edited: a note
+    # added by hand does not re-date its figures)
+    out["sources"] = {p.stem: source(p.stem)["date"] for p in sorted(RESULTS_DIR.glob("*.json")) if read_json(p.stem)}
     return out
 
 

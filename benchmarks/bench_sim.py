@@ -24,7 +24,9 @@ import itertools
 import json
 import multiprocessing
 import os
+import shlex
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -526,8 +528,6 @@ def bench_random(n: int = 200, seed: int = 0, workers: int = 2) -> str:
                 "default_vs_never_lend": ratios["default"][i], "params": scenarios[i].params(),
                 "why": _why(scenarios[i], found[i])} for i in order[:5]]
     figures = FIGURES["random"] = {
-        "command": f"python benchmarks/bench_sim.py random --n {n} --seed {seed}",
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "distribution": "sim/random_scenarios.py (module docstring): TP 4/8; GPU total 8-128 log-uniform; "
                         "trainer GPUs uniform over the multiples of TP leaving one replica each side; staleness "
                         "0 w.p. 1/4 else U[0,1]; trigger 1-4; response-length mean 750-12000 log-uniform with a "
@@ -577,13 +577,12 @@ SECTIONS: dict[str, tuple[str, Callable[[argparse.Namespace], str]]] = {
         lambda args: bench_sensitivity(),
     ),
 }
-def write_section(path: Path, name: str, body: str) -> None:
+def write_section(path: Path, name: str, body: str, command: str, date: str) -> None:
     """Replace (or append) the ``name`` section of ``path`` (``results_io``'s markers)."""
     from results_io import write_section as write_block
 
     title, _ = SECTIONS[name]
-    write_block(f"bench_sim:{name}", f"## {title}\n\nCommand: `python benchmarks/bench_sim.py {name} --write "
-                f"{path.as_posix()}`\n\n{body}", path)
+    write_block(f"bench_sim:{name}", f"## {title}\n\nCommand: `{command}` ({date})\n\n{body}", path)
 
 
 def main() -> None:
@@ -597,14 +596,19 @@ def main() -> None:
     parser.add_argument("--results", default=str(Path(__file__).resolve().parent / "results.json"),
                         help="the merged results file whose sim_SECTION key --write replaces")
     args = parser.parse_args()
+    # what made the figures and when, kept with them (results.json, RESULTS.md) so a re-run keeps both
+    command = shlex.join(["python", "benchmarks/bench_sim.py", *sys.argv[1:]])
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     body = SECTIONS[args.section][1](args)
     print(body)
+    if args.section in FIGURES:
+        FIGURES[args.section].update(command=command, date=date)
     if args.section == "random":  # its own file only: results.json and RESULTS.md are merged by hand
         from results_io import write_json
 
         write_json("sim_random", {**FIGURES["random"], "load_average": os.getloadavg()[0]})
     if args.write:
-        write_section(Path(args.write), args.section, body)
+        write_section(Path(args.write), args.section, body, command, date)
         if args.section in FIGURES:
             publish(args.section, FIGURES[args.section], Path(args.results))
 

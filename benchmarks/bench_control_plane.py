@@ -8,7 +8,10 @@ Must not: import a measured tree's flows or actors (every run is a subprocess on
 
 Usage:
     .venv/bin/python benchmarks/bench_control_plane.py [--steps 10] [--rounds 1] [--baseline f691818|none]
-        [--write benchmarks/RESULTS.md]
+        [--baseline-server as-before|same] [--json-out-results PATH] [--write benchmarks/RESULTS.md]
+
+``--baseline-server same`` measures the baseline on the same Prefect server as this tree (for a
+change that does not touch the server); the default runs it as the server ran before it was tuned.
 """
 
 from __future__ import annotations
@@ -316,9 +319,11 @@ def measure_in_child(tree: Path, steps: int, timeout_s: float, as_before: bool =
         return json.loads(Path(out.name).read_text(encoding="utf-8"))
 
 
-def before_and_after(baseline: str | None, steps: int, timeout_s: float, rounds: int = 1) -> dict[str, dict[str, Any]]:
+def before_and_after(baseline: str | None, steps: int, timeout_s: float, rounds: int = 1,
+                     as_before: bool = True) -> dict[str, dict[str, Any]]:
     """Label → result: the baseline revision's (from a temporary worktree, removed after) and this
-    tree's, alternated ``rounds`` times (baseline first in each), each figure the median over rounds."""
+    tree's, alternated ``rounds`` times (baseline first in each), each figure the median over rounds.
+    ``as_before``: the baseline on Prefect's server as it ran before it was tuned, else as this tree's."""
     measured: dict[str, list[dict[str, Any]]] = {}
     label = this_tree_label()
     scratch = Path(tempfile.mkdtemp(prefix="tidal-bcp-base-", dir="/tmp"))
@@ -326,7 +331,7 @@ def before_and_after(baseline: str | None, steps: int, timeout_s: float, rounds:
     if baseline:
         rev = git("rev-parse", "--short", baseline)
         git("worktree", "add", "--detach", str(scratch / "tree"), rev)
-        trees.append((f"baseline {rev}", scratch / "tree", True))
+        trees.append((f"baseline {rev}", scratch / "tree", as_before))
     trees.append((label, ROOT, False))
     try:
         for k in range(rounds):
@@ -429,6 +434,21 @@ def markdown(results: dict[str, dict[str, Any]], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def before_after_figures(results: dict[str, dict[str, Any]], command: str) -> dict[str, Any]:
+    """The command, the date, each tree's headline (the first tree is "before", the last "after")
+    and after/before per headline figure: what ``--json-out-results`` writes."""
+    labels = list(results)
+    before, after = labels[0], labels[-1]
+    last = results[after]
+    heads = {label: headline(r) for label, r in results.items()}
+    return {"command": command, "date": time.strftime("%Y-%m-%d %H:%M %Z"), "load_average": last["load_average"],
+            "steps": last["steps"], "before_tree": before, "after_tree": after,
+            "before": heads[before], "after": heads[after],
+            "ratio": {k: heads[after][k] / v if v else None for k, v in heads[before].items()},
+            "rounds": {label: r.get("rounds", [heads[label]]) for label, r in results.items()},
+            "setups": {label: r["setups"] for label, r in results.items()}}
+
+
 def write_figures(results: dict[str, dict[str, Any]], command: str) -> None:
     """``benchmarks/results/overhead.json``, then ``benchmarks/results.json`` merged from all results."""
     from results_io import write_json
@@ -457,6 +477,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="alternate the baseline and this tree this many times; figures are medians over rounds")
     parser.add_argument("--baseline", default=BASELINE,
                         help=f"revision to measure first, in a temporary git worktree (default {BASELINE}; none: skip)")
+    parser.add_argument("--baseline-server", choices=("as-before", "same"), default="as-before",
+                        help="the baseline's Prefect server: as before it was tuned (default), or this tree's")
+    parser.add_argument("--json-out-results", type=Path,
+                        help="also write the command and every tree's headline figures to this JSON file")
     parser.add_argument("--write", type=Path, help="update this RESULTS.md's section, results/overhead.json and "
                                                    "results.json")
     parser.add_argument("--measure", type=Path, help=argparse.SUPPRESS)  # the child: measure this tree only
@@ -473,10 +497,17 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/bench_control_plane.py" + (f" --steps {args.steps}" if args.steps != 10 else "") + (
         f" --rounds {args.rounds}" if args.rounds != 1 else "") + (
         f" --baseline {args.baseline}" if args.baseline != BASELINE else "") + (
+        f" --baseline-server {args.baseline_server}" if args.baseline_server != "as-before" else "") + (
+        f" --json-out-results {args.json_out_results}" if args.json_out_results else "") + (
         f" --write {args.write}" if args.write else "")
-    results = before_and_after(baseline, args.steps, args.timeout, args.rounds)
+    results = before_and_after(baseline, args.steps, args.timeout, args.rounds,
+                               as_before=args.baseline_server == "as-before")
     section = markdown(results, command)
     print(section)
+    if args.json_out_results:
+        from results_io import write_json
+
+        print("wrote", write_json("", before_after_figures(results, command), args.json_out_results))
     if args.write:
         from results_io import write_section
 

@@ -138,21 +138,37 @@ def _call(coroutine_fn: Any, *args: Any) -> Any:
 
 async def _create_subflow_run(flow: Any, parent: Any, parameters: dict[str, Any]) -> Any:
     """What Prefect's subflow call creates before it runs (``FlowRunEngine.create_flow_run``): the
-    stand-in task run in ``parent`` and a Pending flow run under it, here with its name resolved."""
-    from prefect._internal.engine import resolve_custom_flow_run_name
+    stand-in task run in ``parent`` and a Pending flow run under it, here with its name resolved.
+
+    Prefect's engine also marks its stand-in ``_is_subflow_tracking_task``; that private flag only
+    changes the stand-in's key when the subflow is called from inside a task run, and the steps are
+    called from the parent flow's body, so the stand-in is a plain ``Task`` here
+    (docs/platform-notes.md, "Private Prefect and Ray names we use")."""
     from prefect.client.orchestration import get_client
     from prefect.context import TagsContext
     from prefect.states import Pending
     from prefect.tasks import Task
 
     stand_in = Task(name=flow.name, fn=flow.fn, version=flow.version)
-    stand_in._is_subflow_tracking_task = True  # type: ignore[attr-defined] # Prefect's own marker for it
     task_run = await stand_in.create_run(flow_run_context=parent, parameters=parameters)
     async with get_client() as client:
         return await client.create_flow_run(
-            flow=flow, name=resolve_custom_flow_run_name(flow, parameters),
+            flow=flow, name=run_name(flow, parameters),
             parameters=flow.serialize_parameters(parameters), state=Pending(),
             parent_task_run_id=task_run.id, tags=TagsContext.get().current_tags)
+
+
+def run_name(flow: Any, parameters: dict[str, Any]) -> str | None:
+    """The name Prefect's engine would give a run of ``flow`` once it starts, from the flow's public
+    ``flow_run_name``: a template formatted with the run's parameters, or a callable's answer; None
+    (the server picks one) when the flow has neither."""
+    template = flow.flow_run_name
+    if template is None:
+        return None
+    name = template() if callable(template) else template.format(**parameters)
+    if not isinstance(name, str):
+        raise TypeError(f"flow_run_name of {flow.name!r} gave {type(name).__name__}, not a string")
+    return name
 
 
 async def _update_parameters(flow_run_id: Any, parameters: dict[str, Any]) -> None:

@@ -48,7 +48,7 @@ class ReportData:
         lent = f", hybrid lent in {len(self.lent)} of {len(self.steps)} steps" if self.steps else ""
         if self.gain is not None:
             verb = "bought" if self.gain.bought_s >= 0 else "cost"
-            lent += f" ({verb} ≈ {abs(self.gain.bought_s):.1f} s, measured)"
+            lent += f" ({verb} ≈ {abs(self.gain.bought_s):.1f} s, estimated)"
         object.__setattr__(self, "title", f"Tidal run {self.uid} · policy {self.policy}{lent}")
 
     def lent_spans(self) -> list[tuple[float, float]]:

@@ -69,47 +69,53 @@ def lent_steps(rows: Sequence[Mapping[str, object]]) -> list[int]:
 
 @dataclass(frozen=True)
 class LendingGain:
-    """What lending bought in one run, measured in that run (``lending_gain``).
+    """What lending bought in one run, estimated from that run's own steps (``lending_gain``).
 
-    ``lent_wait_s`` and ``unlent_wait_s``: the trainer's mean wait for samples per step with and
-    without the hybrids lent; ``switch_s``: every switch of the run (all of it is lending's cost);
-    ``bought_s = lent × (unlent_wait_s − lent_wait_s) − switch_s``: the waits the lent steps did
-    not have, by the run's own steps without a lend, less what the switches cost. It is an estimate:
-    the steps without a lend ran at other moments of the run (``tidal compare`` runs both side by
-    side). None where there is no lent step or no step without one to compare with.
+    ``lent_idle_s`` and ``unlent_idle_s``: the mean seconds per step that the trainer neither
+    trained nor synced (its wait for samples plus the control plane's share, ``StepSplit.wait +
+    other``: a lend cycle's extra tasks count against it), over the steps with the hybrids lent
+    and over those without; the run's first step (its start-up) is in neither. ``switch_s``: every
+    switch of the run, all of it lending's cost. ``bought_s = lent × (unlent_idle_s −
+    lent_idle_s) − switch_s``. An estimate: the steps without a lend ran at other moments of the
+    run (often its start, where the policy had not lent yet); ``tidal compare`` measures the same
+    job side by side. None where there is no lent step or no step without one to compare with.
     """
 
     steps: int
     lent: int
-    lent_wait_s: float
-    unlent_wait_s: float
+    lent_idle_s: float
+    unlent_idle_s: float
     switch_s: float
 
-    BASIS = "the trainer's wait per lent step against its wait per step without a lend, both measured in this run"
+    BASIS = ("the trainer's wait and the control plane's time per lent step against the same per step "
+             "without a lend, both from this run's steps after its first")
 
     @property
     def bought_s(self) -> float:
-        return self.lent * (self.unlent_wait_s - self.lent_wait_s) - self.switch_s
+        return self.lent * (self.unlent_idle_s - self.lent_idle_s) - self.switch_s
 
     def sentence(self) -> str:
-        """``lent on 57 of 64 steps: the trainer waited 0.32 s a lent step against 0.68 s a step
-        without a lend, switching cost 4.7 s in all: lending bought ≈ 15.6 s (measured)``."""
+        """``lent on 57 of 64 steps: a lent step waited and ran control-plane tasks 0.60 s against
+        0.83 s for a step without a lend; switches cost 5.2 s in all: lending bought ≈ 7.9 s
+        (estimated from this run's steps)``."""
         verb = "bought" if self.bought_s >= 0 else "cost"
-        return (f"lent on {self.lent} of {self.steps} steps: the trainer waited {self.lent_wait_s:.2f} s a lent step "
-                f"against {self.unlent_wait_s:.2f} s a step without a lend, switching cost {self.switch_s:.1f} s "
-                f"in all: lending {verb} ≈ {abs(self.bought_s):.1f} s (measured in this run)")
+        return (f"lent on {self.lent} of {self.steps} steps: a lent step waited and ran control-plane tasks "
+                f"{self.lent_idle_s:.2f} s against {self.unlent_idle_s:.2f} s for a step without a lend; switches "
+                f"cost {self.switch_s:.1f} s in all: lending {verb} ≈ {abs(self.bought_s):.1f} s (estimated from "
+                f"this run's steps)")
 
 
 def lending_gain(rows: Sequence[Mapping[str, object]]) -> LendingGain | None:
     """``LendingGain`` of a run's step rows (in step order, each with ``hybrid_active_after``)."""
     lent = set(lent_steps(rows))
     splits = [(int(r["step"]) in lent, step_split(r)) for r in rows]  # type: ignore[arg-type, call-overload]
-    with_lend = [s.wait for is_lent, s in splits if is_lent]
-    without = [s.wait for is_lent, s in splits if not is_lent]
+    after_first = splits[1:]
+    with_lend = [s.wait + s.other for is_lent, s in after_first if is_lent]
+    without = [s.wait + s.other for is_lent, s in after_first if not is_lent]
     if not with_lend or not without:
         return None
-    return LendingGain(steps=len(rows), lent=len(with_lend), lent_wait_s=sum(with_lend) / len(with_lend),
-                       unlent_wait_s=sum(without) / len(without), switch_s=sum(s.switch for _, s in splits))
+    return LendingGain(steps=len(rows), lent=len(lent), lent_idle_s=sum(with_lend) / len(with_lend),
+                       unlent_idle_s=sum(without) / len(without), switch_s=sum(s.switch for _, s in splits))
 
 
 def tracked_scalars(metrics: Mapping[str, object]) -> dict[str, float]:

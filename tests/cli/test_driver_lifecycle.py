@@ -104,9 +104,8 @@ def test_a_non_terminal_gets_one_plain_line_per_step_and_a_summary():
     assert lines[0] == (f"tidal run r1: {cfg.trainer_gpus} trainer GPU(s), {cfg.standalone_gpus} rollout GPU(s), policy "
                         f"{cfg.async_training.dynamic_schedule_policy}; steps 1..2")
     assert lines[3].startswith("done: 2 step(s) in ") and lines[3].endswith(
-        "s, reward 0.250 → 0.500; lent on 1 of 2 steps: the trainer waited 0.00 s a lent step against 1.00 s a "
-        "step without a lend, switching cost 0.5 s in all: lending bought ≈ 0.5 s (measured in this run); "
-        "report /runs/r1/report.md")
+        "s, reward 0.250 → 0.500; lent on 1 of 2 steps; report /runs/r1/report.md")  # no step without a lend
+    # after the start-up step to compare with: the count only (metrics.lending_gain)
     assert len(lines) == 4
 
 

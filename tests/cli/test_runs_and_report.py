@@ -70,7 +70,7 @@ def test_the_report_is_drawn_from_the_split_and_the_lent_steps(tmp_path):
     with session_scope(open_store(url)) as session:
         rows = read_step_metrics(session, "tiny-a")
     data = report_data("tiny-a", "default", rows)
-    assert data.title == "Tidal run tiny-a · policy default, hybrid lent in 2 of 4 steps (cost ≈ 1.0 s, measured)"
+    assert data.title == "Tidal run tiny-a · policy default, hybrid lent in 2 of 4 steps (bought ≈ 3.0 s, estimated)"
     assert data.gain == lending_gain(rows)  # seeded: every step waits 1 s; two switches of 0.5 s
     assert data.steps == [1, 2, 3, 4]
     assert data.lent == [2, 3]  # lent after steps 1 and 2: it generated during steps 2 and 3

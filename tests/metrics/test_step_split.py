@@ -34,26 +34,30 @@ def test_trackers_get_the_finite_numbers_in_name_order():
     assert list(tracked_scalars({"b": 2, "a": 1.5})) == ["a", "b"]
 
 
-def _row(step, wait, switch=0.0, active_after=False):
-    return {"step": step, "timing_s/wait_for_enough_samples": wait, "waste/switch_s": switch,
-            "hybrid_active_after": active_after}
+def _row(step, wait, switch=0.0, active_after=False, step_s=None, other=0.0):
+    # a step of 1 s training + its wait, switch and ``other`` (control plane) seconds
+    return {"step": step, "timing_s/step": step_s or 1.0 + wait + switch + other,
+            "dynamic_resource/train_compute_time_s": 1.0, "timing_s/wait_for_enough_samples": wait,
+            "waste/switch_s": switch, "hybrid_active_after": active_after}
 
 
-def test_what_lending_bought_is_the_waits_lent_steps_did_not_have_less_every_switch():
-    # steps 1-2 without a lend wait 2 s; the hybrids lent after step 2 (switch 0.5 s) and kept
-    # through step 4; steps 3-5 are lent and wait 0.5 s; the take-back in step 5 costs 0.25 s
-    rows = [_row(1, 2.0), _row(2, 2.0, 0.5, True), _row(3, 0.5, 0.0, True), _row(4, 0.5, 0.0, True),
-            _row(5, 0.5, 0.25), _row(6, 2.0)]
+def test_what_lending_bought_is_the_idle_time_lent_steps_did_not_have_less_every_switch():
+    # step 1 (start-up) is left out; steps 2 and 6 without a lend wait 2 s; the hybrids lent after
+    # step 2 (switch 0.5 s) and kept through step 4; steps 3-5 are lent, wait 0.5 s and pay 0.25 s
+    # more of control plane; the take-back in step 5 costs 0.25 s
+    rows = [_row(1, 9.0), _row(2, 2.0, 0.5, True), _row(3, 0.5, 0.0, True, other=0.25),
+            _row(4, 0.5, 0.0, True, other=0.25), _row(5, 0.5, 0.25, other=0.25), _row(6, 2.0)]
     gain = lending_gain(rows)
-    assert gain == LendingGain(steps=6, lent=3, lent_wait_s=0.5, unlent_wait_s=2.0, switch_s=0.75)
-    assert gain.bought_s == 3 * 1.5 - 0.75
-    assert gain.sentence().endswith("lending bought ≈ 3.8 s (measured in this run)")
-    assert "lent on 3 of 6 steps" in gain.sentence()
+    assert gain == LendingGain(steps=6, lent=3, lent_idle_s=0.75, unlent_idle_s=2.0, switch_s=0.75)
+    assert gain.bought_s == 3 * 1.25 - 0.75
+    assert gain.sentence().endswith("lending bought ≈ 3.0 s (estimated from this run's steps)")
+    assert "lent on 3 of 6 steps: a lent step waited and ran control-plane tasks 0.75 s against 2.00 s" in (
+        gain.sentence())
 
 
 def test_lending_that_cost_more_than_it_saved_says_so_and_no_comparison_without_both_kinds_of_step():
-    costly = lending_gain([_row(1, 0.1, 2.0, True), _row(2, 0.1), _row(3, 0.1)])
+    costly = lending_gain([_row(1, 0.1), _row(2, 0.1, 2.0, True), _row(3, 0.1), _row(4, 0.1)])
     assert costly.bought_s < 0 and "lending cost ≈ 2.0 s" in costly.sentence()
     assert lending_gain([_row(1, 1.0), _row(2, 1.0)]) is None  # never lent
-    assert lending_gain([_row(1, 1.0, 0.1, True), _row(2, 1.0, 0.0, True)][1:]) is None  # only a lent step
+    assert lending_gain([_row(1, 1.0, 0.1, True), _row(2, 1.0)]) is None  # only the start-up step is without
     assert lending_gain([]) is None

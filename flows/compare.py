@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from config import ConfigError, load_config
+from metrics import lent_spans as spans_of
 from metrics import lent_steps, step_split
 
 NEVER_LEND = "static_fully_async"
@@ -102,15 +103,8 @@ def table(runs: Sequence[SetupRun]) -> str:
 
 
 def lent_spans(run: SetupRun) -> list[tuple[float, float]]:
-    """The x-ranges to shade for ``run``: each stretch of consecutive lent steps as one span from
-    half a step before its first to half a step after its last."""
-    spans: list[tuple[float, float]] = []
-    for step in lent_steps(run.rows):
-        if spans and spans[-1][1] == step - 0.5:
-            spans[-1] = (spans[-1][0], step + 0.5)
-        else:
-            spans.append((step - 0.5, step + 0.5))
-    return spans
+    """The x-ranges to shade for ``run``'s lent steps (``metrics.lent_spans``)."""
+    return spans_of(lent_steps(run.rows))
 
 
 def plot(runs: Sequence[SetupRun], path: Path) -> Path:
@@ -180,7 +174,8 @@ def run_setup(config: str, overrides: Sequence[str], label: str, out: Path, step
              f"trainer.default_local_dir={folder.resolve()}/runs", "lifecycle.progress=lines",
              *([f"trainer.total_training_steps={steps}"] if steps else [])]
     args = [sys.executable, "-m", "flows.cli", "run", config, *(a for o in extra for a in ("--set", o))]
-    say(f"== {label}: tidal run {config} (policy {setup_overrides(label)[0].split('=')[1]})")
+    policy = setup_overrides(label)[0].split("=", 1)[1]
+    say(f"== {label}: tidal run {config} (policy {policy})")
     started = time.monotonic()
     with open(folder / "run.log", "w", encoding="utf-8") as log:
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -195,7 +190,6 @@ def run_setup(config: str, overrides: Sequence[str], label: str, out: Path, step
     if code != 0:
         raise RuntimeError(f"the {label} run exited {code}; its log: {folder / 'run.log'}")
     say(f"== {label}: done in {elapsed:.1f} s")
-    policy = setup_overrides(label)[0].split("=", 1)[1]
     return SetupRun(label=label, policy=policy, elapsed_s=elapsed, rows=read_rows(url))
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from config import TidalConfig
-from metrics import SPLIT_PARTS, LendingGain, StepSplit, lending_gain, lent_steps, step_split
+from metrics import SPLIT_PARTS, LendingGain, StepSplit, lending_gain, lent_spans, lent_steps, step_split
 from storage import open_store, read_step_metrics, session_scope
 
 SERIES = {
@@ -52,14 +52,8 @@ class ReportData:
         object.__setattr__(self, "title", f"Tidal run {self.uid} · policy {self.policy}{lent}")
 
     def lent_spans(self) -> list[tuple[float, float]]:
-        """The x spans shaded as "hybrid lent": consecutive lent steps merged, ±0.5 around each."""
-        spans: list[tuple[float, float]] = []
-        for step in self.lent:
-            if spans and spans[-1][1] == step - 0.5:
-                spans[-1] = (spans[-1][0], step + 0.5)
-            else:
-                spans.append((step - 0.5, step + 0.5))
-        return spans
+        """The x spans shaded as "hybrid lent" (``metrics.lent_spans``)."""
+        return lent_spans(self.lent)
 
 
 def report_data(uid: str, policy: str, rows: list[dict[str, Any]]) -> ReportData:

@@ -25,7 +25,16 @@ from .aggregate import (
     cycle_utilizations,
     rule_for,
 )
-from .step_split import SPLIT_PARTS, LendingGain, StepSplit, lending_gain, lent_steps, step_split, tracked_scalars
+from .step_split import (
+    SPLIT_PARTS,
+    LendingGain,
+    StepSplit,
+    lending_gain,
+    lent_spans,
+    lent_steps,
+    step_split,
+    tracked_scalars,
+)
 from .utilization import (
     cluster_resource_utilization,
     rollout_resource_utilization,

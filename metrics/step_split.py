@@ -11,7 +11,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["SPLIT_PARTS", "LendingGain", "StepSplit", "lending_gain", "lent_steps", "step_split", "tracked_scalars"]
+__all__ = ["SPLIT_PARTS", "LendingGain", "StepSplit", "lending_gain", "lent_spans", "lent_steps", "step_split",
+           "tracked_scalars"]
 
 SPLIT_PARTS = ("train", "wait", "switch", "sync", "other")
 """The parts of a step's time, in plotting order."""
@@ -65,6 +66,18 @@ def lent_steps(rows: Sequence[Mapping[str, object]]) -> list[int]:
             out.append(int(row["step"]))  # type: ignore[call-overload]
         before = bool(row.get("hybrid_active_after", False))
     return out
+
+
+def lent_spans(steps: Sequence[int]) -> list[tuple[float, float]]:
+    """The x spans a plot shades as "lent": consecutive lent ``steps`` (ascending) merged into one
+    span, from half a step before the first to half a step after the last."""
+    spans: list[tuple[float, float]] = []
+    for step in steps:
+        if spans and spans[-1][1] == step - 0.5:
+            spans[-1] = (spans[-1][0], step + 0.5)
+        else:
+            spans.append((step - 0.5, step + 0.5))
+    return spans
 
 
 @dataclass(frozen=True)

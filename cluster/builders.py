@@ -270,7 +270,7 @@ def run_sizes(cfg: TidalConfig, *, consumed_before: int = 0) -> RunSizes:
         buffer_samples=cfg.buffer_samples, only_hybrid=cfg.only_hybrid,
         standalone_replicas=cfg.standalone_replicas, hybrid_replicas=cfg.hybrid_replicas,
         consumed_before=consumed_before, generated_before=consumed_before,
-        max_required_samples=cfg.max_required_samples,
+        max_required_samples=cfg.max_required_samples, sample_budget=prompt_budget(cfg),
     )
 
 

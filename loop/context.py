@@ -61,6 +61,8 @@ def policy_context(sizes: RunSizes, snap: Snapshot) -> DynamicScheduleContext:
         lent_replicas=snap.lent_replicas,
         max_required_samples=sizes.max_required_samples,
         in_flight_samples=int(snap.in_flight),
+        samples_to_start=None if sizes.sample_budget is None else max(
+            0, sizes.sample_budget - sizes.generated_before - int(snap.generated_total) - int(snap.in_flight)),
     )
 
 

@@ -77,6 +77,8 @@ class RunSizes:
     generated_before: int = 0
     max_required_samples: int = 0
     """The staleness cap: samples started per param version, and the queue's capacity."""
+    sample_budget: int | None = None
+    """Samples the run starts in all (its prompt budget, earlier processes included); None: no budget."""
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,10 @@ class DynamicScheduleContext:
     """The staleness cap: samples started per param version (and the queue's capacity); 0 = unknown."""
     in_flight_samples: int = 0
     """Samples being generated when the context was built."""
+    samples_to_start: int | None = None
+    """Samples the rollouter may still start: the run's prompt budget less those started (generated
+    or in flight); None when the run has no budget. Near the end of the data it, not the staleness
+    cap, bounds what lent replicas can add."""
     step_required_samples: int = field(init=False)
     """Derived: required_samples × trigger_parameter_sync_step (one cycle's samples)."""
 

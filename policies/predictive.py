@@ -103,6 +103,8 @@ def hybrid_share(k: int, ctx: DynamicScheduleContext) -> float:
     if ctx.max_required_samples <= 0 or ctx.in_flight_samples <= 0:
         return k / s  # nothing to bound it with (a bare context)
     headroom = max(0, ctx.max_required_samples - ctx.in_flight_samples - ctx.mq_size)
+    if ctx.samples_to_start is not None:  # near the data's end, what is left to start bounds it
+        headroom = min(headroom, ctx.samples_to_start)
     return min(k / s, headroom / ctx.in_flight_samples)
 
 

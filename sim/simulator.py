@@ -159,7 +159,7 @@ class Simulator:
                               trigger_parameter_sync_step=spec.trigger_parameter_sync_step,
                               buffer_samples=spec.buffer_samples, only_hybrid=spec.only_hybrid,
                               standalone_replicas=spec.standalone_replicas, hybrid_replicas=spec.hybrid_replicas,
-                              max_required_samples=spec.max_required_samples)
+                              max_required_samples=spec.max_required_samples, sample_budget=spec.total_samples)
         """The run's static sizes, as the controller has them (``loop.policy_context``)."""
         self.consumed = 0
         """Samples the trainer consumed before the current step (as the controller counts them)."""

@@ -35,7 +35,21 @@ from typing import TYPE_CHECKING, Any, Protocol
 from cluster.membership import Membership
 from cluster.readonly import ReadOnly
 from cluster.types import RolloutCounters
-from loop import Decider, DecisionRecord, Snapshot, SwitchBook, policy_context
+from loop import (
+    Activate,
+    Decider,
+    DecisionRecord,
+    Guard,
+    HybridSync,
+    Snapshot,
+    SwitchBook,
+    WaitForSamples,
+    only_hybrid_start,
+    policy_context,
+    refill_sequence,
+    relend_after_resume,
+    stranded_refill,
+)
 from loop.plans import DeactivatePlan, LendPlan, MicroSummary, RunSizes, SwitchReport
 from policies import DynamicScheduleContext
 
@@ -53,10 +67,6 @@ __all__ = [
 
 # Seconds between two in-flight polls while a rebalance waits for the aborted requests to drain.
 DRAIN_POLL_INTERVAL_S = 0.01
-
-STRANDED_REFILL = "refill_if_stranded"
-ONLY_HYBRID_START = "only_hybrid_start"
-"""The guard decision recorded when the hybrids are lent because nothing else can generate."""
 
 
 class ControllerState(enum.Enum):
@@ -347,22 +357,18 @@ class DynamicResourceController:
         return self._decider.warm_up(self.context(), len(self._hybrids))
 
     def relend_after_resume(self, version: int) -> LendPlan:
-        """A resumed run whose hybrids were lent when it stopped lends as many again (a guard
-        decision)."""
-        plan = LendPlan(step=0, count=self._relend_count, of=len(self._hybrids))
-        self._decider.record_guard(0, "relend_after_resume", plan.count,
-                                   f"the hybrids were lent when the run stopped (param version {version})",
-                                   self.is_hybrid_active, self.context())
-        return plan
+        """A resumed run whose hybrids were lent when it stopped lends as many again (the guard
+        ``loop.guards.relend_after_resume``, recorded)."""
+        return self._guard(0, relend_after_resume(version, self._relend_count, len(self._hybrids)), self.context())
 
     def lend_only_hybrids(self, version: int) -> LendPlan:
-        """Only-hybrid mode: the hybrids are the only replicas, so a fresh run lends them all before
-        step 1 (a guard decision); nothing else would generate step 1's samples."""
-        plan = LendPlan(step=0, count=len(self._hybrids), of=len(self._hybrids))
-        self._decider.record_guard(0, ONLY_HYBRID_START, plan.count,
-                                   f"only-hybrid mode: no standalone replica, so the hybrids generate "
-                                   f"from the start (param version {version})", self.is_hybrid_active, self.context())
-        return plan
+        """Only-hybrid mode: a fresh run lends every hybrid before step 1 (the guard
+        ``loop.guards.only_hybrid_start``, recorded); nothing else would generate step 1's samples."""
+        return self._guard(0, only_hybrid_start(version, len(self._hybrids)), self.context())
+
+    def _guard(self, step: int, guard: Guard, ctx: DynamicScheduleContext) -> LendPlan:
+        self._decider.record_guard(step, guard.hook, guard.answer, guard.reason, self.is_hybrid_active, ctx)
+        return guard.plan
 
     def lend(self, step: int, micro: Sequence[MicroSummary], count: int | None = None) -> tuple[SwitchReport, ...]:
         """Activate the synced hybrids (``count`` of them, when given, must be what was synced);
@@ -386,24 +392,29 @@ class DynamicResourceController:
 
     def refill_if_stranded(self, step: int, version: int, wait_for_queue: Callable[[int], Any]) -> bool:
         """The trainer waits, the hybrids sleep and no standalone replica is alive: nothing would
-        generate its samples. Lend the hybrids (at ``version``, the last broadcast) until one
-        micro-step's samples are queued, then take them back; recorded as a guard decision first.
-        Returns whether it refilled."""
+        generate its samples (``loop.guards.stranded_refill``). Record the guard, then carry out
+        ``loop.guards.refill_sequence``: lend the hybrids at ``version`` (the last broadcast) until
+        ``wait_for_queue`` has one micro-step queued, and take them back, even when the wait fails.
+        Returns whether it refilled (the counters are not read while the hybrids are lent)."""
         if not self._hybrids or self.is_hybrid_active:
             return False
         ctx = self.context()
-        if not ctx.standalone_lost or ctx.mq_size >= self._sizes.required_samples:
+        guard = stranded_refill(step, ctx, hybrids=len(self._hybrids), active=self.is_hybrid_active,
+                                version=version)
+        if guard is None:
             return False
-        self._decider.record_guard(step, STRANDED_REFILL, True,
-                                   f"no standalone replica alive and {ctx.mq_size} of "
-                                   f"{self._sizes.required_samples} samples queued: lend the hybrids "
-                                   f"at version {version} until a micro-step is queued", False, ctx)
-        self.hybrid_sync(version)
-        self.activate()
-        try:
-            wait_for_queue(self._sizes.required_samples)
-        finally:
-            self.deactivate()
+        self._guard(step, guard, ctx)
+        for op in refill_sequence(guard, version, self._sizes.required_samples):
+            match op:
+                case HybridSync(plan=plan, version=v):
+                    self.hybrid_sync(v, plan.count)
+                case Activate():
+                    self.activate()
+                case WaitForSamples(plan=plan):
+                    try:
+                        wait_for_queue(plan.wait_samples)
+                    finally:
+                        self.deactivate()
         return True
 
     # --------------------------------------------------------------- switches

@@ -1,7 +1,8 @@
 """The rules of the fully-async loop that production and the simulator share.
 
 Owns: the step as a sequence of phase intents (``loop.step``), the typed plans and reports that
-pass between a step's phases (``loop.plans``), and the policy questions of a step with their
+pass between a step's phases (``loop.plans``), the switches no policy asks for (the guarded
+starts and the stranded refill, ``loop.guards``), and the policy questions of a step with their
 decision records and the per-cycle switch durations (``loop.decisions``).
 
 Must not: import Ray, torch, Prefect or a clock, do I/O, or know how a phase is carried out.
@@ -10,6 +11,17 @@ Production executes the intents against its actors; the simulator against its ev
 
 from loop.context import Snapshot, micro_summaries, policy_context
 from loop.decisions import DecisionRecord, Decider, SwitchBook, SwitchDurations, lend_count
+from loop.guards import (
+    ONLY_HYBRID_START,
+    RELEND_AFTER_RESUME,
+    STRANDED_POLL_S,
+    STRANDED_REFILL,
+    Guard,
+    only_hybrid_start,
+    refill_sequence,
+    relend_after_resume,
+    stranded_refill,
+)
 from loop.plans import (
     BroadcastReport,
     DeactivatePlan,
@@ -38,6 +50,15 @@ from loop.step import (
 )
 
 __all__ = [
+    "ONLY_HYBRID_START",
+    "RELEND_AFTER_RESUME",
+    "STRANDED_POLL_S",
+    "STRANDED_REFILL",
+    "Guard",
+    "only_hybrid_start",
+    "refill_sequence",
+    "relend_after_resume",
+    "stranded_refill",
     "Activate",
     "BroadcastReport",
     "BroadcastSync",

@@ -97,9 +97,11 @@ class HybridSync:
 
 @dataclass(frozen=True)
 class Activate:
-    """Activate the synced hybrids; then ask ``request_rebalance`` and rebalance if it says so."""
+    """Activate the synced hybrids; then ask ``request_rebalance`` and rebalance if it says so
+    (only with ``rebalance``: a guard's lend, ``loop.guards.refill_sequence``, asks nothing)."""
 
     plan: LendPlan
+    rebalance: bool = True
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ Owns the virtual-time execution of the ``loop`` package's step: it drives ``loop
 ``loop.step_sequence`` (production's sequence), carries out each intent as waits (a delay, enough
 queued samples, an empty flight) that the event loop turns into events or wake-up conditions, and
 asks every policy question through ``loop.Decider``, with ``loop.SwitchBook``'s durations in the context.
-Must not ask a policy hook itself or decide what a step does next (``loop`` does).
+A trainer left waiting with nothing to generate its samples gets production's stranded refill
+(``loop.guards``: the rule, its guard decision and its switches). Must not ask a policy hook itself,
+decide what a step does next (``loop`` does) or decide when a guard fires (``loop.guards`` does).
 
 Timing conventions of the metrics (per micro-step ``i``, reference §4):
 
@@ -18,6 +20,7 @@ Timing conventions of the metrics (per micro-step ``i``, reference §4):
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
@@ -38,6 +41,7 @@ from loop import (
     ShouldDeactivate,
     Snapshot,
     SwitchBook,
+    STRANDED_POLL_S,
     SwitchReport,
     Train,
     UpdateAfterStep,
@@ -46,8 +50,10 @@ from loop import (
     WarmUp,
     micro_summaries,
     policy_context,
+    refill_sequence,
     run_start,
     step_sequence,
+    stranded_refill,
 )
 from loop.workload import LengthModel
 
@@ -85,11 +91,18 @@ class UntilQueued(NamedTuple):
     samples: int
 
 
+class UntilQueuedOrStranded(NamedTuple):
+    """Until ``samples`` are queued, or nothing can generate them: no standalone replica is alive
+    and the hybrids sleep (``loop.guards.stranded_refill``'s condition)."""
+
+    samples: int
+
+
 class UntilIdle(NamedTuple):
     """Until nothing routable is in flight (a sync without partial rollout drains first)."""
 
 
-Wait = Delay | UntilQueued | UntilIdle
+Wait = Delay | UntilQueued | UntilQueuedOrStranded | UntilIdle
 
 
 @dataclass
@@ -219,6 +232,8 @@ class Simulator:
         r = self.rollouter
         if isinstance(wait, UntilQueued):
             return lambda: len(r.queue) >= wait.samples
+        if isinstance(wait, UntilQueuedOrStranded):
+            return lambda: len(r.queue) >= wait.samples or self._stranded()
         return lambda: r.in_flight == len(r.pending)  # retries with no replica cannot drain
 
     def _death(self, rep: Replica) -> list[Event]:
@@ -290,7 +305,13 @@ class Simulator:
         r.takeback_samples = min(intent.plan.wait_samples, self.spec.max_required_samples)
         yield UntilQueued(r.takeback_samples)
         log.wait_for_samples_s = self.loop.now - t
-        t = self.loop.now
+        report = yield from self._take_back(intent.plan.step)
+        log.deactivated, log.deactivate_s = True, report.duration_s
+        return WaitReport(waited_s=log.wait_for_samples_s, mq_size=len(r.queue), deactivate=report)
+
+    def _take_back(self, step: int) -> Generator[Wait, None, SwitchReport]:
+        """Deactivate the lent hybrids: (drain,) remove → abort → sleep."""
+        r, t = self.rollouter, self.loop.now
         self._record_trace("deactivate")
         lent = [rep for rep in r.hybrids if rep in r.routable]
         if self.spec.abort_drain_s > 0.0 and lent:
@@ -298,16 +319,14 @@ class Simulator:
             yield Delay(self.spec.abort_drain_s)
         r.remove(r.hybrids)
         yield Delay(self.spec.deactivate_s)
-        self.hybrid_active, log.deactivated = False, True
-        report = self._switched(intent.plan.step, "deactivate", t, lent)
-        log.deactivate_s = report.duration_s
-        return WaitReport(waited_s=log.wait_for_samples_s, mq_size=len(r.queue), deactivate=report)
+        self.hybrid_active = False
+        return self._switched(step, "deactivate", t, lent)
 
     def _train(self, intent: Train) -> Iterator[Wait]:
         spec, r, log, t = self.spec, self.rollouter, self._log, self.loop.now
         queued = len(r.queue)
-        yield UntilQueued(spec.required_samples)
-        self._wait_sums[0].append(self.loop.now - t)
+        refill_s = yield from self._pull(intent.step, spec.required_samples, t)
+        self._wait_sums[0].append(self.loop.now - t - refill_s)
         self._wait_sums[1].append(max(0, spec.required_samples - queued))
         batch = r.take(spec.required_samples)
         compute_s = self._train_time(batch)
@@ -318,10 +337,53 @@ class Simulator:
         self.trained_tokens.extend(s.tokens for s in batch)
         self.trained_response_tokens += sum(sum(s.lengths) for s in batch)
         self.train_compute_total_s += compute_s
-        alloc = self.loop.now - t + (log.deactivate_s if intent.micro == 0 else 0.0)
+        alloc = self.loop.now - t - refill_s + (log.deactivate_s if intent.micro == 0 else 0.0)
         log.micro.append({TRAIN_COMPUTE_TIME_S: compute_s, TRAIN_ALLOCATED_TIME_S: alloc, MQ_SIZE: len(r.queue)})
         log.train_end, log.tasks_since_train = self.loop.now, 0
         return None  # never ``exhausted``: the data budget covers every step
+
+    def _pull(self, step: int, samples: int, began: float) -> Generator[Wait, None, float]:
+        """Wait until ``samples`` are queued, as production's train task pulls: in slices of
+        ``STRANDED_POLL_S``, asking ``loop.guards.stranded_refill`` after a slice that ended short
+        while nothing could generate (the refill runs then). Returns the refills' seconds, which
+        production's trainer does not count as its wait."""
+        r, refill_s = self.rollouter, 0.0
+        while len(r.queue) < samples:
+            yield UntilQueuedOrStranded(samples)
+            if len(r.queue) >= samples:
+                break
+            slices = max(1, math.ceil((self.loop.now - began - refill_s) / STRANDED_POLL_S))
+            yield Delay(began + refill_s + slices * STRANDED_POLL_S - self.loop.now)  # the slice ends short
+            t = self.loop.now
+            yield from self._refill(step)
+            refill_s += self.loop.now - t
+        return refill_s
+
+    def _stranded(self) -> bool:
+        r = self.rollouter
+        return bool(r.dead) and bool(r.hybrids) and not self.hybrid_active and r.standalone_lost
+
+    def _refill(self, step: int) -> Iterator[Wait]:
+        """``loop.guards.stranded_refill``: when it fires, its guard decision, then its switches
+        (``loop.guards.refill_sequence``) as delays, booked as the controller books them."""
+        r = self.rollouter
+        ctx = self.context(micro=False)  # production's train task carries no micro-step summaries
+        guard = stranded_refill(step, ctx, hybrids=len(r.hybrids), active=self.hybrid_active, version=r.version)
+        if guard is None:
+            return
+        self.decider.record_guard(step, guard.hook, guard.answer, guard.reason, self.hybrid_active, ctx)
+        for op in refill_sequence(guard, r.version, self.spec.required_samples):
+            match op:
+                case HybridSync(plan=plan):
+                    t = self.loop.now
+                    yield Delay(self.spec.hybrid_sync_s)
+                    self._hybrid_synced(plan, t)
+                case Activate(plan=plan):
+                    yield from self._lend(step, plan.count)
+                case WaitForSamples(plan=plan):
+                    r.takeback_samples = min(plan.wait_samples, self.spec.max_required_samples)
+                    yield UntilQueued(r.takeback_samples)
+                    yield from self._take_back(step)
 
     def _broadcast_sync(self, intent: BroadcastSync) -> Iterator[Wait]:
         """Sync the routable replicas; generation pauses (partial rollout) or drains first (without
@@ -368,13 +430,9 @@ class Simulator:
     def _activate(self, intent: Activate) -> Iterator[Wait]:
         """Activate the synced hybrids, then rebalance if the policy asks (and it is enabled)."""
         r, log, step = self.rollouter, self._log, intent.plan.step
-        lent, t = r.hybrids[: intent.plan.count], self.loop.now
-        yield Delay(self.spec.activate_s)
-        r.add(lent)
-        self.hybrid_active, log.activated = True, True
-        self._record_trace("activate")
-        reports = [self._switched(step, "activate", t, lent)]
-        if self.decider.wants_rebalance(step, self.context()):
+        reports = [(yield from self._lend(step, intent.plan.count))]
+        log.activated = True
+        if intent.rebalance and self.decider.wants_rebalance(step, self.context()):
             t = self.loop.now
             aborted = r.pause(list(r.routable))
             yield Delay(self.spec.rebalance_s)
@@ -383,6 +441,16 @@ class Simulator:
             self._record_trace("rebalance")
             reports.append(self._switched(step, "rebalance", t, r.routable))
         return reports
+
+    def _lend(self, step: int, count: int) -> Generator[Wait, None, SwitchReport]:
+        """Activate the first ``count`` (synced) hybrids: add to the balancer → resume."""
+        r, t = self.rollouter, self.loop.now
+        lent = r.hybrids[:count]
+        yield Delay(self.spec.activate_s)
+        r.add(lent)
+        self.hybrid_active = True
+        self._record_trace("activate")
+        return self._switched(step, "activate", t, lent)
 
     def _update_after_step(self, intent: UpdateAfterStep) -> None:
         """The last micro-step's allocation runs on to here (the syncs, the lend), less the tasks
@@ -469,16 +537,18 @@ class Simulator:
 
     # ------------------------------------------------------------------ policy
 
-    def context(self) -> DynamicScheduleContext:
+    def context(self, micro: bool = True) -> DynamicScheduleContext:
         """The context a policy sees now (built fresh before every question, as in production).
 
         The switch durations are the current cycle's (``loop.SwitchDurations``); ``standalone_lost``
-        once every standalone died (``SimSpec.standalone_deaths``)."""
+        once every standalone died (``SimSpec.standalone_deaths``). ``micro``: with this step's
+        micro-steps so far (production's train task has none to give the stranded refill)."""
         r = self.rollouter
+        sums = self._wait_sums if micro else ([], [])
         return policy_context(self.sizes, Snapshot(
             generated_total=r.total_generated, queue_size=len(r.queue), in_flight=r.in_flight,
             consumed=self.consumed,
-            micro=micro_summaries(self._wait_sums[0], self._wait_sums[1], self.spec.required_samples),
+            micro=micro_summaries(sums[0], sums[1], self.spec.required_samples),
             activate_s=self.book.durations.activate_s, deactivate_s=self.book.durations.deactivate_s,
             now=self.loop.now, last_switch_at=self.book.last_switch_at, standalone_lost=r.standalone_lost,
             lent_replicas=sum(1 for rep in r.hybrids if rep in r.routable)))

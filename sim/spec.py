@@ -49,9 +49,9 @@ class _RunShape:
     """``(virtual second, standalone number)``: that standalone replica dies then. It leaves the
     balancer for good (no replacement), and what it was generating is retried elsewhere. Once all
     have died the policy's context says ``standalone_lost`` (``LostStandaloneGuard`` then lends
-    after every sync). Not a config key: scenarios set it with ``dataclasses.replace``. Not
-    modelled: production's stranded refill, so a run whose last standalone dies while the hybrids
-    are asleep and the queue is short stalls (``SimulationStalled``)."""
+    after every sync). Not a config key: scenarios set it with ``dataclasses.replace``. A run
+    whose last standalone dies while the hybrids sleep and the trainer waits refills as production
+    does (``loop.guards.stranded_refill``, asked after each ``STRANDED_POLL_S`` slice of the wait)."""
     abort_route_min_share: float = 0.0
     """Route a sample to a lent hybrid only while at least this share of the hybrids' recent
     samples finished within the expected time to the take-back (``loop.abort_rules``); 0 = always

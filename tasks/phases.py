@@ -22,6 +22,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from cluster.actors import CONTROLLER, TRAINER, ControllerHost, actor_gone, call
+from loop.guards import STRANDED_POLL_S
 from loop.plans import (
     BroadcastReport,
     DeactivatePlan,
@@ -81,17 +82,14 @@ def wait_for_samples(run: RunRef, plan: DeactivatePlan) -> WaitReport:
     return ray.get(pending)
 
 
-STRANDED_POLL_S = 5.0
-"""How often a trainer waiting for samples re-checks that something can still generate them."""
-
-
 @phase("train")
 def train(run: RunRef, step: int, micro_step: int) -> MicroReport:
     """One micro-step: pull ``required_samples`` from the queue and update the policy model.
 
-    The pull is made in slices of ``STRANDED_POLL_S``: after a slice that timed out, the
-    controller lends the hybrids to refill the queue if no standalone replica is left to do it
-    (``ControllerHost.refill_if_stranded``), instead of waiting for samples nothing would generate.
+    The pull is made in slices of ``loop.guards.STRANDED_POLL_S``: after a slice that timed out,
+    the controller lends the hybrids to refill the queue if no standalone replica is left to do it
+    (``loop.guards.stranded_refill``, through ``ControllerHost.refill_if_stranded``), instead of
+    waiting for samples nothing would generate.
     """
     deadline = time.monotonic() + (run.wait_timeout_s or float("inf"))
     earlier_wait_s, size_at_start = 0.0, None

@@ -11,15 +11,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from cluster.controller import (
-    STRANDED_REFILL,
-    ControllerState,
-    DynamicResourceController,
-    IllegalTransition,
-)
+from cluster.controller import ControllerState, DynamicResourceController, IllegalTransition
 from cluster.membership import Membership
 from cluster.types import RolloutCounters
-from loop import DecisionRecord, DeactivatePlan, LendPlan, MicroSummary, RunSizes, SwitchReport
+from loop import STRANDED_REFILL, DecisionRecord, DeactivatePlan, LendPlan, MicroSummary, RunSizes, SwitchReport
 from policies import DynamicSchedulePolicyBase
 
 HYBRIDS = ("h0", "h1")

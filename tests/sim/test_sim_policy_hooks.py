@@ -221,6 +221,24 @@ def test_when_every_standalone_died_the_guard_lends_after_each_sync_and_waits_a_
                                          (2, "hybrid_sync"), (2, "activate"), (3, "deactivate")]
 
 
+def test_a_trainer_stranded_by_the_last_standalones_death_gets_productions_refill_after_each_poll():
+    """Every standalone dies at t=1 s with the hybrids asleep (a policy that never lends): each
+    micro-step's pull ends its first 5 s slice short, then ``loop.guards.stranded_refill`` lends the
+    hybrids until a micro-step is queued (a guard decision, then hybrid_sync, activate, deactivate);
+    the refill is not the trainer's wait, as in production's train task."""
+    policy, result = run_recorded("static_fully_async", steps=1,
+                                  standalone_deaths=tuple((1.0, number) for number in range(4)))
+    refills = [d for d in result.decisions if d.hook == "refill_if_stranded"]
+    assert [(d.step, d.answer, d.inputs["mq_size"], d.inputs["expected_samples"]) for d in refills] == [
+        (1, True, 0, 0)] * 4
+    assert refills[0].reason == ("no standalone replica alive and 0 of 16 samples queued: lend the hybrids at "
+                                 "version 0 until a micro-step is queued")
+    assert refills[0].inputs["now"] == 5.0
+    assert result.transition_kinds() == [(1, "hybrid_sync"), (1, "activate"), (1, "deactivate")] * 4
+    assert result.steps[0].micro_wait_s == [5.0] * 4
+    assert policy.calls == [("update_after_step", 1, None)]  # a refill asks the policy nothing
+
+
 def test_one_dead_standalone_is_not_a_lost_standalone_and_gets_no_more_work():
     cfg = load_config("sim/qwen35-35b-tp4-dynamic")
     spec = dataclasses.replace(spec_from_config(cfg, steps=2), standalone_deaths=((10.0, 1),))

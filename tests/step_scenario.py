@@ -1,10 +1,11 @@
 """One scripted scenario that production and the simulator both run (the step parity tests).
 
 Five steps of the seed preset's shape: a lend with a rebalance (step 1), a skipped lend (step 2),
-a lend without one (step 3), and every standalone replica dying right after step 3's activation,
-before its rebalance question: from then on ``LostStandaloneGuard`` lends after each sync and a
-deactivation waits for a whole cycle. The two sides must record the same policy hook calls
-(step, hook, answer, reason) and the same controller transitions (step, kind).
+a lend without one (step 3), and every standalone replica dying right after step 4's take-back
+(the hybrids asleep, one micro-step queued): the trainer is stranded, so each of step 4's later
+micro-steps gets the stranded refill (``loop.guards``), and from then on ``LostStandaloneGuard``
+lends after each sync and a deactivation waits for a whole cycle. The two sides must record the
+same decisions (hook calls and guards, with their inputs) and the same controller transitions.
 """
 
 from __future__ import annotations
@@ -19,8 +20,13 @@ PRESET = "sim/qwen35-35b-tp4-dynamic"  # the seed's old TP-4 shape: 4 hybrid and
 STEPS = 5
 LENDS = {1, 3}
 REBALANCES = {1}
-DEATHS_AFTER_ACTIVATION_OF_STEP = 3
+DEATHS_AFTER_TAKE_BACK_OF_STEP = 4
 GUARD = "guard: no standalone replica alive"
+REFILL_QUEUED = {False: (8, 0, 0), True: (1, 0, 0)}
+"""What was queued at each of step 4's refills (micro-steps 2-4: the first had its samples), by
+``overlap``: the twin's generation decides it, and the parity test replays it to production."""
+REFILL = ("refill_if_stranded", True, "no standalone replica alive and {} of 16 samples queued: lend the hybrids at "
+          "version 3 until a micro-step is queued")
 
 
 class ScriptedPolicy(DynamicSchedulePolicyBase):
@@ -47,17 +53,27 @@ def config():
 
 
 def run_scenario(overlap: bool = False) -> SimResult:
-    """The scenario in the simulator: the deaths land 0.1 s before the end of step 3 (during its
-    activation, which ends the step's virtual time), found by a run without them. ``overlap``:
-    the hybrid sync runs during the broadcast (``dynamic_schedule_overlap_hybrid_sync``), which
-    moves the lend question, not the hooks' or the transitions' order."""
+    """The scenario in the simulator (traced: the parity test replays its timing): the deaths land
+    0.01 s after step 4's take-back, found by a run without them. ``overlap``: the hybrid sync runs
+    during the broadcast (``dynamic_schedule_overlap_hybrid_sync``), which moves the lend question,
+    not the hooks' or the transitions' order."""
     spec = dataclasses.replace(spec_from_config(config(), steps=STEPS), overlap_hybrid_sync=overlap)
-    dies_at = Simulator(spec, ScriptedPolicy()).run().steps[DEATHS_AFTER_ACTIVATION_OF_STEP - 1].end_s - 0.1
+    calm = Simulator(spec, ScriptedPolicy()).run()
+    [take_back] = [t for t in calm.transitions if (t.step, t.kind) == (DEATHS_AFTER_TAKE_BACK_OF_STEP, "deactivate")]
+    dies_at = take_back.report.started_at + take_back.report.duration_s + 0.01
     deaths = tuple((dies_at, number) for number in range(spec.standalone_replicas))
-    return Simulator(dataclasses.replace(spec, standalone_deaths=deaths), ScriptedPolicy()).run()
+    return Simulator(dataclasses.replace(spec, standalone_deaths=deaths), ScriptedPolicy(), trace=True).run()
 
 
-EXPECTED_HOOKS = [
+def expected_hooks(overlap: bool, refill_queued: tuple[int, ...] | None = None) -> list[tuple]:
+    """The decisions both sides must record, (step, hook, answer, reason) (4 hybrids, 16 samples a
+    micro-step, 64 a cycle in the preset); ``refill_queued``: what each refill saw queued, when not
+    the twin's (``REFILL_QUEUED``)."""
+    queued = REFILL_QUEUED[overlap] if refill_queued is None else refill_queued
+    return [*HOOKS_TO_STEP_4, *[(4, *REFILL[:2], REFILL[2].format(n)) for n in queued], *HOOKS_FROM_STEP_4]
+
+
+HOOKS_TO_STEP_4 = [
     (1, "should_activate_after_step", 4, ""),
     (1, "request_rebalance", True, ""),
     (1, "update_after_step", None, ""),
@@ -69,7 +85,9 @@ EXPECTED_HOOKS = [
     (3, "request_rebalance", False, ""),
     (3, "update_after_step", None, ""),
     (4, "should_deactivate", True, ""),
-    (4, "deactivate_wait_samples", 64, GUARD),
+    (4, "deactivate_wait_samples", 16, ""),
+]
+HOOKS_FROM_STEP_4 = [
     (4, "should_activate_after_step", 4, GUARD),
     (4, "request_rebalance", False, ""),
     (4, "update_after_step", None, ""),
@@ -77,12 +95,13 @@ EXPECTED_HOOKS = [
     (5, "deactivate_wait_samples", 64, GUARD),
     (5, "update_after_step", None, ""),
 ]
-"""The hook calls both sides must record (4 hybrids, 64 samples a cycle in the preset)."""
 
 EXPECTED_TRANSITIONS = [
     (1, "hybrid_sync"), (1, "activate"), (1, "rebalance"),
     (2, "deactivate"),
     (3, "hybrid_sync"), (3, "activate"),
-    (4, "deactivate"), (4, "hybrid_sync"), (4, "activate"),
+    (4, "deactivate"),
+    *[(4, "hybrid_sync"), (4, "activate"), (4, "deactivate")] * 3,  # the refills
+    (4, "hybrid_sync"), (4, "activate"),
     (5, "deactivate"),
 ]

@@ -4,13 +4,22 @@ Production: the real step flow, its tasks and the real controller actor class
 (``ControllerHost`` → ``DynamicResourceController`` → ``loop.Decider``), with recording fakes in
 place of the rollout service, the trainer and the standalone replicas (the store is a real SQLite
 file, so the decisions compared are the ones the commit stored). The simulator: the same
-scenario in virtual time (``tests/sim/test_sim_scripted_scenario.py``). Both must record the same
-policy hook calls and the same controller transitions, and those must be the scenario's.
+scenario in virtual time (``tests/sim/test_sim_scripted_scenario.py``).
+
+The fakes replay what the twin observed (``Replay``): its rollout counters and clock at each
+policy context, in order, and each micro-step's wait (with the pull slices it waited out before
+a stranded refill). So both sides must record the same decisions, whole: hook, answer, reason,
+every input and the policy's seconds; the same controller transitions; and step metrics under the
+same names but for those each side has alone (``PRODUCTION_ONLY_METRICS``, ``TWIN_ONLY_METRICS``):
+a name that appears on one side only fails the test until it is listed there.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 import types
+from collections import deque
 from typing import Any
 
 import pytest
@@ -24,25 +33,63 @@ from cluster.actors import CONTROLLER, ROLLOUT_SERVICE, TRAINER, ControllerHost
 from cluster.builders import hybrid_ids, run_sizes, standalone_ids
 from cluster.types import RolloutCounters
 from flows.training_step import training_step
-from step_scenario import (DEATHS_AFTER_ACTIVATION_OF_STEP, EXPECTED_HOOKS, EXPECTED_TRANSITIONS, LENDS, STEPS,
-                           ScriptedPolicy, config, run_scenario)
+from loop import STRANDED_REFILL, DecisionRecord
+from metrics import ROLLOUT_RESOURCE_UTILIZATION, STEP_GENERATED_SAMPLES
+from sim import SimResult
+from step_scenario import (DEATHS_AFTER_TAKE_BACK_OF_STEP, EXPECTED_TRANSITIONS, STEPS, ScriptedPolicy, config,
+                           expected_hooks, run_scenario)
 from storage import create_run, make_engine, migrate, session_scope, sqlite_url
 from storage.models import Decision, SwitchEvent
 from tasks.run_ref import RunRef
 
 
-class FakeDataPlane:
-    """The actors behind the controller: answer at once, log every call, and kill every
-    standalone replica when the hybrids are added to the balancer for the scripted step."""
+class Replay:
+    """What the twin observed, for production's fakes to answer with, in the order it was observed.
 
-    def __init__(self, cfg: Any):
+    ``contexts``: (generated total, queue size, clock) of each policy context the twin built (one
+    per decision, but ``deactivate_wait_samples``, which shares ``should_deactivate``'s);
+    ``micro``: each micro-step's (wait seconds, samples waited for, pull slices that ended short,
+    each followed by a stranded refill).
+    """
+
+    def __init__(self, twin: SimResult | None):
+        self.contexts: deque[tuple[int, int, float]] = deque()
+        self.micro: deque[tuple[float, int, int]] = deque()
+        if twin is None:
+            return
+        self.contexts.extend((d.inputs["total_generated_samples"], d.inputs["mq_size"], d.inputs["now"])
+                             for d in twin.decisions if d.hook != "deactivate_wait_samples")
+        pulls = [(t, step, micro) for t, kind, *rest in twin.trace if kind == "train" for step, micro in [rest[:2]]]
+        short = {}
+        for d in twin.decisions:
+            if d.hook == STRANDED_REFILL:  # the first pull of its step to end after it
+                pull = min((t, step, micro) for t, step, micro in pulls if step == d.step and t >= d.inputs["now"])
+                short[pull[1:]] = short.get(pull[1:], 0) + 1
+        for step in twin.steps:
+            for micro, (wait_s, samples) in enumerate(zip(step.micro_wait_s, step.micro_wait_samples), start=1):
+                self.micro.append((wait_s, samples, short.get((step.step, micro), 0)))
+
+
+class FakeDataPlane:
+    """The actors behind the controller: answer at once from the ``Replay``, log every call, keep
+    the clock the controller reads, and kill every standalone replica at the scripted step's
+    take-back (when the hybrids leave the balancer)."""
+
+    def __init__(self, cfg: Any, replay: Replay | None = None):
         self.cfg = cfg
+        self.replay = replay or Replay(None)
         self.calls: list[tuple[str, str]] = []
         self.hybrids = set(hybrid_ids(cfg))
-        self.activations = 0
+        self.take_backs = 0
         self.standalone_dead = False
         self.pulled = 0
         self.required = cfg.required_samples
+        self.now = 0.0
+        self.short_slices: int | None = None  # of the micro-step being pulled
+        self.pull: tuple[float, int, int] = (0.1, 0, 0)
+
+    def clock(self) -> float:
+        return self.now
 
     def handle(self, name: str) -> Any:
         plane = self
@@ -61,12 +108,18 @@ class FakeDataPlane:
             return self.service(method, args)
         return self.trainer(method, args)
 
+    def counters(self) -> RolloutCounters:
+        if not self.replay.contexts:
+            return RolloutCounters(generated_total=self.pulled, queue_size=0)
+        generated, queued, self.now = self.replay.contexts.popleft()
+        return RolloutCounters(generated_total=generated, queue_size=queued)
+
     def service(self, method: str, args: tuple) -> Any:
-        if method == "lb_add" and set(args[0]) <= self.hybrids:
-            self.activations += 1
-            self.standalone_dead |= self.activations == DEATHS_AT_ACTIVATION
+        if method == "lb_remove" and set(args[0]) <= self.hybrids:
+            self.take_backs += 1
+            self.standalone_dead |= self.take_backs == DEATHS_AT_TAKE_BACK
         return {
-            "counters": lambda: RolloutCounters(generated_total=self.pulled, queue_size=0),
+            "counters": self.counters,
             "wait_for_queue": lambda: {"waited_s": 0.0, "mq_size": args[0], "exhausted": False},
             "on_weight_sync": dict,
             "replacement_state": dict,
@@ -76,17 +129,32 @@ class FakeDataPlane:
 
     def trainer(self, method: str, args: tuple) -> Any:
         if method == "train_micro_step":
-            first, self.pulled = self.pulled, self.pulled + self.required
-            return {"samples": [(0, i, 0, 0) for i in range(first, self.pulled)], "wait_s": 0.1, "wait_samples": 0,
-                    "mq_size": 0, "exhausted": False, "metrics": {}, "timing_s": {}, "compute_s": 0.1,
-                    "allocated_s": 0.1}
+            return self.train_micro_step()
         if method == "save_checkpoint":
             return {"path": args[0], "sha256": "0" * 64, "size_bytes": 7}
         return 0 if method != "weights" else {}
 
+    def train_micro_step(self) -> dict[str, Any]:
+        """The twin's wait for this micro-step; first, as many pull slices that end short as the
+        twin's refills before it (the train task asks for the refill after each)."""
+        if self.short_slices is None:
+            self.pull = self.replay.micro.popleft() if self.replay.micro else (0.1, 0, 0)
+            self.short_slices = self.pull[2]
+        wait_s, wait_samples, short = self.pull
+        if self.short_slices:
+            self.short_slices -= 1
+            return {"timed_out": True, "wait_s": wait_s if self.short_slices == short - 1 else 0.0,
+                    "mq_size": 0, "size_at_start": self.required - wait_samples}
+        self.short_slices = None
+        first, self.pulled = self.pulled, self.pulled + self.required
+        return {"samples": [(0, i, 0, 0) for i in range(first, self.pulled)], "wait_s": 0.0 if short else wait_s,
+                "wait_samples": wait_samples, "mq_size": 0, "exhausted": False, "metrics": {}, "timing_s": {},
+                "compute_s": 0.1, "allocated_s": 0.1}
 
-DEATHS_AT_ACTIVATION = sorted(LENDS).index(DEATHS_AFTER_ACTIVATION_OF_STEP) + 1
-"""Which lend's activation the standalones die at (the scripted step's)."""
+
+DEATHS_AT_TAKE_BACK = [t for t in EXPECTED_TRANSITIONS if t[1] == "deactivate"].index(
+    (DEATHS_AFTER_TAKE_BACK_OF_STEP, "deactivate")) + 1
+"""Which take-back the standalones die at (the scripted step's)."""
 
 
 def _get(ref: Any) -> Any:
@@ -101,22 +169,32 @@ def overlap(request) -> bool:
     return request.param
 
 
-@pytest.fixture
-def production(monkeypatch, tmp_path, overlap):
-    """Run the scenario's steps through the production step flow; returns (hooks, transitions, inputs)."""
-    return run_production(monkeypatch, tmp_path, overlap)
+@dataclasses.dataclass
+class Recorded:
+    """What production's store kept of the scenario, and the step flow's metrics."""
+
+    decisions: list[DecisionRecord]
+    transitions: list[tuple[int, str]]
+    metrics: list[dict[str, float]]
+
+    @property
+    def hooks(self) -> list[tuple]:
+        return [(d.step, d.hook, d.answer, d.reason) for d in self.decisions]
 
 
-def run_production(monkeypatch, tmp_path, overlap, plane_class=None, policy_class=ScriptedPolicy):
-    """The scenario through the production step flow, with ``plane_class`` (a ``FakeDataPlane``)
-    behind the controller and ``policy_class`` in it: the stored (hooks, transitions, inputs), the
-    inputs being each decision's ``STEP_INPUTS``."""
+def run_production(monkeypatch, tmp_path, overlap, plane_class=None, policy_class=ScriptedPolicy,
+                   replay: Replay | None = None) -> Recorded:
+    """The scenario through the production step flow, with ``plane_class`` (a ``FakeDataPlane``,
+    answering from ``replay``) behind the controller and ``policy_class`` in it."""
     cfg = config()
-    plane = (plane_class or FakeDataPlane)(cfg)
+    plane = (plane_class or FakeDataPlane)(cfg, replay)
     fake_ray = types.SimpleNamespace(get=_get, is_initialized=lambda: True, exceptions=ray.exceptions,
                                      get_actor=lambda name, namespace=None: actors[name])
     for module in (controller_actor, phases, tasks.commit):
         monkeypatch.setattr(module, "ray", fake_ray)
+    # the controller's clock (it times switches and policy calls, and stamps each context) is the twin's
+    monkeypatch.setattr(controller_actor, "time", types.SimpleNamespace(time=plane.clock,
+                                                                         perf_counter=time.perf_counter))
     monkeypatch.setattr("tasks.artifact.publish_step", lambda *args, **kwargs: None)
     actors: dict[str, Any] = {ROLLOUT_SERVICE: plane.handle(ROLLOUT_SERVICE), TRAINER: plane.handle(TRAINER)}
     actors.update({f"replica:{rid}": plane.handle(f"replica:{rid}") for rid in standalone_ids(cfg)})
@@ -139,35 +217,55 @@ def run_production(monkeypatch, tmp_path, overlap, plane_class=None, policy_clas
                  hybrid_replicas=cfg.hybrid_replicas, trainer_gpus=cfg.trainer_gpus,
                  standalone_gpus=cfg.standalone_gpus, policy="scripted", overlap_hybrid_sync=overlap)
     assert host.asks_warm_up() is False  # the run start asks nothing (loop.run_start)
-    lent = host.hybrid_active()  # as the driver does (flows.training_run): the controller's word
+    lent, metrics = host.hybrid_active(), []  # as the driver does (flows.training_run): the controller's word
     for step in range(1, STEPS + 1):
         result = training_step(run, step, final=step == STEPS, lent=lent)
         run = run.model_copy(update={"consumed_before": run.consumed_before + result["trained"]})
         lent = result["hybrid_active"]
+        metrics.append(result["metrics"])
 
     with session_scope(make_engine(url)) as session:
-        decisions = session.scalars(sa.select(Decision).where(Decision.run_id == run_id).order_by(Decision.id))
-        decisions = list(decisions)
-        hooks = [(d.step, d.hook, d.answer_json, d.reason) for d in decisions]
-        inputs = [{k: d.inputs_json.get(k) for k in STEP_INPUTS} for d in decisions]
+        rows = session.scalars(sa.select(Decision).where(Decision.run_id == run_id).order_by(Decision.id))
+        decisions = [DecisionRecord(d.step, d.hook, d.answer_json, d.reason, d.inputs_json, d.duration_s)
+                     for d in rows]
         events = session.scalars(sa.select(SwitchEvent).where(SwitchEvent.run_id == run_id).order_by(SwitchEvent.id))
         transitions = [(e.step, e.kind) for e in events]
-    return hooks, transitions, inputs
+    return Recorded(decisions, transitions, metrics)
 
 
-STEP_INPUTS = ("expected_samples", "buffer_samples", "is_hybrid_active", "standalone_lost")
-"""The decision inputs the step's logic decides (not the clock or the generation's timing): both
-sides must record the same ones for every question."""
+PRODUCTION_ONLY_METRICS = frozenset({
+    "dynamic_resource/hybrid_active", "fully_async/max_staleness", "fully_async/param_version",
+    "fully_async/trained_samples", "timing_s/param_sync", "timing_s/wait_for_samples_in_train",
+    "weight_sync/object_store/gb", "weight_sync/object_store/retries", "weight_sync/object_store/seconds",
+})
+"""Step metrics production's step fold (``tasks.summary.step_metrics``) names and the twin's does not."""
+TWIN_ONLY_METRICS = frozenset({
+    ROLLOUT_RESOURCE_UTILIZATION, STEP_GENERATED_SAMPLES, "waste/aborted_requests", "waste/aborted_tokens",
+    "waste/reprefilled_tokens",
+})
+"""Step metrics the twin names and production's fold does not: production takes these from the
+rollout service's window (``cluster.rollouter.Rollouter.on_weight_sync``), which the fake leaves
+empty, as it leaves the trainer's own metrics."""
 
 
-def test_production_and_the_simulator_record_the_same_hook_calls_and_transitions(production, overlap):
-    hooks, transitions, inputs = production
-    simulated = run_scenario(overlap)
+def test_production_and_the_simulator_record_the_same_decisions_inputs_and_transitions(monkeypatch, tmp_path,
+                                                                                       overlap):
+    twin = run_scenario(overlap)
+    production = run_production(monkeypatch, tmp_path, overlap, replay=Replay(twin))
 
-    assert hooks == [(d.step, d.hook, d.answer, d.reason) for d in simulated.decisions] == EXPECTED_HOOKS
-    assert transitions == simulated.transition_kinds() == EXPECTED_TRANSITIONS
-    twin_inputs = [{k: d.inputs.get(k) for k in STEP_INPUTS} for d in simulated.decisions]
-    assert inputs == twin_inputs
+    assert production.hooks == expected_hooks(overlap)
+    assert production.decisions == twin.decisions  # whole records: every input, the policy's seconds
+    assert production.transitions == twin.transition_kinds() == EXPECTED_TRANSITIONS
+
+
+def test_production_and_the_simulator_name_the_same_step_metrics(monkeypatch, tmp_path, overlap):
+    twin = run_scenario(overlap)
+    production = run_production(monkeypatch, tmp_path, overlap, replay=Replay(twin))
+
+    for ours, theirs in zip(production.metrics, twin.steps, strict=True):
+        assert set(ours) - set(theirs.metrics) == PRODUCTION_ONLY_METRICS
+        assert set(theirs.metrics) - set(ours) == TWIN_ONLY_METRICS
+        assert set(ours) & set(theirs.metrics)  # the fold's own names: step, waits, utilizations, switch time
 
 
 # ------------------------------------------------------------------ retried phases lose nothing
@@ -201,11 +299,14 @@ class SecondHookFailsOnce(ScriptedPolicy):
 def test_a_phase_retried_after_a_failure_records_every_decision_and_switch_once(monkeypatch, tmp_path, fault):
     monkeypatch.setattr(LastReadFailsOnce, "failed", False)
     monkeypatch.setattr(SecondHookFailsOnce, "failed", False)
+    replay = Replay(run_scenario(False))
+    replay.contexts.clear()  # a retried question reads the counters again: the fake counts 0 queued instead
     if fault.startswith("update_after_step"):
-        hooks, transitions, _ = run_production(monkeypatch, tmp_path, False, plane_class=LastReadFailsOnce)
+        recorded = run_production(monkeypatch, tmp_path, False, plane_class=LastReadFailsOnce, replay=replay)
         assert LastReadFailsOnce.failed
     else:
-        hooks, transitions, _ = run_production(monkeypatch, tmp_path, False, policy_class=SecondHookFailsOnce)
+        recorded = run_production(monkeypatch, tmp_path, False, policy_class=SecondHookFailsOnce, replay=replay)
         assert SecondHookFailsOnce.failed
-    assert hooks == EXPECTED_HOOKS  # Prefect retried the task (retries=1): nothing lost, nothing twice
-    assert transitions == EXPECTED_TRANSITIONS
+    # Prefect retried the task (retries=1): nothing lost, nothing twice
+    assert recorded.hooks == expected_hooks(False, refill_queued=(0, 0, 0))
+    assert recorded.transitions == EXPECTED_TRANSITIONS

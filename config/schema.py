@@ -436,8 +436,9 @@ class SimSection(_Section):
     for ``broadcast_sync_s`` while loading and keep their requests."""
 
     initial_hybrid_active: bool = False
-    """Start with the hybrid replicas lent to rollout (at version 0, no activation cost); only-hybrid
-    runs always start so. Tidal's controller starts STANDALONE_ONLY."""
+    """Start with the hybrid replicas lent to rollout (at version 0, no activation cost). Tidal's
+    controller starts STANDALONE_ONLY; an only-hybrid run lends them all before step 1, in the twin
+    as in production (``loop.guards.only_hybrid_start``: a guard decision, a hybrid sync, an activation)."""
 
     calibration: str | None = None
     """A calibration file (path, or a name in `config/calibration/`) whose switch costs, each with

@@ -48,7 +48,9 @@ from loop import (
     WaitForSamples,
     WaitReport,
     WarmUp,
+    guarded_start,
     micro_summaries,
+    only_hybrid_start,
     policy_context,
     refill_sequence,
     run_start,
@@ -192,7 +194,7 @@ class Simulator:
     def run(self) -> SimResult:
         """Simulate every step; returns the result (raises ``SimulationStalled`` if stuck)."""
         spec = self.spec
-        if self.rollouter.hybrids and (spec.only_hybrid or spec.initial_hybrid_active):
+        if self.rollouter.hybrids and spec.initial_hybrid_active and not spec.only_hybrid:
             self.rollouter.add(self.rollouter.hybrids)
             self.hybrid_active = True
             self._record_trace("activate")
@@ -257,8 +259,13 @@ class Simulator:
         """``loop.run_start``, then ``loop.step_sequence`` per step, each intent executed here."""
         spec, r = self.spec, self.rollouter
         self._log = _StepLog(step=0, start=0.0, waste0=self._waste())  # the warm-up's (never committed)
-        yield from self._drive(run_start(0, has_hybrids=bool(r.hybrids) and not self.hybrid_active,
-                                         asks_warm_up=self.decider.asks_warm_up))
+        if r.hybrids and spec.only_hybrid:  # production's guarded start: nothing else generates
+            guard = only_hybrid_start(0, len(r.hybrids))
+            self.decider.record_guard(0, guard.hook, guard.answer, guard.reason, self.hybrid_active, self.context())
+            yield from self._drive(guarded_start(guard, 0))
+        else:
+            yield from self._drive(run_start(0, has_hybrids=bool(r.hybrids) and not self.hybrid_active,
+                                             asks_warm_up=self.decider.asks_warm_up))
         for step in range(1, spec.steps + 1):
             self._log = _StepLog(step=step, start=self.loop.now, waste0=self._waste())
             self._wait_sums = ([], [])

@@ -239,6 +239,23 @@ def test_a_trainer_stranded_by_the_last_standalones_death_gets_productions_refil
     assert policy.calls == [("update_after_step", 1, None)]  # a refill asks the policy nothing
 
 
+def test_an_only_hybrid_run_starts_with_productions_guarded_lend():
+    """No standalone replica: before step 1 the twin records ``loop.guards.only_hybrid_start`` and
+    lends every hybrid through a hybrid sync and an activation (with its rebalance question), as
+    production's run start does."""
+    cfg = load_config("sim/qwen35-35b-tp4-dynamic")
+    spec = dataclasses.replace(spec_from_config(cfg, steps=1), only_hybrid=True, standalone_replicas=0)
+    policy = RecordingPolicy(build_policy("fixed_ratio", only_hybrid=True))
+    result = Simulator(spec, policy).run()
+    assert [(d.step, d.hook, d.answer, d.reason) for d in result.decisions][:2] == [
+        (0, "only_hybrid_start", 4,
+         "only-hybrid mode: no standalone replica, so the hybrids generate from the start (param version 0)"),
+        (0, "request_rebalance", True, ""),
+    ]
+    assert result.transition_kinds()[:3] == [(0, "hybrid_sync"), (0, "activate"), (0, "rebalance")]
+    assert policy.calls[:2] == [("request_rebalance", 0, None), ("should_deactivate", 1, True)]
+
+
 def test_one_dead_standalone_is_not_a_lost_standalone_and_gets_no_more_work():
     cfg = load_config("sim/qwen35-35b-tp4-dynamic")
     spec = dataclasses.replace(spec_from_config(cfg, steps=2), standalone_deaths=((10.0, 1),))

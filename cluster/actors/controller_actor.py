@@ -451,9 +451,6 @@ class ControllerHost:
     def hybrid_active(self) -> bool:
         return self.ctl.is_hybrid_active
 
-    def controller_state(self) -> dict[str, Any]:
-        return self.ctl.state_dict()
-
     def load_controller_state(self, state: dict[str, Any]) -> None:
         self.ctl.load_state_dict(state)
 
@@ -464,15 +461,8 @@ class ControllerHost:
             "switch_events": [dataclasses.asdict(s) for s in self.ctl.drain_switch_log()],
         }
 
-    def policy_state(self) -> dict[str, Any]:
-        return self.policy.state_dict()
-
     def load_policy_state(self, state: dict[str, Any]) -> None:
         self.policy.load_state_dict(state)
-
-    def deactivate_ratio(self) -> float | None:
-        value = getattr(self.policy, "deactivate_ratio", None)
-        return None if value is None else float(value)
 
     def ping(self) -> str:
         return "ok"

@@ -362,22 +362,25 @@ class Simulator:
             slices = max(1, math.ceil((self.loop.now - began - refill_s) / STRANDED_POLL_S))
             yield Delay(began + refill_s + slices * STRANDED_POLL_S - self.loop.now)  # the slice ends short
             t = self.loop.now
-            yield from self._refill(step)
-            refill_s += self.loop.now - t
+            if (yield from self._refill(step)):
+                refill_s += self.loop.now - t
+            else:  # stranded, yet the rule does not fire: nothing will come (production times out)
+                yield UntilQueued(samples)
         return refill_s
 
     def _stranded(self) -> bool:
         r = self.rollouter
         return bool(r.dead) and bool(r.hybrids) and not self.hybrid_active and r.standalone_lost
 
-    def _refill(self, step: int) -> Iterator[Wait]:
+    def _refill(self, step: int) -> Generator[Wait, None, bool]:
         """``loop.guards.stranded_refill``: when it fires, its guard decision, then its switches
-        (``loop.guards.refill_sequence``) as delays, booked as the controller books them."""
+        (``loop.guards.refill_sequence``) as delays, booked as the controller books them. Returns
+        whether it fired."""
         r = self.rollouter
         ctx = self.context(micro=False)  # production's train task carries no micro-step summaries
         guard = stranded_refill(step, ctx, hybrids=len(r.hybrids), active=self.hybrid_active, version=r.version)
         if guard is None:
-            return
+            return False
         self.decider.record_guard(step, guard.hook, guard.answer, guard.reason, self.hybrid_active, ctx)
         for op in refill_sequence(guard, r.version, self.spec.required_samples):
             match op:
@@ -391,6 +394,7 @@ class Simulator:
                     r.takeback_samples = min(plan.wait_samples, self.spec.max_required_samples)
                     yield UntilQueued(r.takeback_samples)
                     yield from self._take_back(step)
+        return True
 
     def _broadcast_sync(self, intent: BroadcastSync) -> Iterator[Wait]:
         """Sync the routable replicas; generation pauses (partial rollout) or drains first (without

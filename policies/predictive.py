@@ -5,10 +5,15 @@ each ``update_after_step``) it measures the cycle time ``T0`` and the trainer's 
 lending cycles the switch seconds ``C``; from the context at the sync the staleness headroom
 (cap − in flight − queued) and the standalones' in-flight samples. Lending k hybrids adds a share
 ρ_k = min(k / S, headroom / in flight) to the standalones' generation while they are lent, and
-(fluid model) shortens the cycle by ρ_k (W − C) / (1 + ρ_k). It lends the k with the largest
-predicted gain when that gain clears its uncertainty and a margin. The samples to queue before
-taking the hybrids back start from the same model and adapt to the trainer's waits after the
-take-back. Must not: read the clock, do I/O, or change state anywhere but ``update_after_step``
+(fluid model) shortens the cycle by ρ_k (W − C) / (1 + ρ_k). Three things the fluid model leaves
+out are measured or bounded too (``docs/policies.md``, *What the cycle model missed*): a sample
+started on a lent hybrid finishes only after a sample's latency L (Little's law: in flight × T0 /
+N), so a lend window D shorter than L delivers only D / L of ρ_k; the run's prompt budget bounds
+what can still start; and lend cycles measured slower than the model says are believed over it.
+It lends the k with the largest predicted gain when that gain clears its uncertainty and a margin,
+and re-measures ``T0`` and ``W`` sooner when the win it lends on is marginal. The samples to queue
+before taking the hybrids back start from the same model and adapt to the trainer's waits after
+the take-back. Must not: read the clock, do I/O, or change state anywhere but ``update_after_step``
 (the questions are pure functions of the state and the context).
 """
 
@@ -22,10 +27,24 @@ from policies.registry import register_policy
 
 EMA_ALPHA = 0.3
 """Weight of a new cycle in the running means (after the first 1/alpha cycles, a plain mean)."""
-MIN_BASE_CYCLES = 3
+MIN_BASE_CYCLES = 5
 """No-lend cycles to measure before the model is trusted."""
+START_UP_STEPS = 2
+"""Cycles ending at these first steps are not measured: the rollouter started every sample at
+once, so their waits are the start-up's, not the run's."""
 REFRESH_EVERY = 48
-"""While lending, pause for two steps after this many lends, to re-measure ``T0`` and ``W``."""
+"""While lending, pause for two steps after this many lends, to re-measure ``T0`` and ``W``…"""
+REFRESH_MARGINAL = 6
+"""…or after this many when the lend's predicted gain is under ``MARGINAL`` times what it had to
+clear: a drift of ``W`` (responses getting shorter) turns a small win into a loss soonest."""
+MARGINAL = 2.0
+FRESH_STEPS = 6
+"""A lend cycle is compared with the no-lend trend only this many steps after its last sample."""
+MIN_LENT_CYCLES = 2
+"""Lend cycles (lent at both ends) measured before what they gave caps what the model promises…"""
+REALIZED_FOR = 3
+"""…until this many no-lend cycles were measured after the last of them (the no-lend cycle right
+after lending runs on the queue the hybrids filled, so T0 needs a few to settle)."""
 Z = 1.0
 """Standard errors a predicted win must clear."""
 MARGIN = 0.02
@@ -144,6 +163,12 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self.lends_since_refresh = 0
         self.pause_left = 0
         """Steps still to skip lending while re-measuring ``T0`` and ``W``."""
+        self.realized = {**_stat(), "base_n": 0}
+        """Seconds the cycles lent at both ends were shorter than ``base`` at their step (measured
+        within ``FRESH_STEPS`` of its last sample), clipped to [−C, W]: what lending really gave;
+        ``base_n``: the no-lend samples there were at the last one."""
+        self.marginal = False
+        """The latest lend's predicted gain was under ``MARGINAL`` × its threshold."""
 
     # ------------------------------------------------------------------ the model
 
@@ -166,9 +191,29 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             return self.prior_switch_s / 2
         return _se(part) if part["n"] > 1 else 0.0
 
-    def gain_s(self, k: int, ctx: DynamicScheduleContext) -> tuple[float, float]:
-        """(seconds lending k shortens the next cycle by, its standard error): ρ_k (W − C_k) / (1 + ρ_k)."""
+    def latency_s(self, ctx: DynamicScheduleContext) -> float:
+        """L: a sample's seconds from start to finish in a no-lend cycle, by Little's law (samples
+        in flight / samples finished per second = load × S × T0 / N); 0 until measured."""
+        if not self.load["n"] or self.base["level"] <= 0:
+            return 0.0
+        in_flight = self.load["mean"] * max(1, ctx.standalone_replicas)
+        return in_flight * self.base["level"] / max(1, ctx.step_required_samples)
+
+    def effective_share(self, k: int, ctx: DynamicScheduleContext) -> float:
+        """ρ_k as far as the lend window lets it count: the hybrids generate for D = (W − C_k) /
+        (1 + ρ_k) seconds before the take-back, and a sample started there needs L; what is not
+        done by then goes back, part-done, to the standalones (re-prefilled). So ρ_k × min(1, D / L)."""
         rho = hybrid_share(k, ctx)
+        latency = self.latency_s(ctx)
+        window = (self.wait["mean"] - self.switch_s(k)) / (1.0 + rho)
+        if rho <= 0 or latency <= 0 or window <= 0:
+            return rho  # a lend that cannot pay its switches loses them whatever the hybrids do
+        return rho * min(1.0, window / latency)
+
+    def gain_s(self, k: int, ctx: DynamicScheduleContext) -> tuple[float, float]:
+        """(seconds lending k shortens the next cycle by, its standard error): ρ (W − C_k) / (1 + ρ)
+        with ρ the effective share."""
+        rho = self.effective_share(k, ctx)
         share = rho / (1.0 + rho)
         se_c = math.hypot(*(self._part_se(p) for p in self.switch_parts(k)))
         return share * (self.wait["mean"] - self.switch_s(k)), share * math.hypot(_se(self.wait), se_c)
@@ -178,10 +223,23 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         base = _trend_at(self.base, step)
         base_se = math.sqrt(max(self.base["var"], 0.0) / max(1.0, min(self.base["n"], 2.0 / EMA_ALPHA - 1.0)))
         out = {0: (base, base_se)}
+        realized = self.realized_gain_s(step)
         for k in range(1, max(1, ctx.hybrid_replicas) + 1):
             gain, se = self.gain_s(k, ctx)
-            out[k] = (base - gain, se)
+            out[k] = (base - (gain if realized is None else min(gain, realized)), se)
         return out
+
+    def realized_gain_s(self, step: int) -> float | None:
+        """What lend cycles measured, once ``MIN_LENT_CYCLES`` were and for ``REFRESH_EVERY``
+        steps after the last: a win the model promises and the cycles do not show is not believed."""
+        if self.realized["n"] < MIN_LENT_CYCLES or self.base["n"] - self.realized["base_n"] >= REALIZED_FOR:
+            return None
+        return self.realized["mean"]
+
+    def excess(self, step: int, k: int, ctx: DynamicScheduleContext) -> float:
+        """Lending k's predicted gain over what it must clear (Z standard errors + ``MARGIN`` of T0)."""
+        preds = self.predictions(step, ctx)
+        return (preds[0][0] - preds[k][0]) - (Z * preds[k][1] + MARGIN * preds[0][0])
 
     def best_lend(self, step: int, ctx: DynamicScheduleContext) -> int:
         """The k whose predicted gain is largest (ties: the larger k) if it clears Z standard
@@ -189,10 +247,8 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         if self.base["n"] < MIN_BASE_CYCLES or self.wait["n"] < MIN_BASE_CYCLES:
             return 0
         preds = self.predictions(step, ctx)
-        t0 = preds[0][0]
         k = min(range(1, len(preds)), key=lambda j: (round(preds[j][0], 9), -j))
-        gain, se = t0 - preds[k][0], preds[k][1]
-        return k if gain > Z * se + MARGIN * t0 else 0
+        return k if self.excess(step, k, ctx) > 0 else 0
 
     def model_ratio(self, ctx: DynamicScheduleContext) -> float:
         """Share of the cycle to queue so that the trainer no longer waits after the take-back
@@ -247,15 +303,22 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         # what is lent now (the lend after this step's sync is done); a context that does not
         # count its hybrids (hybrid_replicas 0) is taken to have done what this policy answered
         lent = ctx.lent_replicas if ctx.hybrid_replicas > 0 else self._lends_now(global_steps, ctx)
+        if lent:  # is the wait this lend pays for close to what the switches cost?
+            self.marginal = self.wait["mean"] < MARGINAL * self.switch_s(lent)
         if self.last_end_at is not None:
             self._observe(global_steps, ctx, ctx.now - self.last_end_at, self.last_lent, lent)
         if self.pause_left > 0:
             self.pause_left -= 1
         elif lent:
             self.lends_since_refresh += 1
-            if self.lends_since_refresh >= REFRESH_EVERY:
+            if self.lends_since_refresh >= (REFRESH_MARGINAL if self.marginal else REFRESH_EVERY):
                 self.pause_left, self.lends_since_refresh = 2, 0
         self.last_end_at, self.last_lent = float(ctx.now), int(lent)
+
+    def _bar(self, step: int, k: int, ctx: DynamicScheduleContext) -> float:
+        """What lending k's gain must clear: Z standard errors + ``MARGIN`` of T0."""
+        preds = self.predictions(step, ctx)
+        return Z * preds[k][1] + MARGIN * preds[0][0]
 
     def _observe(self, step: int, ctx: DynamicScheduleContext, cycle_s: float, before: int, after: int) -> None:
         """Book one cycle's seconds under what was lent at its start and its end."""
@@ -263,7 +326,11 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             self.activate = _book(self.activate, after, ctx.last_activate_duration_s)
         if before and ctx.last_deactivate_duration_s > 0:
             self.deactivate = _book(self.deactivate, before, ctx.last_deactivate_duration_s)
-        if before == 0 and after == 0:
+        if before and after and step - self.base["step"] <= FRESH_STEPS and self.base["n"]:
+            # a lend cycle can lose no more than its switches and win no more than the wait it removes
+            gain = min(self.wait["mean"], max(-self.switch_s(after), _trend_at(self.base, step) - cycle_s))
+            self.realized = {**_add(self.realized, gain), "base_n": self.base["n"]}
+        if before == 0 and after == 0 and step > START_UP_STEPS:
             self.base = _trend_add(self.base, step, cycle_s)
             self.wait = _add(self.wait, float(sum(ctx.step_wait_times)))
             if ctx.in_flight_samples > 0:
@@ -287,7 +354,8 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             why = ("pause to re-measure T0" if self.pause_left else
                    "measuring T0" if min(self.base["n"], self.wait["n"]) < MIN_BASE_CYCLES else
                    "predicted win" if k else f"no win beyond {Z:g} se + {MARGIN:.0%} of T0")
-            return (f"T0 {preds[0][0]:.1f}±{preds[0][1]:.1f}s, W {self.wait['mean']:.1f}s, C {self.switch_s():.1f}s; "
+            return (f"T0 {preds[0][0]:.1f}±{preds[0][1]:.1f}s, W {self.wait['mean']:.1f}s, C {self.switch_s():.1f}s, "
+                    f"L {self.latency_s(ctx):.1f}s; "
                     f"{shown} → lend {k} ({why}); in flight {ctx.in_flight_samples} + queued {ctx.mq_size} "
                     f"of cap {ctx.max_required_samples}")
         if hook == "deactivate_wait_samples":

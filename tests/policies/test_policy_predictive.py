@@ -1,11 +1,14 @@
 """`predictive` on hand-computed contexts: it lends k of m only when its cycle model says it wins.
 
 Every context: required_samples=16, trigger_parameter_sync_step=4 (N = 64 samples per cycle), one
-standalone replica with 16 samples in flight, nothing queued, a staleness cap of 96 samples: the
-headroom is 96 − 16 − 0 = 80, so k hybrids add ρ_k = min(k / 1, 80 / 16) = k times the
+standalone replica with 8 samples in flight, nothing queued, a staleness cap of 96 samples: the
+headroom is 96 − 8 − 0 = 88, so k hybrids add ρ_k = min(k / 1, 88 / 8) = k times the
 standalone's generation. A no-lend cycle takes 60 s of which the trainer waits ``wait`` s; the
-switch seconds are 6 until measured. The predicted gain of lending k is ρ_k (W − C) / (1 + ρ_k),
-and a lend needs gain > 1 standard error + 2 % of T0 (1.2 s here).
+switch seconds are 6 until measured. The cycles ending at steps 1 and 2 are the start-up's (not
+measured) and five no-lend cycles are measured before a lend (steps 3-7): the first lend is asked
+at step 8. A sample's latency is L = 8 × 60 / 64 = 7.5 s (Little's law), no more than the lend
+windows here unless a test says so, so ρ_k counts whole. The predicted gain of lending k is
+ρ_k (W − C) / (1 + ρ_k), and a lend needs gain > 1 standard error + 2 % of T0 (1.2 s here).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from policies import DynamicScheduleContext, PredictiveDynamicSchedulePolicy, bu
 from policies.predictive import hybrid_share
 
 CTX = DynamicScheduleContext(required_samples=16, trigger_parameter_sync_step=4, standalone_replicas=1,
-                             max_required_samples=96, in_flight_samples=16)
+                             max_required_samples=96, in_flight_samples=8)
 
 
 SWITCH = {k: (2.0, 1.0) for k in range(1, 5)}
@@ -58,21 +61,24 @@ def test_a_training_bound_run_never_lends_because_no_wait_can_pay_for_the_switch
     assert policy.predictions(41, replace(CTX, hybrid_replicas=1)) == {0: (60.0, 0.0), 1: (60.5, 0.5 * math.hypot(3.0, 3.0))}
 
 
-def test_a_rollout_bound_run_lends_once_three_no_lend_cycles_are_measured():
-    # the first cycle only starts the clock; after steps 2-4, T0 = 60 s and W = 30 s; step 5's
-    # gain with one hybrid: ρ 1 → (30 − 6) / 2 = 12 s > 1.2 s; from step 6 on the measured
-    # switch (1 + 2 = 3 s per lend cycle) makes it (30 − 3) / 2 = 13.5 s
+def test_a_rollout_bound_run_lends_once_five_no_lend_cycles_are_measured():
+    # the first cycle only starts the clock, the second is the start-up's; after steps 3-7,
+    # T0 = 60 s and W = 30 s; step 8's gain with one hybrid: ρ 1 (window (30 − 6) / 2 = 12 s ≥ L)
+    # → (30 − 6) / 2 = 12 s > 1.2 s; from step 9 on the measured switch (1 + 2 = 3 s per lend
+    # cycle) makes the model's T[1] 60 − (30 − 3) / 2 = 46.5 s, but the lend cycles measure 50 s
+    # (steps 9-11, lent at both ends): the measurement is believed over the model
     policy = PredictiveDynamicSchedulePolicy()
 
-    answers, _ = drive(policy, [60.0] * 4 + [50.0] * 4)
+    answers, _ = drive(policy, [60.0] * 8 + [50.0] * 3)
 
-    assert answers == [0, 0, 0, 0, True, True, True, True]
-    assert policy.predictions(9, replace(CTX, hybrid_replicas=1)) == {0: (60.0, 0.0), 1: (46.5, 0.0)}
+    assert answers == [0] * 7 + [True] * 4
+    assert policy.base["n"] == 5
+    assert policy.predictions(12, replace(CTX, hybrid_replicas=1)) == {0: (60.0, 0.0), 1: (50.0, 0.0)}
 
 
 def test_no_staleness_headroom_means_no_lend_however_long_the_trainer_waits():
-    # 16 in flight + 80 queued of a cap of 96: no sample can start on a lent hybrid
-    full = replace(CTX, mq_size=80)
+    # 8 in flight + 88 queued of a cap of 96: no sample can start on a lent hybrid
+    full = replace(CTX, mq_size=88)
     policy = PredictiveDynamicSchedulePolicy()
 
     answers, _ = drive(policy, [60.0] * 20, hybrids=2, wait=50.0, ctx=full)
@@ -89,47 +95,52 @@ def test_the_headroom_bounds_what_more_hybrids_add():
 
 
 def test_it_lends_k_of_m_when_lending_more_costs_more_switch_seconds_than_it_adds():
-    # steps 1-8 with one hybrid: it lends from step 5, C_1 = 2 + 1 = 3 s. A second hybrid comes
-    # back at step 9; C_2 is unmeasured, so it is the any-k one (3 s) and step 9 lends both; that
-    # activation takes 16 s: C_2 = 16 + 1 (any-k take-back) = 17 s, T[2] = 60 − (2/3)(30 − 17) =
-    # 51.3 s > T[1] = 60 − (30 − 3)/2 = 46.5 s: step 10 lends 1 of 2; its take-back of the two takes
-    # 11 s, so C_2 = 27 s and T[2] = 58 s from then on
+    # steps 1-11 with one hybrid: it lends from step 8, C_1 = 2 + 1 = 3 s. A second hybrid comes
+    # back at step 12; C_2 is unmeasured, so it is the any-k one (3 s): the model's gain for two is
+    # 18 s, but lend cycles measured 13.5 s (as fast as the model says for one), which caps it for
+    # both; a tie goes to the larger k, so step 12 lends both. That activation takes 16 s: C_2 =
+    # 16 + 1 (any-k take-back) = 17 s, a window of 13 / 3 s of L 7.5 s: ρ 1.16, T[2] = 53.0 s >
+    # T[1] = 46.5 s: step 13 lends 1 of 2; its take-back of the two takes 11 s, so C_2 = 27 s: a
+    # 1 s window, ρ 2 / 7.5 and T[2] = 60 − (ρ / (1 + ρ)) × 3 = 59.4 s from then on
     policy = PredictiveDynamicSchedulePolicy()
-    head, now = drive(policy, [60.0] * 5 + [46.5] * 3)  # lending cycles as fast as the model says
-    tail, _ = drive(policy, [46.5] * 4, hybrids=2, switch={**SWITCH, 2: (16.0, 11.0)}, start_step=9,
+    head, now = drive(policy, [60.0] * 8 + [46.5] * 3)
+    tail, _ = drive(policy, [46.5] * 4, hybrids=2, switch={**SWITCH, 2: (16.0, 11.0)}, start_step=12,
                     start_now=now, lent_before=1)
 
-    assert (head, tail) == ([0] * 4 + [True] * 4, [True, 1, 1, 1])
+    assert (head, tail) == ([0] * 7 + [True] * 4, [True, 1, 1, 1])
     ctx = replace(CTX, hybrid_replicas=2)
-    assert {k: t for k, (t, _) in policy.predictions(13, ctx).items()} == {0: 60.0, 1: 46.5, 2: 58.0}
+    rho = 2 / 7.5
+    assert {k: t for k, (t, _) in policy.predictions(16, ctx).items()} == pytest.approx(
+        {0: 60.0, 1: 46.5, 2: 60.0 - rho / (1 + rho) * 3.0})
 
 
 def test_the_explanation_gives_the_predicted_times_behind_the_answer():
     policy = PredictiveDynamicSchedulePolicy()
-    _, now = drive(policy, [60.0] * 4, hybrids=2)
+    _, now = drive(policy, [60.0] * 7, hybrids=2)
     ctx = replace(CTX, now=now, hybrid_replicas=2)
 
-    reason = policy.explain("should_activate_after_step", 5, False, ctx)
+    reason = policy.explain("should_activate_after_step", 8, False, ctx)
 
-    # ρ_1 = 1 → gain 12 s; ρ_2 = 2 → (2/3) × 24 = 16 s
-    assert reason == ("T0 60.0±0.0s, W 30.0s, C 6.0s; T[1] 48.0±2.1s, T[2] 44.0±2.8s → lend 2 (predicted win); "
-                      "in flight 16 + queued 0 of cap 96")
+    # ρ_1 = 1 → gain 12 s; ρ_2 = 2 (window 24 / 3 = 8 s ≥ L 7.5 s) → (2/3) × 24 = 16 s
+    assert reason == ("T0 60.0±0.0s, W 30.0s, C 6.0s, L 7.5s; T[1] 48.0±2.1s, T[2] 44.0±2.8s → lend 2 (predicted win); "
+                      "in flight 8 + queued 0 of cap 96")
 
 
 def test_the_deactivation_queue_starts_from_the_model_and_adapts_to_the_waits_after_the_take_back():
     # model: 1 − (C/2 + busy × (m−1)/m) / T0 = 1 − (3 + 30 × 3/4) / 60 = 0.575 → round(36.8) = 37
     policy = PredictiveDynamicSchedulePolicy()
-    drive(policy, [60.0] * 4)
+    drive(policy, [60.0] * 7)
     assert policy.deactivate_wait_samples(CTX) == 37
 
     # a lend cycle after which the trainer still waited for 4 samples: + max(0.02, 4/64) → 0.6375;
     # C is 3 s by then, so the model's start is 1 − (1.5 + 22.5)/60 = 0.6, +0.0625 = 0.6625
-    # (steps 5 and 6 lend; step 6's cycle began with a take-back)
-    drive(policy, [60.0] * 2, waited=4, start_step=5, start_now=240.0)
+    # (steps 8 and 9 lend; step 9's cycle began with a take-back)
+    drive(policy, [60.0] * 2, waited=4, start_step=8, start_now=420.0)
     assert (policy.ratio, policy.deactivate_wait_samples(CTX)) == (0.6625, 42)
 
-    # two more lend cycles without a wait: − 0.02 each; never above the staleness cap
-    drive(policy, [60.0] * 2, start_step=7, start_now=360.0, lent_before=1)
+    # two more cycles that began with a take-back and saw no wait: − 0.02 each (step 11 no longer
+    # lends: two lend cycles measured 60 s, no win); never above the staleness cap
+    drive(policy, [60.0] * 2, start_step=10, start_now=540.0, lent_before=1)
     assert policy.ratio == 0.6225
     assert policy.deactivate_wait_samples(replace(CTX, max_required_samples=24)) == 24
 
@@ -141,9 +152,9 @@ def test_only_hybrid_mode_lends_every_hybrid_after_every_sync_and_waits_for_a_wh
     assert (policy.should_activate_after_step(1, False, ctx), policy.deactivate_wait_samples(ctx)) == (True, 64)
 
 
-@pytest.mark.parametrize("cut", [3, 5, 6, 7, 9, 30])
+@pytest.mark.parametrize("cut", [3, 6, 8, 9, 10, 12, 30])
 def test_a_state_round_trip_mid_run_reproduces_every_later_decision(cut):
-    cycles = [60.0, 61.0, 58.0, 62.0] + [50.0, 52.0, 49.0, 55.0, 58.0, 66.0, 70.0, 61.0] + [60.0] * 50
+    cycles = [60.0, 61.0, 58.0, 62.0, 59.0, 61.0, 60.0] + [50.0, 52.0, 49.0, 55.0, 58.0, 66.0, 70.0, 61.0] + [60.0] * 50
     whole = PredictiveDynamicSchedulePolicy()
     expected, _ = drive(whole, cycles, hybrids=2, waited=3)
 
@@ -159,40 +170,55 @@ def test_a_state_round_trip_mid_run_reproduces_every_later_decision(cut):
 
 
 def test_a_long_lending_run_pauses_two_steps_every_48_lends_to_measure_the_no_lend_cycle_again():
-    # steps 5-52 lend (48 lends), 53-54 pause (54's cycle is a no-lend one: T0 gets its 4th), 55 lends
+    # steps 8-55 lend (48 lends), 56-57 pause (57's cycle is a no-lend one: T0 gets its 6th), 58 lends
     policy = PredictiveDynamicSchedulePolicy()
 
-    answers, _ = drive(policy, [60.0] * 4 + [50.0] * 48 + [60.0] * 3)
+    answers, _ = drive(policy, [60.0] * 7 + [50.0] * 48 + [60.0] * 3)
 
-    assert answers == [0] * 4 + [True] * 48 + [0, 0, True]
-    assert policy.base["n"] == 4
+    assert answers == [0] * 7 + [True] * 48 + [0, 0, True]
+    assert policy.base["n"] == 6
+
+
+def test_a_marginal_win_is_re_measured_after_6_lends():
+    # W 12 s against C = 2 + 1 = 3 s measured: W < 2 × ... no; with switches of 4 + 3 = 7 s,
+    # W 12 < 2 × 7: the win is marginal, so the pause comes after 6 lends, not 48. The model:
+    # window (12 − 7) / 2 = 2.5 s against L 7.5 s → ρ 1/3 → gain (1/4) × 5 = 1.25 s > 1.2 s
+    policy = PredictiveDynamicSchedulePolicy(prior_switch_s=2.0)
+
+    answers, _ = drive(policy, [60.0] * 7 + [58.0] * 6 + [60.0] * 3, wait=12.0, switch={1: (4.0, 3.0)})
+
+    assert answers == [0] * 7 + [True] * 6 + [0, 0, True]
+    assert policy.marginal
 
 
 def test_it_rebalances_only_when_the_lent_hybrids_hold_less_than_a_filled_standalone():
-    # after three no-lend cycles a standalone holds 16 samples; with one hybrid lent, 32 in flight
-    # means the headroom filled it: no rebalance; 20 in flight means it holds 4: rebalance
+    # after the measured no-lend cycles a standalone holds 8 samples; with one hybrid lent, 16 in
+    # flight means the headroom filled it: no rebalance; 12 in flight means it holds 4: rebalance
     policy = PredictiveDynamicSchedulePolicy()
-    fresh = policy.request_rebalance(1, replace(CTX, lent_replicas=1, in_flight_samples=20))
-    drive(policy, [60.0] * 4)
+    fresh = policy.request_rebalance(1, replace(CTX, lent_replicas=1, in_flight_samples=12))
+    drive(policy, [60.0] * 7)
     lent = replace(CTX, hybrid_replicas=1, lent_replicas=1)
 
-    answers = [policy.request_rebalance(5, replace(lent, in_flight_samples=n)) for n in (32, 20)]
+    answers = [policy.request_rebalance(8, replace(lent, in_flight_samples=n)) for n in (16, 12)]
 
     assert (fresh, answers) == (True, [False, True])
 
 
 def test_the_switch_cost_prior_decides_whether_the_first_lend_is_tried():
-    # W 5 s: against the 6 s prior the gain is negative and nothing is ever measured, so it never
-    # lends; with a 1 s prior (a run whose fixed costs are smaller) the gain (5 − 1) / 2 = 2 s
-    # clears 2 % of T0 and the prior's own uncertainty (½ hypot(0.5, 0.5) = 0.35 s), and from then
-    # on the measured switch (3 s) gives (5 − 3) / 2 = 1 s, which no longer clears 1.2 s: it lends
-    # once, measures, and stops
-    assert drive(build_policy("predictive"), [60.0] * 8, wait=5.0)[0] == [0] * 8
+    # W 12 s: against the 6 s prior, a window of (12 − 6) / 2 = 3 s of L 7.5 s gives ρ 0.4 and a
+    # gain of (0.4 / 1.4) × 6 = 1.7 s, short of 1.2 s + the prior's own uncertainty ((0.4 / 1.4)
+    # × hypot(3, 3) = 1.2 s): nothing is ever measured, so it never lends. With a 1 s prior (a run
+    # whose fixed costs are smaller): window 5.5 s, ρ 0.73, gain 4.6 s clears 1.2 + 0.13 s; with
+    # the activation measured (5 s) and the take-back still the prior's 0.5 s it lends again
+    # (window 3.25 s, gain 2.0 s); once both are (5 + 3 = 8 s): window 2 s, ρ 0.27, gain 0.84 s,
+    # and it stops
+    slow = {1: (5.0, 3.0)}
+    assert drive(build_policy("predictive"), [60.0] * 11, wait=12.0, switch=slow)[0] == [0] * 11
     primed = build_policy("predictive", prior_switch_s=1.0)
 
-    answers, _ = drive(primed, [60.0] * 8, wait=5.0)
+    answers, _ = drive(primed, [60.0] * 11, wait=12.0, switch=slow)
 
-    assert answers == [0, 0, 0, 0, True, 0, 0, 0]
+    assert answers == [0] * 7 + [True, True, 0, 0]
     assert primed.state_dict()["prior_switch_s"] == 1.0
     with pytest.raises(ValueError, match="prior_switch_s"):
         build_policy("predictive", prior_switch_s=0.0)
@@ -209,3 +235,40 @@ def test_the_prior_is_a_config_key_only_for_policies_that_take_one():
     assert policy_from_config(default).prior_switch_s == 0.6
     with pytest.raises(ConfigError, match="policy 'fixed_ratio' takes no switch-cost prior"):
         load_checked("sim/qwen35-35b-emulated-tp8-dynamic", ["async_training.dynamic_schedule_policy=fixed_ratio"])
+
+
+def test_a_lend_window_shorter_than_a_sample_counts_only_its_share_of_the_hybrids():
+    # 32 in flight on the standalone: L = 32 × 60 / 64 = 30 s; W 30, C 6: the window of one hybrid
+    # (ρ 1, headroom 64 / 32 = 2) is (30 − 6) / 2 = 12 s, so ρ counts 12 / 30 = 0.4: gain
+    # (0.4 / 1.4) × 24 = 6.9 s instead of 12 s
+    ctx = replace(CTX, in_flight_samples=32, hybrid_replicas=1)
+    policy = PredictiveDynamicSchedulePolicy()
+    drive(policy, [60.0] * 7, ctx=ctx)
+
+    assert (policy.latency_s(ctx), policy.effective_share(1, ctx)) == (30.0, 0.4)
+    assert policy.predictions(8, ctx)[1][0] == pytest.approx(60.0 - 0.4 / 1.4 * 24.0)
+
+
+def test_what_is_left_of_the_prompt_budget_bounds_what_the_hybrids_add():
+    # headroom 88 of the cap, but only 4 samples left to start: ρ_1 = 4 / 8; none left: nothing
+    assert [hybrid_share(1, replace(CTX, samples_to_start=n)) for n in (None, 4, 0)] == [1.0, 0.5, 0.0]
+
+
+def test_lend_cycles_measured_no_faster_than_the_no_lend_ones_stop_the_lending():
+    # the model promises 46.5 s lend cycles, they take 60 s like the no-lend ones: after two
+    # (steps 9, 10) the measured gain (none) caps the model's, and it stops; three no-lend cycles
+    # later (12-14; 11 began with a take-back) the measurement has aged out and it tries again
+    policy = PredictiveDynamicSchedulePolicy()
+
+    answers, now = drive(policy, [60.0] * 13)
+    assert (answers, policy.realized_gain_s(14)) == ([0] * 7 + [True] * 3 + [0] * 3, 0.0)
+
+    more, _ = drive(policy, [60.0] * 2, start_step=14, start_now=now)
+    assert (more, policy.realized_gain_s(16)) == ([0, True], None)
+
+
+def test_the_start_up_cycles_are_not_measured():
+    policy = PredictiveDynamicSchedulePolicy()
+    drive(policy, [200.0, 150.0, 60.0])
+
+    assert (policy.base["n"], policy.base["level"]) == (1, 60.0)

@@ -176,7 +176,8 @@ def _bounded(job: tuple[TidalConfig, int, int | None, bool]) -> tuple[SimResult 
     cfg, seed, steps, keep = job
     result = simulate(cfg, seed=seed, steps=steps)
     bound = lower_bound(spec_from_config(cfg, steps), result)
-    figures = {"wall_s": result.wall_clock_s, "fluid_s": bound.fluid_s, "bound_s": bound.lower_bound_s}
+    figures = {"wall_s": result.wall_clock_s, "fluid_s": bound.fluid_s, "bound_s": bound.lower_bound_s,
+               "aborted_tokens": result.waste.aborted_tokens, "reprefill_tokens": result.waste.reprefilled_tokens}
     return (result if keep else None), figures
 
 
@@ -191,7 +192,7 @@ def _map(jobs: list, workers: int = 2) -> list:
 def bench_seed(plot_dir: str | None) -> str:
     """The seed experiment: both statics against the published times; the policies on the dynamic
     setup with their ratio to the fluid bound and to the lower bound; mean and range over seeds."""
-    rows, setups, walls_by = [], [], {}
+    rows, setups, walls_by, waste_by = [], [], {}, {}
     labelled = _seed_setups()
     out = _map([(cfg, seed, None, seed == 0) for _, cfg in labelled for seed in SEEDS])
     for i, (label, cfg) in enumerate(labelled):
@@ -201,6 +202,7 @@ def bench_seed(plot_dir: str | None) -> str:
         x_bound = statistics.fmean(f["wall_s"] / f["bound_s"] for _, f in runs)
         mean = statistics.fmean(walls)
         walls_by[label] = (mean, x_bound)
+        waste_by[label] = tuple(statistics.fmean(f[key] for _, f in runs) for key in ("aborted_tokens", "reprefill_tokens"))
         published = PUBLISHED_H.get(label)
         vs = f"{published:.3f} ({_pct(mean / 3600 / published)})" if published else "—"
         r0 = runs[0][0]
@@ -225,7 +227,10 @@ def bench_seed(plot_dir: str | None) -> str:
     if "dynamic 16+16 predictive" in walls_by:
         wall, x_bound = walls_by["dynamic 16+16 predictive"]
         figures.update(predictive_h=wall / 3600, predictive_vs_best_static=wall / best_static - 1,
-                       predictive_x_lower_bound=x_bound)
+                       predictive_x_lower_bound=x_bound,
+                       # predictive's lent replicas' wasted work: mean over the seeds
+                       aborted_tokens=waste_by["dynamic 16+16 predictive"][0],
+                       reprefill_tokens=waste_by["dynamic 16+16 predictive"][1])
     for policy in OVERLAP_POLICIES:
         if f"{OVERLAP_LABEL} {policy}" in walls_by:
             wall, _ = walls_by[f"{OVERLAP_LABEL} {policy}"]

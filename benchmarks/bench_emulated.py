@@ -74,7 +74,7 @@ MQ_SIZE = "dynamic_resource/mq_size"
 # ------------------------------------------------------------------------------------------------
 
 
-ROLES = ("ReplicaActor", "TrainerActor", "RolloutService", "ControllerActor")
+ROLES = ("ReplicaActor", "TrainRankActor", "TrainerActor", "RolloutService", "ControllerActor")
 
 
 def _role(pid: int) -> str:
@@ -503,7 +503,9 @@ def markdown(results: list[dict[str, Any]], command: str, plot_path: Path) -> st
         f"Command: `{command}`",
         "",
         "Each setup runs the real system (`tidal run`: a Prefect flow per step, the Ray actors, controller and policy) "
-        "with the simulated engine and backend spending the cost model's time, on the seed experiment scaled down in "
+        "with the simulated engine and backend spending the cost model's time (the trainer as its rank group: one rank "
+        "actor per emulated trainer GPU over a gloo group, each hybrid on its ranks, loaded in-rank; the TP 8 presets "
+        "send the standalones' weights by the collective transport, which the simulated engines join), on the seed experiment scaled down in "
         "tokens (`config/presets/sim/qwen35-35b-emulated-*.yaml`: 32 emulated GPUs; TP 4 and n = 8 as the old seed "
         "shape ÷ 20, ~3 s of data-plane work per step, or TP 8 and n = 16 as the faithful one ÷ 10 (`-tp8-`, with "
         "`predictive`), ~4 s), then the simulator (`tidal simulate`'s) on the same preset, steps and seed: as the preset stands "

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -55,10 +56,11 @@ def hybrid_hosts(hybrid_ids: Sequence[str], world: int, per_node: int, tp: int) 
 
 def full_tensor(tensor: Any) -> Any:
     """The whole tensor of a (possibly FSDP2-sharded) parameter: a gather over the training group
-    that every rank makes in the same order."""
-    from torch.distributed.tensor import DTensor
-
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+    that every rank makes in the same order. A plain tensor is itself: a DTensor exists only once
+    ``torch.distributed.tensor`` is imported, so it is not imported here (~0.5 s a process: every
+    rank would pay it at its first in-rank load, in the first lend's switch)."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return tensor.full_tensor() if dtensor is not None and isinstance(tensor, dtensor.DTensor) else tensor
 
 
 def rollout_tensors(backend: Any) -> tuple[Mapping[str, Any], bool]:
@@ -241,10 +243,14 @@ class TrainRankActor(HybridHost):
         return self.backend.updates
 
     async def offload(self) -> dict[str, float]:
-        return await self._locked(self.backend.offload)
+        """Move this rank's state out of the hybrids' way (nothing to move for a backend without
+        ``offload``: the simulated one, whose engines' switch costs include the moves)."""
+        move = getattr(self.backend, "offload", None)
+        return dict(await self._locked(move)) if move is not None else {}
 
     async def reload(self) -> dict[str, float]:
-        return await self._locked(self.backend.reload)
+        move = getattr(self.backend, "reload", None)
+        return dict(await self._locked(move)) if move is not None else {}
 
     async def close(self) -> None:
         from cluster.backends import distributed as dp

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+from cluster.backends import distributed as dp
 from cluster.backends.base import (
     CHECKPOINT_FORMAT,
     TIMING_KEYS,
@@ -43,6 +44,8 @@ class SimulatedBackend:
     """Cost-model twin of a train backend (no model, no optimizer)."""
 
     name = "simulated"
+    device = torch.device("cpu")
+    """Where its fake state lives (a rank's weight-sync group is gloo from it)."""
 
     def __init__(
         self,
@@ -96,9 +99,21 @@ class SimulatedBackend:
         return self.fixed_s + self.per_token_s * self.tokens_of(samples)
 
     def train_step(self, samples: Sequence[Sample]) -> StepResult:
-        if not samples:
+        """One update on ``samples``. As one rank of a trainer's group (``distributed.RankInfo``)
+        they are this rank's share: the counts are summed over the group first (one all-reduce,
+        as a real backend's token-mean normalisers are), so every rank spends the whole
+        micro-step's cost (``per_token_s`` is the whole trainer's) and reports the group's metrics."""
+        group = dp.RankInfo.current().sharded
+        if not samples and not group:
             raise ValueError("train_step needs at least one sample")
-        cost = self.cost_s(samples)
+        rewards = [self._reward(s, i) for s in samples for i in range(len(s.responses))]
+        response_tokens = sum(len(r.tokens) for s in samples for r in s.responses)
+        counts = [self.tokens_of(samples), response_tokens, len(samples), len(rewards), sum(rewards),
+                  sum(r * r for r in rewards)]
+        tokens, response_tokens, n_samples, n, reward_sum, reward_sq = dp.all_reduce(counts) if group else counts
+        if not n_samples:
+            raise ValueError("train_step needs at least one sample")
+        cost = self.fixed_s + self.per_token_s * tokens
         timing = {}
         for key in TIMING_KEYS:  # in the order a real step runs them
             if key in self.phase_fractions:
@@ -107,11 +122,9 @@ class SimulatedBackend:
                 timing[key] = time.perf_counter() - t0
         self._updates += 1
 
-        rewards = [self._reward(s, i) for s in samples for i in range(len(s.responses))]
-        n = len(rewards)
-        mean = sum(rewards) / n
-        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / n)
-        response_tokens = sum(len(r.tokens) for s in samples for r in s.responses)
+        n = max(1.0, n)
+        mean = reward_sum / n
+        std = math.sqrt(max(0.0, reward_sq / n - mean * mean))
         decay = 1.0 / (1.0 + 0.05 * self._updates)
         metrics = {
             "loss": 0.1 * decay,
@@ -124,9 +137,9 @@ class SimulatedBackend:
             "reward_mean": mean,
             "reward_std": std,
             "response_length_mean": response_tokens / n,
-            "tokens": float(self.tokens_of(samples)),
+            "tokens": float(tokens),
             "response_tokens": float(response_tokens),
-            "samples": float(len(samples)),
+            "samples": float(n_samples),
             "responses": float(n),
             "updates": float(self._updates),
         }
@@ -150,7 +163,10 @@ class SimulatedBackend:
     def save_checkpoint(self, path: str | os.PathLike[str], *, export_hf: bool = True,
                         async_save: bool = False) -> CheckpointInfo:
         """The tiny state in the shared file format, written at once (``async_save`` changes nothing:
-        there is nothing worth moving off the step's path)."""
+        there is nothing worth moving off the step's path). In a group every rank holds the same
+        state: rank 0 writes it, the others only name the file."""
+        if dp.RankInfo.current().rank > 0:
+            return CheckpointInfo(str(path), "", 0)
         payload = {
             "format": CHECKPOINT_FORMAT,
             "backend": self.name,

@@ -143,3 +143,33 @@ def test_bad_cost_settings_are_rejected(kwargs, message):
 def test_an_empty_batch_is_rejected():
     with pytest.raises(ValueError, match="at least one sample"):
         SimulatedBackend(per_token_s=0.0).train_step([])
+
+
+def _group_backend() -> SimulatedBackend:
+    return SimulatedBackend(per_token_s=0.001, fixed_s=0.5, sleep=FakeSleep())
+
+
+def _slept_and_saved(folder: str, backend: SimulatedBackend, rank: int) -> tuple[float, str]:
+    info = backend.save_checkpoint(f"{folder}/ckpt.pt")
+    return sum(backend._sleep.calls), info.sha256
+
+
+@pytest.mark.slow  # two spawned processes over gloo
+def test_each_rank_of_a_group_spends_the_whole_micro_steps_cost_and_reports_the_groups_metrics(tmp_path):
+    # a trainer of 2 rank actors deals 3 samples as 2 + 1; the cost model is the whole trainer's
+    # (per_token_s of all its GPUs), so every rank must spend what one backend spends on all 3
+    import functools
+
+    from dp_support import train_on_ranks
+
+    batch = samples(3)
+    alone = _group_backend()
+    expected = alone.train_step(batch).metrics
+    ranks = train_on_ranks(2, _group_backend, batch, 1, then=functools.partial(_slept_and_saved, str(tmp_path)))
+    for rank in ranks:
+        (metrics,) = rank["metrics"]
+        assert metrics == pytest.approx(expected)
+        assert rank["extra"][0] == pytest.approx(0.5 + 0.001 * 60)
+    # the one state is written once, by rank 0 (the others name the file)
+    assert ranks[0]["extra"][1] and ranks[1]["extra"][1] == ""
+    assert (tmp_path / "ckpt.pt").exists()

@@ -65,6 +65,7 @@ TARGETS = {
     "hf_engine.ratio_at_32_median": (">=", 2.0),
     "sim_seed.predictive_vs_best_static": ("<=", -0.20),
     "sim_grid.predictive_worst_vs_never_lend": ("<=", 0.01),
+    "sim_random.predictive_worst_vs_never_lend": ("<=", 0.01),
 }
 
 

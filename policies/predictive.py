@@ -35,8 +35,8 @@ once, so their waits are the start-up's, not the run's."""
 REFRESH_EVERY = 48
 """While lending, pause for two steps after this many lends, to re-measure ``T0`` and ``W``…"""
 REFRESH_MARGINAL = 6
-"""…or after this many when the lend's predicted gain is under ``MARGINAL`` times what it had to
-clear: a drift of ``W`` (responses getting shorter) turns a small win into a loss soonest."""
+"""…or after this many when the win is marginal (W < ``MARGINAL`` × C_k): a drift of ``W``
+(responses getting shorter) turns a small win into a loss soonest."""
 MARGINAL = 2.0
 FRESH_STEPS = 6
 """A lend cycle is compared with the no-lend trend only this many steps after its last sample."""
@@ -168,7 +168,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         within ``FRESH_STEPS`` of its last sample), clipped to [−C, W]: what lending really gave;
         ``base_n``: the no-lend samples there were at the last one."""
         self.marginal = False
-        """The latest lend's predicted gain was under ``MARGINAL`` × its threshold."""
+        """At the latest lend, W was under ``MARGINAL`` × the switch seconds of what it lent."""
 
     # ------------------------------------------------------------------ the model
 
@@ -230,16 +230,12 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         return out
 
     def realized_gain_s(self, step: int) -> float | None:
-        """What lend cycles measured, once ``MIN_LENT_CYCLES`` were and for ``REFRESH_EVERY``
-        steps after the last: a win the model promises and the cycles do not show is not believed."""
+        """What lend cycles measured, once ``MIN_LENT_CYCLES`` were and until ``REALIZED_FOR``
+        no-lend cycles were measured after the last: a win the model promises and the cycles do not
+        show is not believed."""
         if self.realized["n"] < MIN_LENT_CYCLES or self.base["n"] - self.realized["base_n"] >= REALIZED_FOR:
             return None
         return self.realized["mean"]
-
-    def excess(self, step: int, k: int, ctx: DynamicScheduleContext) -> float:
-        """Lending k's predicted gain over what it must clear (Z standard errors + ``MARGIN`` of T0)."""
-        preds = self.predictions(step, ctx)
-        return (preds[0][0] - preds[k][0]) - (Z * preds[k][1] + MARGIN * preds[0][0])
 
     def best_lend(self, step: int, ctx: DynamicScheduleContext) -> int:
         """The k whose predicted gain is largest (ties: the larger k) if it clears Z standard
@@ -247,8 +243,10 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         if self.base["n"] < MIN_BASE_CYCLES or self.wait["n"] < MIN_BASE_CYCLES:
             return 0
         preds = self.predictions(step, ctx)
+        t0 = preds[0][0]
         k = min(range(1, len(preds)), key=lambda j: (round(preds[j][0], 9), -j))
-        return k if self.excess(step, k, ctx) > 0 else 0
+        gain, se = t0 - preds[k][0], preds[k][1]
+        return k if gain > Z * se + MARGIN * t0 else 0
 
     def model_ratio(self, ctx: DynamicScheduleContext) -> float:
         """Share of the cycle to queue so that the trainer no longer waits after the take-back
@@ -314,11 +312,6 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             if self.lends_since_refresh >= (REFRESH_MARGINAL if self.marginal else REFRESH_EVERY):
                 self.pause_left, self.lends_since_refresh = 2, 0
         self.last_end_at, self.last_lent = float(ctx.now), int(lent)
-
-    def _bar(self, step: int, k: int, ctx: DynamicScheduleContext) -> float:
-        """What lending k's gain must clear: Z standard errors + ``MARGIN`` of T0."""
-        preds = self.predictions(step, ctx)
-        return Z * preds[k][1] + MARGIN * preds[0][0]
 
     def _observe(self, step: int, ctx: DynamicScheduleContext, cycle_s: float, before: int, after: int) -> None:
         """Book one cycle's seconds under what was lent at its start and its end."""

@@ -14,7 +14,6 @@ tasks go through ``call(handle, ControllerHost.method, ...)`` so go-to-definitio
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -436,16 +435,6 @@ class ControllerHost:
         self.members.joined(old, new)
         return version
 
-    def standalone_alive(self) -> int:
-        """Standalone replicas alive and routable (each pinged first, so a death is seen even
-        when no request of it has failed yet)."""
-        self._ping_standalone()
-        return len(self.members.routable())
-
-    def membership(self) -> dict[str, list[str]]:
-        return {"routable": list(self.members.routable()), "dead": list(self.members.dead()),
-                "replacing": list(self.members.replacing_ids())}
-
     # ------------------------------------------------------------------ state
 
     def hybrid_active(self) -> bool:
@@ -453,13 +442,6 @@ class ControllerHost:
 
     def load_controller_state(self, state: dict[str, Any]) -> None:
         self.ctl.load_state_dict(state)
-
-    def drain_records(self) -> dict[str, list[dict[str, Any]]]:
-        """The decisions and switch timings so far (e.g. the warm-up's), cleared afterwards."""
-        return {
-            "decisions": [dataclasses.asdict(d) for d in self.ctl.drain_decisions()],
-            "switch_events": [dataclasses.asdict(s) for s in self.ctl.drain_switch_log()],
-        }
 
     def load_policy_state(self, state: dict[str, Any]) -> None:
         self.policy.load_state_dict(state)

@@ -41,10 +41,17 @@ def _start(tmp_path, ray_address, *overrides):
     ray.get(plane.controller.broadcast_sync.remote(0, False))  # no staleness window before the start
     ray.get(plane.rollout.start.remote(prompts_for(cfg)))
     lend_all = LendPlan(step=0, count=cfg.hybrid_replicas, of=cfg.hybrid_replicas)
-    ray.get(plane.controller.hybrid_sync.remote(lend_all, 0))
-    ray.get(plane.controller.activate.remote(lend_all, []))
-    ray.get(plane.controller.drain_records.remote())  # warm-up switches are not step 1's
-    return cfg, plane, run, engine
+    warm_up = [ray.get(plane.controller.hybrid_sync.remote(lend_all, 0)),
+               *ray.get(plane.controller.activate.remote(lend_all, []))]
+    return cfg, plane, run, engine, [r.kind for r in warm_up]
+
+
+def _switch_kinds(results, warm_up):
+    """Each step's switch kinds, as its commit stored them, less the warm-up's (``warm_up``): a
+    (re)start's switches are committed with the first step, ahead of its own."""
+    kinds = [[e["kind"] for e in r["switch_events"]] for r in results]
+    assert kinds[0][:len(warm_up)] == warm_up, (kinds, warm_up)
+    return [kinds[0][len(warm_up):], *kinds[1:]]
 
 
 def _accounting(plane):
@@ -53,7 +60,8 @@ def _accounting(plane):
 
 
 def test_three_sync_cycles_train_for_real_with_the_hybrid_lent_and_reclaimed(tmp_path, ray_address):
-    cfg, plane, run, engine = _start(tmp_path, ray_address, "async_training.dynamic_schedule_policy=fixed_ratio")
+    cfg, plane, run, engine, warm_up = _start(tmp_path, ray_address,
+                                              "async_training.dynamic_schedule_policy=fixed_ratio")
     try:
         trained = 0
         results = []
@@ -67,7 +75,7 @@ def test_three_sync_cycles_train_for_real_with_the_hybrid_lent_and_reclaimed(tmp
             assert generated == trained + queued
             assert started == generated + in_flight
         assert trained == 3 * cfg.step_required_samples
-        kinds = [[e["kind"] for e in r["switch_events"]] for r in results]
+        kinds = _switch_kinds(results, warm_up)
         # a step that starts with the hybrid lent (step 1: the warm-up lent it) takes it back before
         # training (deactivate), and only such a step; with fixed_ratio and an empty backlog after
         # training, a step lends it again (hybrid_sync, activate, rebalance). Whether the backlog is
@@ -86,7 +94,7 @@ def test_three_sync_cycles_train_for_real_with_the_hybrid_lent_and_reclaimed(tmp
 
 
 def test_killing_the_standalone_replica_mid_generation_loses_no_sample(tmp_path, ray_address):
-    cfg, plane, run, engine = _start(tmp_path, ray_address, "async_training.dynamic_schedule_policy=fixed_ratio")
+    cfg, plane, run, engine, _ = _start(tmp_path, ray_address, "async_training.dynamic_schedule_policy=fixed_ratio")
     try:
         trained = 0
         result = training_step(run, 1)
@@ -122,16 +130,17 @@ def test_with_overlap_the_broadcast_syncs_the_lent_hybrid_which_then_serves_the_
     results made with the weights of that step; every sample is still accounted for."""
     from driver_support import POLICY
 
-    cfg, plane, run, engine = _start(tmp_path, ray_address, f"async_training.dynamic_schedule_policy={POLICY}",
-                                     "async_training.dynamic_schedule_overlap_hybrid_sync=true")
+    cfg, plane, run, engine, warm_up = _start(tmp_path, ray_address, f"async_training.dynamic_schedule_policy={POLICY}",
+                                              "async_training.dynamic_schedule_overlap_hybrid_sync=true")
     try:
         assert run.overlap_hybrid_sync
-        trained, kinds = 0, []
+        trained, results = 0, []
         for step in (1, 2, 3):
             result = training_step(run, step)
             trained += result["trained"]
             run = run.model_copy(update={"consumed_before": trained})
-            kinds.append([e["kind"] for e in result["switch_events"]])
+            results.append(result)
+        kinds = _switch_kinds(results, warm_up)
         # the warm-up lent the hybrid; the step-counting policy takes it back before every step
         # that starts with it lent and lends it after odd steps
         lend = ["hybrid_sync", "activate", "rebalance"]

@@ -10,7 +10,7 @@ Production executes the intents against its actors; the simulator against its ev
 """
 
 from loop.context import Snapshot, micro_summaries, policy_context
-from loop.decisions import DecisionRecord, Decider, SwitchBook, SwitchDurations, lend_count
+from loop.decisions import DecisionRecord, Decider, SwitchBook, SwitchDurations, lend_count, step_switch_seconds
 from loop.guards import (
     ONLY_HYBRID_START,
     RELEND_AFTER_RESUME,
@@ -91,4 +91,5 @@ __all__ = [
     "run_start",
     "skipped_phases",
     "step_sequence",
+    "step_switch_seconds",
 ]

@@ -9,7 +9,8 @@ died behaves as only-hybrid), so that every switch has a decision record saying 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +71,17 @@ class SwitchDurations:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.activate_s = float(state.get("activate_s", 0.0))
         self.deactivate_s = float(state.get("deactivate_s", 0.0))
+
+
+def step_switch_seconds(switches: Iterable[SwitchReport | None]) -> float:
+    """A step's switch seconds (``waste/switch_s``), one rule for production's step fold
+    (``tasks.summary``) and the twin's (``sim.simulator``): every switch made between the step's
+    start and its commit, each once, in order: the wait's deactivation, each hybrid sync (its own
+    phase or inside the broadcast), the lend's activation and rebalance, and every stranded
+    refill's hybrid sync, activation and deactivation. A (re)start's switches (before step 1, or
+    a resumed run's relend) are no step's, though the store keeps them with the first step's
+    switch events. ``None`` stands for a phase that did not switch."""
+    return math.fsum(s.duration_s for s in switches if s is not None)
 
 
 class SwitchBook:

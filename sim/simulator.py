@@ -55,6 +55,7 @@ from loop import (
     refill_sequence,
     run_start,
     step_sequence,
+    step_switch_seconds,
     stranded_refill,
 )
 from loop.workload import LengthModel
@@ -126,6 +127,8 @@ class _StepLog:
     train_end: float = 0.0
     tasks_since_train: int = 0
     """Tasks paid since the last micro-step ended (not trainer time in the last one's allocation)."""
+    switches: list[SwitchReport] = field(default_factory=list)
+    """The switches made since the step started (``loop.step_switch_seconds`` folds them)."""
 
 
 class Simulator:
@@ -485,7 +488,7 @@ class Simulator:
             aborted_requests=total.aborted_requests - before.aborted_requests,
             aborted_tokens=total.aborted_tokens - before.aborted_tokens,
             reprefilled_tokens=total.reprefilled_tokens - before.reprefilled_tokens,
-            switch_s=max(0.0, total.switch_s - before.switch_s),
+            switch_s=step_switch_seconds(log.switches),
         )
         log.micro[-1].update(
             {
@@ -542,6 +545,7 @@ class Simulator:
         now = self.loop.now
         report = SwitchReport(kind, began, now - began, replicas=tuple(rep.name for rep in replicas))
         self.transitions.append(Transition(step, report))
+        self._log.switches.append(report)
         self.book.book(report)
         self.switch_s += report.duration_s
         return report

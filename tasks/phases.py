@@ -89,10 +89,11 @@ def train(run: RunRef, step: int, micro_step: int) -> MicroReport:
     The pull is made in slices of ``loop.guards.STRANDED_POLL_S``: after a slice that timed out,
     the controller lends the hybrids to refill the queue if no standalone replica is left to do it
     (``loop.guards.stranded_refill``, through ``ControllerHost.refill_if_stranded``), instead of
-    waiting for samples nothing would generate.
+    waiting for samples nothing would generate. The refills' switches go with the micro-step's
+    report (the step's switch seconds count them).
     """
     deadline = time.monotonic() + (run.wait_timeout_s or float("inf"))
-    earlier_wait_s, size_at_start = 0.0, None
+    earlier_wait_s, size_at_start, refills = 0.0, None, []
     while True:
         poll = min(STRANDED_POLL_S, max(0.0, deadline - time.monotonic()))
         pending = _actor(run, TRAINER).train_micro_step.remote(poll)
@@ -107,13 +108,13 @@ def train(run: RunRef, step: int, micro_step: int) -> MicroReport:
         if time.monotonic() >= deadline:
             raise TimeoutError(f"step {step}: no {run.required_samples} samples after {run.wait_timeout_s}s "
                                f"({report['mq_size']} queued)")
-        _controller(run, ControllerHost.refill_if_stranded, step, run.wait_timeout_s)
+        refills += _controller(run, ControllerHost.refill_if_stranded, step, run.wait_timeout_s)
     if earlier_wait_s:  # one pull, as the policy sees it, spread over several slices
         report["wait_s"] += earlier_wait_s
         report["allocated_s"] = report.get("allocated_s", 0.0) + earlier_wait_s
         if size_at_start is not None:
             report["wait_samples"] = max(0, run.required_samples - size_at_start)
-    return MicroReport.from_actor(report)
+    return MicroReport.from_actor(report, refills=refills)
 
 
 @phase("broadcast_sync")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_serializer
 
 from config import TidalConfig
+from loop.plans import SwitchReport
 from storage import redact_url
 
 
@@ -93,9 +95,11 @@ class MicroReport(BaseModel):
     timing_s: dict[str, float] = {}
     compute_s: float = 0.0
     allocated_s: float = 0.0
+    refills: tuple[SwitchReport, ...] = ()
+    """The stranded refills' switches made while this micro-step waited (``loop.guards``)."""
 
     @classmethod
-    def from_actor(cls, report: dict[str, Any]) -> MicroReport:
+    def from_actor(cls, report: dict[str, Any], refills: Sequence[SwitchReport] = ()) -> MicroReport:
         rows = report["samples"]
         return cls(
             samples=len(rows),
@@ -109,4 +113,5 @@ class MicroReport(BaseModel):
             timing_s=report.get("timing_s", {}),
             compute_s=report.get("compute_s", 0.0),
             allocated_s=report.get("allocated_s", 0.0),
+            refills=tuple(refills),
         )

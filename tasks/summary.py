@@ -18,6 +18,7 @@ from metrics import (
     cluster_resource_utilization,
     train_resource_utilization,
 )
+from loop.decisions import step_switch_seconds
 from loop.plans import BroadcastReport, SwitchReport, WaitReport
 from tasks.run_ref import MicroReport, RunRef
 
@@ -44,8 +45,8 @@ def step_metrics(
     # a hybrid sync of its own task is on the critical path; one that ran during the broadcast is
     # inside ``sync.broadcast_s`` already (``dynamic_schedule_overlap_hybrid_sync``)
     exposed_s = (hybrid.duration_s if hybrid else 0.0) + sum(part.duration_s for part in activation or ())
-    lent_s = exposed_s + (sync.hybrid.duration_s if sync.hybrid else 0.0)
-    switch_s = lent_s + (wait.deactivate.duration_s if wait and wait.deactivate else 0.0)
+    switch_s = step_switch_seconds([wait.deactivate if wait else None, hybrid, sync.hybrid, *(activation or ()),
+                                    *(s for m in micro for s in m.refills)])
     compute = [m.compute_s for m in micro]
     allocated = [m.allocated_s for m in micro]
     if allocated:  # the reference counts param sync and activation inside the training turn

@@ -308,12 +308,15 @@ class ControllerHost:
         return WaitReport(waited_s=waited["waited_s"], mq_size=waited["mq_size"], exhausted=waited["exhausted"],
                           deactivate=report)
 
-    def refill_if_stranded(self, step: int, timeout_s: float | None) -> bool:
+    def refill_if_stranded(self, step: int, timeout_s: float | None) -> tuple[SwitchReport, ...]:
         """The trainer waits and nothing can generate: lend the hybrids (a recorded guard
-        decision) at the last broadcast's version until one micro-step is queued."""
+        decision) at the last broadcast's version until one micro-step is queued. Returns the
+        refill's switches (none when it did not fire), which count in the step's switch seconds
+        (``loop.step_switch_seconds``)."""
         version = 0 if self._version is None else self._version
-        return self.ctl.refill_if_stranded(
-            step, version, lambda k: ray.get(self.service.wait_for_queue.remote(k, timeout_s)))
+        before = len(self.ctl.switch_log)
+        self.ctl.refill_if_stranded(step, version, lambda k: ray.get(self.service.wait_for_queue.remote(k, timeout_s)))
+        return tuple(self.ctl.switch_log[before:])
 
     def broadcast_sync(self, version: int, window: bool = True, lend: LendPlan | None = None) -> BroadcastReport:
         """Trainer → every routable standalone replica at ``version``; with ``window``, then the

@@ -26,6 +26,7 @@ from loop import (
     SwitchReport,
     WaitReport,
 )
+from metrics import WASTE_SWITCH_S
 from storage import create_run, latest_step, make_engine, migrate, session_scope, sqlite_url
 from storage.store import get_run
 from tasks.run_ref import RunRef
@@ -74,7 +75,7 @@ class FakeCluster:
                 "samples": [(0, i, 0, 0) for i in range(self.pulled - 4, self.pulled)], "wait_s": 0.1, "wait_samples": 1, "mq_size": 1,
                 "exhausted": False, "metrics": {"reward_mean": 0.5}, "timing_s": {"update_actor": 0.2},
                 "compute_s": 0.2, "allocated_s": 0.3},
-            "refill_if_stranded": lambda: True,
+            "refill_if_stranded": lambda: (switch("hybrid_sync"), switch("activate"), switch("deactivate")),
             "broadcast_sync": lambda: BroadcastReport(version=args[0], broadcast_s=0.05, replicas=1,
                                                  window={"dynamic_resource/rollout_resource_utilization": 0.9}),
             "should_activate": lambda: LendPlan(step=step, count=1 if self.activate else 0, of=1),
@@ -228,6 +229,7 @@ def test_a_pull_that_times_out_lets_the_controller_refill_a_stranded_queue_befor
         ("controller", "refill_if_stranded", (2, 600.0)),
         ("trainer", "train_micro_step", (5.0,)),
     ]
+    assert result["metrics"][WASTE_SWITCH_S] == 1.5  # the refill's three switches (the step made no other)
 
 
 def test_a_step_told_the_hybrids_are_lent_asks_the_controller_even_if_they_are_not(fake, run):

@@ -20,6 +20,8 @@ Timing conventions of the metrics (per micro-step ``i``, reference §4):
 
 from __future__ import annotations
 
+import copy
+import json
 import math
 import random
 from collections.abc import Callable, Generator, Iterator
@@ -33,6 +35,7 @@ from loop import (
     Commit,
     DeactivatePlan,
     Decider,
+    DecisionRecord,
     HybridSync,
     Intent,
     LendPlan,
@@ -53,6 +56,7 @@ from loop import (
     only_hybrid_start,
     policy_context,
     refill_sequence,
+    relend_after_resume,
     run_start,
     step_sequence,
     step_switch_seconds,
@@ -132,7 +136,8 @@ class _StepLog:
 
 
 class Simulator:
-    """One simulated run of ``spec.steps`` steps under ``policy``, deterministic per ``seed``."""
+    """One simulated run of ``spec.steps`` steps under ``policy``, deterministic per ``seed``;
+    with ``resume_after``, stopped after that step's commit and resumed (``_restart``)."""
 
     def __init__(
         self,
@@ -142,9 +147,16 @@ class Simulator:
         seed: int = 0,
         policy_name: str = "",
         trace: bool = False,
+        resume_after: int | None = None,
     ):
         self.spec = spec
         self.policy = policy
+        self.resume_after = resume_after
+        """The run stops after this step's commit and is resumed (``_restart``); None: never."""
+        self._policy_at_start = copy.deepcopy(policy) if resume_after is not None else None
+        """The policy as built, for the resumed process to restore its state into."""
+        self._decided_before: list[DecisionRecord] = []
+        """The decisions of the processes before a resume."""
         self.policy_name = policy_name or type(policy).__name__
         self.seed = seed
         self.rng = random.Random(seed)
@@ -262,19 +274,59 @@ class Simulator:
         """``loop.run_start``, then ``loop.step_sequence`` per step, each intent executed here."""
         spec, r = self.spec, self.rollouter
         self._log = _StepLog(step=0, start=0.0, waste0=self._waste())  # the warm-up's (never committed)
-        if r.hybrids and spec.only_hybrid:  # production's guarded start: nothing else generates
-            guard = only_hybrid_start(0, len(r.hybrids))
-            self.decider.record_guard(0, guard.hook, guard.answer, guard.reason, self.hybrid_active, self.context())
-            yield from self._drive(guarded_start(guard, 0))
-        else:
-            yield from self._drive(run_start(0, has_hybrids=bool(r.hybrids) and not self.hybrid_active,
-                                             asks_warm_up=self.decider.asks_warm_up))
+        yield from self._start(0)
         for step in range(1, spec.steps + 1):
             self._log = _StepLog(step=step, start=self.loop.now, waste0=self._waste())
             self._wait_sums = ([], [])
             yield from self._drive(step_sequence(step, micro_steps=spec.trigger_parameter_sync_step,
                                                  final=step == spec.steps, has_hybrids=bool(r.hybrids),
                                                  overlap_sync=spec.overlap_hybrid_sync, lent=self.hybrid_active))
+            if step == self.resume_after and step < spec.steps:
+                yield from self._restart()
+
+    def _start(self, version: int, relend: int = 0) -> Iterator[Wait]:
+        """Before the first step of a process, as ``flows.training_run`` starts one: a guarded start
+        (``relend`` hybrids were lent when a resumed run stopped: ``loop.guards.relend_after_resume``;
+        or only-hybrid mode, where nothing else generates: ``only_hybrid_start``), else
+        ``loop.run_start``."""
+        r = self.rollouter
+        if relend:
+            guard = relend_after_resume(version, relend, len(r.hybrids))
+        elif r.hybrids and self.spec.only_hybrid:
+            guard = only_hybrid_start(version, len(r.hybrids))
+        else:
+            yield from self._drive(run_start(version, has_hybrids=bool(r.hybrids) and not self.hybrid_active,
+                                             asks_warm_up=self.decider.asks_warm_up))
+            return
+        self.decider.record_guard(0, guard.hook, guard.answer, guard.reason, self.hybrid_active, self.context())
+        yield from self._drive(guarded_start(guard, version))
+
+    def _restart(self) -> Iterator[Wait]:
+        """The run stops after the step just committed and is resumed at once, as ``flows.training_run``
+        resumes: the policy's and the controller's memory (``loop.SwitchBook``) come back from their
+        ``state_dict`` (through JSON, as the store keeps them) into the policy as built and a new
+        ``Decider``; the hybrids start asleep (a resumed run's actors are new); then the process
+        starts (``_start``), lending again as many hybrids as were lent.
+
+        Only the control plane restarts: the data plane goes on, its queued and in-flight samples
+        kept (production generates those prompts again) and the hybrids' in-flight ones retried
+        elsewhere; a standalone replica that died stays dead (production builds all anew)."""
+        r = self.rollouter
+        stored = json.loads(json.dumps({"policy": self.policy.state_dict(), "book": self.book.state_dict()}))
+        lent = sum(1 for rep in r.hybrids if rep in r.routable)
+        self._decided_before += self.decider.drain()
+        self.policy = copy.deepcopy(self._policy_at_start)
+        self.policy.load_state_dict(stored["policy"])
+        self.decider = Decider(self.policy, enable_rebalance=self.spec.enable_rebalance)
+        self.book = SwitchBook()
+        self.book.load_state_dict(stored["book"])
+        self._record_trace("resume")
+        if self.hybrid_active:
+            r.remove(r.hybrids)
+            self.hybrid_active = False
+        self._log = _StepLog(step=0, start=self.loop.now, waste0=self._waste())  # the restart's (never committed)
+        self._wait_sums = ([], [])
+        yield from self._start(r.version, relend=lent)
 
     def _drive(self, intents: Generator[Intent, Any, None]) -> Iterator[Wait]:
         """Execute each intent and send its result back, until the sequence ends."""
@@ -596,7 +648,7 @@ class Simulator:
             in_flight_ids=in_flight,
             switches=self.book.count,
             waste=self._waste(),
-            decisions=self.decider.records,
+            decisions=self._decided_before + self.decider.records,
             transitions=list(self.transitions),
             trace=self.trace,
             events_handled=self.loop.handled,

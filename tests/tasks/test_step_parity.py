@@ -12,6 +12,11 @@ a stranded refill). So both sides must record the same decisions, whole: hook, a
 every input and the policy's seconds; the same controller transitions; and step metrics under the
 same names but for those each side has alone (``PRODUCTION_ONLY_METRICS``, ``TWIN_ONLY_METRICS``):
 a name that appears on one side only fails the test until it is listed there.
+
+The scenario stops after step 3 and resumes: production as ``flows.training_run`` resumes (a new
+controller actor, ``_restore`` from the store's last committed step, ``_warm_up``), the twin with
+``Simulator(resume_after=...)``. The store keeps the resumed start's records with its first step
+(``committed_step``), so the twin's records are compared under that step.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import ray
 import sqlalchemy as sa
 
 import cluster.actors.controller_actor as controller_actor
+import flows.training_run as training_run
 import tasks.commit
 import tasks.phases as phases
 from cluster.actors import CONTROLLER, ROLLOUT_SERVICE, TRAINER, ControllerHost
@@ -34,12 +40,13 @@ from cluster.builders import hybrid_ids, run_sizes, standalone_ids
 from cluster.types import RolloutCounters
 from flows.training_step import training_step
 from loop import STRANDED_REFILL, DecisionRecord
-from metrics import ROLLOUT_RESOURCE_UTILIZATION, STEP_GENERATED_SAMPLES
+from metrics import ROLLOUT_RESOURCE_UTILIZATION, STEP_GENERATED_SAMPLES, WASTE_SWITCH_S
 from sim import SimResult
-from step_scenario import (DEATHS_AFTER_TAKE_BACK_OF_STEP, EXPECTED_TRANSITIONS, STEPS, ScriptedPolicy, config,
-                           expected_hooks, run_scenario)
+from step_scenario import (DEATHS_AFTER_TAKE_BACK_OF_STEP, EXPECTED_TRANSITIONS, RESUME_AFTER_STEP, STEPS,
+                           ScriptedPolicy, committed_step, config, expected_hooks, run_scenario)
 from storage import create_run, make_engine, migrate, session_scope, sqlite_url
 from storage.models import Decision, SwitchEvent
+from storage.store import load_resume_state
 from tasks.run_ref import RunRef
 
 
@@ -70,6 +77,12 @@ class Replay:
                 self.micro.append((wait_s, samples, short.get((step.step, micro), 0)))
 
 
+CALL_S = 0.25
+"""Seconds the controller's clock moves at each call of the fake actors but a counters read or a
+ping (it is the twin's clock at each policy context): switches take time, so the test of the
+switch seconds' rule (``loop.step_switch_seconds``) can fail."""
+
+
 class FakeDataPlane:
     """The actors behind the controller: answer at once from the ``Replay``, log every call, keep
     the clock the controller reads, and kill every standalone replica at the scripted step's
@@ -82,6 +95,8 @@ class FakeDataPlane:
         self.hybrids = set(hybrid_ids(cfg))
         self.take_backs = 0
         self.standalone_dead = False
+        self.generated_before = 0
+        """Samples generated before the resumed process started (its rollout service counts from 0)."""
         self.pulled = 0
         self.required = cfg.required_samples
         self.now = 0.0
@@ -100,8 +115,15 @@ class FakeDataPlane:
 
         return Handle()
 
+    def restart(self, generated_before: int) -> None:
+        """The run's process stops and a new one starts: new actors (the standalones alive), whose
+        rollout service counts from 0; the controller adds ``generated_before`` (``RunSizes``)."""
+        self.generated_before, self.standalone_dead = generated_before, False
+
     def answer(self, actor: str, method: str, args: tuple) -> Any:
         self.calls.append((actor, method))
+        if method not in ("counters", "ping"):
+            self.now += CALL_S
         if actor.startswith("replica:"):
             return ray.exceptions.RayActorError() if self.standalone_dead else 0
         if actor == ROLLOUT_SERVICE:
@@ -112,7 +134,7 @@ class FakeDataPlane:
         if not self.replay.contexts:
             return RolloutCounters(generated_total=self.pulled, queue_size=0)
         generated, queued, self.now = self.replay.contexts.popleft()
-        return RolloutCounters(generated_total=generated, queue_size=queued)
+        return RolloutCounters(generated_total=generated - self.generated_before, queue_size=queued)
 
     def service(self, method: str, args: tuple) -> Any:
         if method == "lb_remove" and set(args[0]) <= self.hybrids:
@@ -176,6 +198,8 @@ class Recorded:
     decisions: list[DecisionRecord]
     transitions: list[tuple[int, str]]
     metrics: list[dict[str, float]]
+    switch_s: list[float]
+    """Each switch event's seconds, in the order of ``transitions``."""
 
     @property
     def hooks(self) -> list[tuple]:
@@ -185,12 +209,13 @@ class Recorded:
 def run_production(monkeypatch, tmp_path, overlap, plane_class=None, policy_class=ScriptedPolicy,
                    replay: Replay | None = None) -> Recorded:
     """The scenario through the production step flow, with ``plane_class`` (a ``FakeDataPlane``,
-    answering from ``replay``) behind the controller and ``policy_class`` in it."""
+    answering from ``replay``) behind the controller and ``policy_class`` in it; stopped after
+    ``RESUME_AFTER_STEP`` and resumed as ``flows.training_run`` resumes."""
     cfg = config()
     plane = (plane_class or FakeDataPlane)(cfg, replay)
     fake_ray = types.SimpleNamespace(get=_get, is_initialized=lambda: True, exceptions=ray.exceptions,
                                      get_actor=lambda name, namespace=None: actors[name])
-    for module in (controller_actor, phases, tasks.commit):
+    for module in (controller_actor, phases, tasks.commit, training_run):
         monkeypatch.setattr(module, "ray", fake_ray)
     # the controller's clock (it times switches and policy calls, and stamps each context) is the twin's
     monkeypatch.setattr(controller_actor, "time", types.SimpleNamespace(time=plane.clock,
@@ -198,12 +223,18 @@ def run_production(monkeypatch, tmp_path, overlap, plane_class=None, policy_clas
     monkeypatch.setattr("tasks.artifact.publish_step", lambda *args, **kwargs: None)
     actors: dict[str, Any] = {ROLLOUT_SERVICE: plane.handle(ROLLOUT_SERVICE), TRAINER: plane.handle(TRAINER)}
     actors.update({f"replica:{rid}": plane.handle(f"replica:{rid}") for rid in standalone_ids(cfg)})
-    host = ControllerHost(policy_class, namespace="parity", standalone_ids=standalone_ids(cfg),
-                          hybrid_ids=hybrid_ids(cfg), enable_rebalance=True, only_hybrid=False,
-                          sizes=run_sizes(cfg))
-    actors[CONTROLLER] = types.SimpleNamespace(**{
-        name: types.SimpleNamespace(remote=getattr(host, name)) for name in dir(ControllerHost)
-        if not name.startswith("_")})
+
+    def start_controller(consumed_before: int) -> ControllerHost:
+        """The controller actor of a process of the run (as ``cluster.builders.DataPlane`` builds it)."""
+        host = ControllerHost(policy_class, namespace="parity", standalone_ids=standalone_ids(cfg),
+                              hybrid_ids=hybrid_ids(cfg), enable_rebalance=True, only_hybrid=False,
+                              sizes=run_sizes(cfg, consumed_before=consumed_before))
+        actors[CONTROLLER] = types.SimpleNamespace(**{
+            name: types.SimpleNamespace(remote=getattr(host, name)) for name in dir(ControllerHost)
+            if not name.startswith("_")})
+        return host
+
+    host = start_controller(0)
 
     url = sqlite_url(tmp_path / "store.db")
     migrate(make_engine(url))
@@ -219,6 +250,16 @@ def run_production(monkeypatch, tmp_path, overlap, plane_class=None, policy_clas
     assert host.asks_warm_up() is False  # the run start asks nothing (loop.run_start)
     lent, metrics = host.hybrid_active(), []  # as the driver does (flows.training_run): the controller's word
     for step in range(1, STEPS + 1):
+        if step == RESUME_AFTER_STEP + 1:  # the run stops after the last step's commit and is resumed
+            with session_scope(make_engine(url)) as session:
+                state = load_resume_state(session, "parity")
+            plane.restart(generated_before=len(state.consumed))
+            host = start_controller(len(state.consumed))
+            process = types.SimpleNamespace(controller=actors[CONTROLLER], trainer=actors[TRAINER],
+                                            rollout=actors[ROLLOUT_SERVICE])
+            assert training_run._restore(process, cfg, state) == (step, run.consumed_before)
+            training_run._warm_up(process, run, state.param_version, state.hybrid_active, prompts=[])
+            lent = host.hybrid_active()
         result = training_step(run, step, final=step == STEPS, lent=lent)
         run = run.model_copy(update={"consumed_before": run.consumed_before + result["trained"]})
         lent = result["hybrid_active"]
@@ -228,9 +269,20 @@ def run_production(monkeypatch, tmp_path, overlap, plane_class=None, policy_clas
         rows = session.scalars(sa.select(Decision).where(Decision.run_id == run_id).order_by(Decision.id))
         decisions = [DecisionRecord(d.step, d.hook, d.answer_json, d.reason, d.inputs_json, d.duration_s)
                      for d in rows]
-        events = session.scalars(sa.select(SwitchEvent).where(SwitchEvent.run_id == run_id).order_by(SwitchEvent.id))
-        transitions = [(e.step, e.kind) for e in events]
-    return Recorded(decisions, transitions, metrics)
+        events = list(session.scalars(sa.select(SwitchEvent).where(SwitchEvent.run_id == run_id)
+                                      .order_by(SwitchEvent.id)))
+    return Recorded(decisions, [(e.step, e.kind) for e in events], metrics, [e.duration_s for e in events])
+
+
+def committed(twin: SimResult) -> tuple[list[DecisionRecord], list[tuple[int, str]]]:
+    """The twin's decisions and transitions under the steps whose commit stores them
+    (``committed_step``)."""
+    return ([dataclasses.replace(d, step=committed_step(d.step)) for d in twin.decisions],
+            [(committed_step(step), kind) for step, kind in twin.transition_kinds()])
+
+
+def committed_hooks(hooks: list[tuple]) -> list[tuple]:
+    return [(committed_step(step), *rest) for step, *rest in hooks]
 
 
 PRODUCTION_ONLY_METRICS = frozenset({
@@ -252,10 +304,12 @@ def test_production_and_the_simulator_record_the_same_decisions_inputs_and_trans
                                                                                        overlap):
     twin = run_scenario(overlap)
     production = run_production(monkeypatch, tmp_path, overlap, replay=Replay(twin))
+    decisions, transitions = committed(twin)
 
-    assert production.hooks == expected_hooks(overlap)
-    assert production.decisions == twin.decisions  # whole records: every input, the policy's seconds
-    assert production.transitions == twin.transition_kinds() == EXPECTED_TRANSITIONS
+    assert production.hooks == committed_hooks(expected_hooks(overlap))
+    assert production.decisions == decisions  # whole records: every input, the policy's seconds
+    assert twin.transition_kinds() == EXPECTED_TRANSITIONS
+    assert production.transitions == transitions
 
 
 def test_production_and_the_simulator_name_the_same_step_metrics(monkeypatch, tmp_path, overlap):
@@ -266,6 +320,23 @@ def test_production_and_the_simulator_name_the_same_step_metrics(monkeypatch, tm
         assert set(ours) - set(theirs.metrics) == PRODUCTION_ONLY_METRICS
         assert set(theirs.metrics) - set(ours) == TWIN_ONLY_METRICS
         assert set(ours) & set(theirs.metrics)  # the fold's own names: step, waits, utilizations, switch time
+
+
+def test_production_and_the_simulator_count_the_same_switches_in_a_steps_switch_seconds(monkeypatch, tmp_path,
+                                                                                        overlap):
+    """``waste/switch_s`` (``loop.step_switch_seconds``): on both sides every switch made during
+    the step, its stranded refills' included, and not the resumed start's (which the store keeps
+    with step 4's switch events). Each side's own seconds: the fakes do not replay the twin's."""
+    twin = run_scenario(overlap)
+    production = run_production(monkeypatch, tmp_path, overlap, replay=Replay(twin))
+    assert production.transitions == committed(twin)[1]
+
+    made_in = [t.step for t in twin.transitions]  # the step each switch was made in (0: the resumed start)
+    for step, ours, theirs in zip(range(1, STEPS + 1), production.metrics, twin.steps, strict=True):
+        own = [i for i, made in enumerate(made_in) if made == step]
+        assert ours[WASTE_SWITCH_S] == pytest.approx(sum(production.switch_s[i] for i in own))
+        assert theirs.metrics[WASTE_SWITCH_S] == pytest.approx(sum(twin.transitions[i].report.duration_s for i in own))
+        assert ours[WASTE_SWITCH_S] > 0 and theirs.metrics[WASTE_SWITCH_S] > 0
 
 
 # ------------------------------------------------------------------ retried phases lose nothing
@@ -308,5 +379,5 @@ def test_a_phase_retried_after_a_failure_records_every_decision_and_switch_once(
         recorded = run_production(monkeypatch, tmp_path, False, policy_class=SecondHookFailsOnce, replay=replay)
         assert SecondHookFailsOnce.failed
     # Prefect retried the task (retries=1): nothing lost, nothing twice
-    assert recorded.hooks == expected_hooks(False, refill_queued=(0, 0, 0))
-    assert recorded.transitions == EXPECTED_TRANSITIONS
+    assert recorded.hooks == committed_hooks(expected_hooks(False, refill_queued=(0, 0, 0)))
+    assert recorded.transitions == [(committed_step(step), kind) for step, kind in EXPECTED_TRANSITIONS]

@@ -130,7 +130,8 @@ def test_with_overlap_the_broadcast_syncs_the_lent_hybrid_which_then_serves_the_
     results made with the weights of that step; every sample is still accounted for."""
     from driver_support import POLICY
 
-    cfg, plane, run, engine, warm_up = _start(tmp_path, ray_address, f"async_training.dynamic_schedule_policy={POLICY}",
+    cfg, plane, run, engine, warm_up = _start(tmp_path, ray_address,
+                                              f"async_training.dynamic_schedule_policy={POLICY}",
                                               "async_training.dynamic_schedule_overlap_hybrid_sync=true")
     try:
         assert run.overlap_hybrid_sync

@@ -147,17 +147,29 @@ class TrainerActor(HybridHost):
 
     # -- room for the hybrids ------------------------------------------------------------------
 
+    def _move(self, name: str) -> Callable[[], Mapping[str, float]] | None:
+        """The backend's ``offload``/``reload``; None when it has nothing to move (no such method,
+        or a rank group none of whose backends has one): then a switch neither waits for the
+        train lock (a broadcast may hold it) nor calls the ranks."""
+        if not getattr(self.backend, "moves", True):
+            return None
+        return getattr(self.backend, name, None)
+
     async def offload(self) -> dict[str, float]:
         """Move the trainer's state out of the hybrids' way (seconds and GB of each move)."""
-        move = getattr(self.backend, "offload", None)
+        move = self._move("offload")
+        if move is None:
+            return {}
         async with self._train_lock:
-            return dict(await asyncio.to_thread(move)) if move is not None else {}
+            return dict(await asyncio.to_thread(move))
 
     async def reload(self) -> dict[str, float]:
         """Bring it back for the next update."""
-        move = getattr(self.backend, "reload", None)
+        move = self._move("reload")
+        if move is None:
+            return {}
         async with self._train_lock:
-            return dict(await asyncio.to_thread(move)) if move is not None else {}
+            return dict(await asyncio.to_thread(move))
 
     # -- hybrid engines: here, or on the ranks that host them ----------------------------------
 

@@ -197,7 +197,11 @@ class TrainRankActor(HybridHost):
         self.hybrids = {rid: make() for rid, make in self._hybrid_factories.items()}
         return {"rank": self.rank, "backend": backend, "device": str(self.backend.device),
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "node": ray.get_runtime_context().get_node_id(),
-                "hybrids": sorted(self.hybrids)}
+                "hybrids": sorted(self.hybrids),
+                # what the group may skip: moves of a backend without any, collectives of a read
+                # that every rank could answer alone (``RankGroup``)
+                "moves": callable(getattr(self.backend, "offload", None)),
+                "replicated": bool(getattr(self.backend, "replicated_state", False))}
 
     async def train_step(self, samples: Sequence[Sample]) -> tuple[StepResult, int]:
         result = await self._locked(self.backend.train_step, samples)
@@ -290,7 +294,15 @@ def merge_moves(reports: Sequence[dict[str, float]]) -> dict[str, float]:
 
 
 class RankGroup:
-    """The train backend of a trainer of N rank actors, as the trainer actor drives it."""
+    """The train backend of a trainer of N rank actors, as the trainer actor drives it.
+
+    A call goes to every rank when each must take part (a micro-step, a gather of sharded
+    weights, a save); to fewer when the ranks' setup said they need not: no rank is called for a
+    move when no backend moves anything (``moves``), and when every rank holds the whole state
+    (``replicated_state``, the simulated backend's) a read of the weights is rank 0's alone and a
+    hybrid load the hosting ranks' alone. A switch then costs one round trip to the ranks that
+    do something, as on a GPU trainer whose ranks answer in parallel, not one per rank.
+    """
 
     def __init__(self, ranks: Sequence[Any], *, setup_timeout_s: float = 600.0):
         from cluster.backends import distributed as dp
@@ -300,6 +312,21 @@ class RankGroup:
         master = ray.get(self.ranks[0].address.remote(), timeout=setup_timeout_s)
         self.info = gather([r.setup.remote(*master, setup_timeout_s) for r in self.ranks])
         self._updates = 0
+        self.moves = any(info.get("moves", True) for info in self.info)
+        """Whether any rank's backend moves state for the hybrids (``offload``/``reload``)."""
+        self.replicated = all(info.get("replicated", False) for info in self.info)
+        """Whether every rank holds the whole state, so one rank can answer a read of it."""
+
+    def _readers(self, replica_ids: Sequence[str] | None = None) -> list[Any]:
+        """The ranks a read of the weights calls: all of them (each takes part in the gather),
+        or, with replicated state, rank 0 (``replica_ids`` None) or the ranks hosting those
+        hybrids."""
+        if not self.replicated:
+            return self.ranks
+        if replica_ids is None:
+            return self.ranks[:1]
+        wanted = set(replica_ids)
+        return [rank for rank, info in zip(self.ranks, self.info, strict=True) if wanted & set(info.get("hybrids", ()))]
 
     @property
     def world(self) -> int:
@@ -320,20 +347,21 @@ class RankGroup:
         return StepResult(metrics=dict(first.metrics), timing_s=timing)  # the metrics are the group's already
 
     def state_dict_for_rollout(self) -> dict[str, Any]:
-        return gather([r.weights.remote() for r in self.ranks])[0]
+        return gather([r.weights.remote() for r in self._readers()])[0]
 
     def rollout_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
-        return gather([r.rollout_shapes.remote() for r in self.ranks])[0]
+        return gather([r.rollout_shapes.remote() for r in self._readers()])[0]
 
     def sync_address(self) -> tuple[str, int, str]:
         return ray.get(self.ranks[0].sync_address.remote())
 
     def send_weights(self, spec: Any, manifest: Any) -> dict[str, Any]:
-        """Every rank gathers, rank 0 sends (``send_from``)."""
-        return gather([r.send_weights.remote(spec, manifest) for r in self.ranks])[0]
+        """Every rank gathers, rank 0 sends (``send_from``); with replicated state rank 0 alone."""
+        return gather([r.send_weights.remote(spec, manifest) for r in self._readers()])[0]
 
     def hybrid_load(self, replica_ids: Sequence[str], version: int) -> float:
-        return max(gather([r.hybrid_load.remote(list(replica_ids), version) for r in self.ranks]))
+        ranks = self._readers(replica_ids)
+        return max(gather([r.hybrid_load.remote(list(replica_ids), version) for r in ranks]), default=0.0)
 
     def save_checkpoint(self, path: Any, *, export_hf: bool = True, async_save: bool = False) -> CheckpointInfo:
         return gather([r.save_checkpoint.remote(str(path), export_hf, async_save) for r in self.ranks])[0]
@@ -342,10 +370,10 @@ class RankGroup:
         self._updates = gather([r.load_checkpoint.remote(str(path), expected_sha256) for r in self.ranks])[0]
 
     def offload(self) -> dict[str, float]:
-        return merge_moves(gather([r.offload.remote() for r in self.ranks]))
+        return merge_moves(gather([r.offload.remote() for r in self.ranks])) if self.moves else {}
 
     def reload(self) -> dict[str, float]:
-        return merge_moves(gather([r.reload.remote() for r in self.ranks]))
+        return merge_moves(gather([r.reload.remote() for r in self.ranks])) if self.moves else {}
 
     def close(self) -> None:
         """Finish the save in flight on every rank and leave the group (best effort)."""

@@ -46,6 +46,9 @@ class SimulatedBackend:
     name = "simulated"
     device = torch.device("cpu")
     """Where its fake state lives (a rank's weight-sync group is gloo from it)."""
+    replicated_state = True
+    """In a group every rank holds the whole (tiny) state: any one rank answers a read of the
+    weights without a collective (``trainer_rank.RankGroup`` calls only the ranks it needs)."""
 
     def __init__(
         self,

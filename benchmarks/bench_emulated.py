@@ -403,6 +403,18 @@ def compare(label: str, preset: str, overrides: list[str], emu: Emulated, seed: 
                                      _mean([float(s.waste.reprefilled_tokens) for s in with_oh.steps])),
         "response length (tokens)": (emu_len, oh_len),
     }
+    # what one switch costs: the emulated run's (its rank group's round trips included) against
+    # what the simulator charges; and the last step, which waits for the run's longest samples
+    dynamic = cfg.async_training.use_dynamic_resource_scheduling
+    lends: dict[int, float] = {}
+    for step, kind, _, took in emu.switches:
+        if kind in ("hybrid_sync", "activate"):
+            lends[step] = lends.get(step, 0.0) + took
+    phases["lend s (each)"] = (_mean(list(lends.values())),
+                               cfg.sim.hybrid_sync_s + cfg.sim.activate_s if dynamic else math.nan)
+    phases["take-back s (each)"] = (_mean([took for _, kind, _, took in emu.switches if kind == "deactivate"]),
+                                    cfg.sim.deactivate_s if dynamic else math.nan)
+    phases["last step s (cycle)"] = (emu_cycles[-1], pred[-1])
     return {
         "label": label,
         "preset": preset,
@@ -553,7 +565,10 @@ def markdown(results: list[dict[str, Any]], command: str, plot_path: Path) -> st
                      f"{_f(r['mq_size_mean'][0], '.1f')} / {_f(r['mq_size_mean_tidal_model'], '.1f')} |")
     lines += ["", "`mq_size`: the queue right after the update, in Tidal's trainer as in the simulator and the "
               "reference (§4.4)."]
-    lines += ["", "Per phase, mean per step, emulated / simulated (with overhead):", "",
+    lines += ["", "Per phase, mean per step, emulated / simulated (with overhead); the last three columns are one "
+              "lend (hybrid sync + activation) and one take-back, mean seconds each, emulated (the rank group's round "
+              "trips included) / what the simulator charges, and the last step's cycle, which waits for the run's "
+              "longest samples (the two sides draw their lengths independently):", "",
               "| setup | " + " | ".join(phases := phase_order(results[0])) + " |",
               "|---|" + "---:|" * len(phases)]
     for r in results:

@@ -297,10 +297,10 @@ class RankGroup:
     """The train backend of a trainer of N rank actors, as the trainer actor drives it.
 
     A call goes to every rank when each must take part (a micro-step, a gather of sharded
-    weights, a save); to fewer when the ranks' setup said they need not: no rank is called for a
-    move when no backend moves anything (``moves``), and when every rank holds the whole state
-    (``replicated_state``, the simulated backend's) a read of the weights is rank 0's alone and a
-    hybrid load the hosting ranks' alone. A switch then costs one round trip to the ranks that
+    weights, a sharded save, a load); to fewer when the ranks' setup said they need not: no rank
+    is called for a move when no backend moves anything (``moves``), and when every rank holds
+    the whole state (``replicated_state``, the simulated backend's) a read of the weights or a
+    save is rank 0's alone and a hybrid load the hosting ranks' alone. A switch then costs one round trip to the ranks that
     do something, as on a GPU trainer whose ranks answer in parallel, not one per rank.
     """
 
@@ -318,9 +318,9 @@ class RankGroup:
         """Whether every rank holds the whole state, so one rank can answer a read of it."""
 
     def _readers(self, replica_ids: Sequence[str] | None = None) -> list[Any]:
-        """The ranks a read of the weights calls: all of them (each takes part in the gather),
-        or, with replicated state, rank 0 (``replica_ids`` None) or the ranks hosting those
-        hybrids."""
+        """The ranks a read of the state calls (a sync, a hybrid load, a save): all of them (each
+        takes part in the gather, or writes its shard), or, with replicated state, rank 0
+        (``replica_ids`` None) or the ranks hosting those hybrids."""
         if not self.replicated:
             return self.ranks
         if replica_ids is None:
@@ -364,7 +364,7 @@ class RankGroup:
         return max(gather([r.hybrid_load.remote(list(replica_ids), version) for r in ranks]), default=0.0)
 
     def save_checkpoint(self, path: Any, *, export_hf: bool = True, async_save: bool = False) -> CheckpointInfo:
-        return gather([r.save_checkpoint.remote(str(path), export_hf, async_save) for r in self.ranks])[0]
+        return gather([r.save_checkpoint.remote(str(path), export_hf, async_save) for r in self._readers()])[0]
 
     def load_checkpoint(self, path: Any, *, expected_sha256: str | None = None) -> None:
         self._updates = gather([r.load_checkpoint.remote(str(path), expected_sha256) for r in self.ranks])[0]

@@ -28,7 +28,8 @@ class FakeRank:
         self.setup = Method(lambda *args: info)
         for verb, answer in [("offload", {"offload_s": 0.1}), ("reload", {"reload_s": 0.1}),
                              ("hybrid_load", 0.01), ("send_weights", {"bytes": 1}),
-                             ("weights", {"weight": rank}), ("rollout_shapes", [("weight", (16,))])]:
+                             ("weights", {"weight": rank}), ("rollout_shapes", [("weight", (16,))]),
+                             ("save_checkpoint", "info")]:
             setattr(self, verb, Method(self._answer(verb, answer)))
 
     def _answer(self, verb, answer):
@@ -52,18 +53,19 @@ def group(log: list, **kinds) -> RankGroup:
 
 
 def switch(ranks: RankGroup) -> None:
-    """The rank-group calls of one lend and take-back of hybrid-1, and one broadcast."""
+    """The rank-group calls of one lend and take-back of hybrid-1, one broadcast and one save."""
     ranks.offload()
     ranks.hybrid_load(["hybrid-1"], 3)
     ranks.reload()
     ranks.send_weights(None, None)
     ranks.state_dict_for_rollout()
+    ranks.save_checkpoint("ckpt")
 
 
 def test_a_group_of_simulated_ranks_calls_only_the_ranks_that_do_something(fake_ray):
     log: list = []
     switch(group(log, moves=False, replicated=True))
-    assert log == [("hybrid_load", 2), ("send_weights", 0), ("weights", 0)]
+    assert log == [("hybrid_load", 2), ("send_weights", 0), ("weights", 0), ("save_checkpoint", 0)]
 
 
 def test_a_group_of_sharded_ranks_that_move_their_state_calls_every_rank(fake_ray):
@@ -72,7 +74,7 @@ def test_a_group_of_sharded_ranks_that_move_their_state_calls_every_rank(fake_ra
     every = [0, 1, 2, 3]
     assert log == [*(("offload", r) for r in every), *(("hybrid_load", r) for r in every),
                    *(("reload", r) for r in every), *(("send_weights", r) for r in every),
-                   *(("weights", r) for r in every)]
+                   *(("weights", r) for r in every), *(("save_checkpoint", r) for r in every)]
 
 
 def test_the_trainer_moves_nothing_and_takes_no_lock_for_a_group_without_moves(fake_ray):

@@ -9,7 +9,8 @@ lending cycles the switch seconds ``C``; from the context at the sync the stalen
 out are measured or bounded too (``docs/policies.md``, *What the cycle model missed*): a sample
 started on a lent hybrid finishes only after a sample's latency L (Little's law: in flight × T0 /
 N), so a lend window D shorter than L delivers only D / L of ρ_k; the run's prompt budget bounds
-what can still start; and lend cycles measured slower than the model says are believed over it.
+what can still start; and what a lending streak measured against the no-lend cycles on both sides
+of it (it pauses after its first streak to measure that) is believed over the model.
 It lends the k with the largest predicted gain when that gain clears its uncertainty and a margin,
 and re-measures ``T0`` and ``W`` sooner when the win it lends on is marginal. The samples to queue
 before taking the hybrids back start from the same model and adapt to the trainer's waits after
@@ -33,18 +34,24 @@ START_UP_STEPS = 2
 """Cycles ending at these first steps are not measured: the rollouter started every sample at
 once, so their waits are the start-up's, not the run's."""
 REFRESH_EVERY = 48
-"""While lending, pause for two steps after this many lends, to re-measure ``T0`` and ``W``…"""
+"""While lending, pause for ``PROBE_PAUSE`` steps after this many lends, to re-measure ``T0`` and
+``W`` and what the streak gave…"""
 REFRESH_MARGINAL = 6
-"""…or after this many when the win is marginal (W < ``MARGINAL`` × C_k): a drift of ``W``
-(responses getting shorter) turns a small win into a loss soonest."""
+"""…or after this many when the win is marginal (W < ``MARGINAL`` × C_k, or the last streak gave
+less than C_k): a drift of ``W`` (responses getting shorter) turns a small win into a loss soonest."""
 MARGINAL = 2.0
-FRESH_STEPS = 6
-"""A lend cycle is compared with the no-lend trend only this many steps after its last sample."""
 MIN_LENT_CYCLES = 2
-"""Lend cycles (lent at both ends) measured before what they gave caps what the model promises…"""
-REALIZED_FOR = 3
-"""…until this many no-lend cycles were measured after the last of them (the no-lend cycle right
-after lending runs on the queue the hybrids filled, so T0 needs a few to settle)."""
+"""Lend cycles (lent at both ends) of a lending streak that are compared with the no-lend cycles
+around it…"""
+AROUND = 2
+"""…the last this many before the streak and the first this many after it (an A-B-A comparison:
+a drift of T0 shows on both sides and cancels, where a trend extrapolated over the streak does not)."""
+PROBE_PAUSE = AROUND + 1
+"""Steps without lending after the first measured streak: the take-back cycle and ``AROUND``
+no-lend cycles, so what lending gave is measured before lending goes on."""
+REALIZED_FOR = 8
+"""What a streak gave caps the model until this many no-lend cycles were measured after it (then
+the model may try again, and the next streak is measured anew)."""
 Z = 1.0
 """Standard errors a predicted win must clear."""
 MARGIN = 0.02
@@ -163,12 +170,18 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self.lends_since_refresh = 0
         self.pause_left = 0
         """Steps still to skip lending while re-measuring ``T0`` and ``W``."""
-        self.realized = {**_stat(), "base_n": 0}
-        """Seconds the cycles lent at both ends were shorter than ``base`` at their step (measured
-        within ``FRESH_STEPS`` of its last sample), clipped to [−C, W]: what lending really gave;
-        ``base_n``: the no-lend samples there were at the last one."""
+        self.recent: list[float] = []
+        """The last ``AROUND`` no-lend cycles' seconds (the "before" of the next streak)."""
+        self.streak = {"before": 0.0, "lent": _stat(), "after": _stat()}
+        """The lending streak being measured: the no-lend cycles before it (mean), the cycles lent
+        at both ends, and the no-lend cycles after its take-back."""
+        self.realized: dict[str, float] | None = None
+        """Seconds the last measured streak's cycles were shorter than the no-lend cycles around
+        them, clipped to [−C, W] (``gain``), and the no-lend samples there were then (``base_n``):
+        what lending really gave."""
         self.marginal = False
-        """At the latest lend, W was under ``MARGINAL`` × the switch seconds of what it lent."""
+        """At the latest lend, W was under ``MARGINAL`` × the switch seconds of what it lent, or the
+        last streak gave less than them."""
 
     # ------------------------------------------------------------------ the model
 
@@ -230,12 +243,13 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         return out
 
     def realized_gain_s(self, step: int) -> float | None:
-        """What lend cycles measured, once ``MIN_LENT_CYCLES`` were and until ``REALIZED_FOR``
-        no-lend cycles were measured after the last: a win the model promises and the cycles do not
-        show is not believed."""
-        if self.realized["n"] < MIN_LENT_CYCLES or self.base["n"] - self.realized["base_n"] >= REALIZED_FOR:
+        """What the last measured streak gave, until ``REALIZED_FOR`` no-lend cycles were measured
+        after it: a win the model promises and the cycles do not show is not believed."""
+        if not self.realized or "gain" not in self.realized:  # none yet (or a state saved before streaks)
             return None
-        return self.realized["mean"]
+        if self.base["n"] - self.realized["base_n"] >= REALIZED_FOR:
+            return None
+        return self.realized["gain"]
 
     def best_lend(self, step: int, ctx: DynamicScheduleContext) -> int:
         """The k whose predicted gain is largest (ties: the larger k) if it clears Z standard
@@ -302,15 +316,19 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         # count its hybrids (hybrid_replicas 0) is taken to have done what this policy answered
         lent = ctx.lent_replicas if ctx.hybrid_replicas > 0 else self._lends_now(global_steps, ctx)
         if lent:  # is the wait this lend pays for close to what the switches cost?
-            self.marginal = self.wait["mean"] < MARGINAL * self.switch_s(lent)
+            realized = self.realized_gain_s(global_steps)
+            self.marginal = (self.wait["mean"] < MARGINAL * self.switch_s(lent)
+                             or (realized is not None and realized < self.switch_s(lent)))
         if self.last_end_at is not None:
             self._observe(global_steps, ctx, ctx.now - self.last_end_at, self.last_lent, lent)
         if self.pause_left > 0:
             self.pause_left -= 1
+        elif lent and self.realized_gain_s(global_steps) is None and self.streak["lent"]["n"] >= MIN_LENT_CYCLES:
+            self.pause_left, self.lends_since_refresh = PROBE_PAUSE, 0  # measure what it gave first
         elif lent:
             self.lends_since_refresh += 1
             if self.lends_since_refresh >= (REFRESH_MARGINAL if self.marginal else REFRESH_EVERY):
-                self.pause_left, self.lends_since_refresh = 2, 0
+                self.pause_left, self.lends_since_refresh = PROBE_PAUSE, 0
         self.last_end_at, self.last_lent = float(ctx.now), int(lent)
 
     def _observe(self, step: int, ctx: DynamicScheduleContext, cycle_s: float, before: int, after: int) -> None:
@@ -319,21 +337,41 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             self.activate = _book(self.activate, after, ctx.last_activate_duration_s)
         if before and ctx.last_deactivate_duration_s > 0:
             self.deactivate = _book(self.deactivate, before, ctx.last_deactivate_duration_s)
-        if before and after and step - self.base["step"] <= FRESH_STEPS and self.base["n"]:
-            # a lend cycle can lose no more than its switches and win no more than the wait it removes
-            gain = min(self.wait["mean"], max(-self.switch_s(after), _trend_at(self.base, step) - cycle_s))
-            self.realized = {**_add(self.realized, gain), "base_n": self.base["n"]}
+        if before and after:
+            if not self.streak["lent"]["n"] or self.streak["after"]["n"]:  # a new streak
+                self.streak = {"before": sum(self.recent) / max(1, len(self.recent)), "lent": _stat(), "after": _stat()}
+            self.streak = {**self.streak, "lent": _add(self.streak["lent"], cycle_s)}
         if before == 0 and after == 0 and step > START_UP_STEPS:
             self.base = _trend_add(self.base, step, cycle_s)
             self.wait = _add(self.wait, float(sum(ctx.step_wait_times)))
             if ctx.in_flight_samples > 0:
                 self.load = _add(self.load, ctx.in_flight_samples / max(1, ctx.standalone_replicas))
+            self.recent = (self.recent + [float(cycle_s)])[-AROUND:]
+            self._close_streak(cycle_s)
         if before:  # the cycle began with a take-back: did the trainer still wait after it?
             ratio = self.model_ratio(ctx) if self.ratio is None else self.ratio
             waited = int(sum(ctx.step_wait_samples))
             cycle = max(1, ctx.step_required_samples)
             delta = min(RATIO_UP_MAX, max(RATIO_UP_MIN, waited / cycle)) if waited > 0 else -RATIO_DOWN
             self.ratio = round(min(1.0, max(0.0, ratio + delta)), 12)
+
+    def _close_streak(self, cycle_s: float) -> None:
+        """Fold a no-lend cycle into the streak's "after"; with ``AROUND`` of them, what the streak
+        gave is measured (a streak of fewer than ``MIN_LENT_CYCLES`` measured cycles is dropped)."""
+        lent = self.streak["lent"]
+        if not lent["n"]:
+            return
+        if lent["n"] < MIN_LENT_CYCLES:
+            self.streak = {"before": 0.0, "lent": _stat(), "after": _stat()}
+            return
+        after = _add(self.streak["after"], cycle_s)
+        if after["n"] < AROUND:
+            self.streak = {**self.streak, "after": after}
+            return
+        around = (self.streak["before"] + after["mean"]) / 2 if self.streak["before"] > 0 else after["mean"]
+        gain = min(self.wait["mean"], max(-self.switch_s(), around - lent["mean"]))
+        self.realized = {"gain": gain, "base_n": self.base["n"]}
+        self.streak = {"before": 0.0, "lent": _stat(), "after": _stat()}
 
     # ------------------------------------------------------------------ reasons
 

@@ -64,16 +64,43 @@ def test_a_training_bound_run_never_lends_because_no_wait_can_pay_for_the_switch
 def test_a_rollout_bound_run_lends_once_five_no_lend_cycles_are_measured():
     # the first cycle only starts the clock, the second is the start-up's; after steps 3-7,
     # T0 = 60 s and W = 30 s; step 8's gain with one hybrid: ρ 1 (window (30 − 6) / 2 = 12 s ≥ L)
-    # → (30 − 6) / 2 = 12 s > 1.2 s; from step 9 on the measured switch (1 + 2 = 3 s per lend
-    # cycle) makes the model's T[1] 60 − (30 − 3) / 2 = 46.5 s, but the lend cycles measure 50 s
-    # (steps 9-11, lent at both ends): the measurement is believed over the model
+    # → (30 − 6) / 2 = 12 s > 1.2 s; steps 9 and 10 are lent at both ends (50 s each), so after
+    # step 10 it pauses three steps (the take-back cycle and two no-lend cycles, 60 s each) to
+    # measure what the streak gave: 60 − 50 = 10 s. From then on the measured switch (1 + 2 = 3 s
+    # per lend cycle) makes the model's T[1] 60 − (30 − 3) / 2 = 46.5 s, but the streak is
+    # believed over the model: T[1] = 50 s, still a win, so step 14 lends again
     policy = PredictiveDynamicSchedulePolicy()
 
-    answers, _ = drive(policy, [60.0] * 8 + [50.0] * 3)
+    answers, now = drive(policy, [60.0] * 8 + [50.0] * 2 + [60.0] * 3)
 
-    assert answers == [0] * 7 + [True] * 4
-    assert policy.base["n"] == 5
-    assert policy.predictions(12, replace(CTX, hybrid_replicas=1)) == {0: (60.0, 0.0), 1: (50.0, 0.0)}
+    assert answers == [0] * 7 + [True] * 3 + [0] * 3
+    assert policy.base["n"] == 7
+    assert policy.realized_gain_s(14) == 10.0
+    ctx = replace(CTX, now=now, hybrid_replicas=1)
+    assert policy.predictions(14, ctx) == {0: (60.0, 0.0), 1: (50.0, 0.0)}
+    assert policy.should_activate_after_step(14, False, ctx) is True
+
+
+def test_a_streak_that_measures_slower_than_the_cycles_around_it_stops_the_lending():
+    # the same run, but the lent cycles take 62 s: the streak lost 2 s a cycle against the
+    # no-lend cycles before and after it, so the model's 13.5 s win is not believed
+    policy = PredictiveDynamicSchedulePolicy()
+
+    answers, _ = drive(policy, [60.0] * 8 + [62.0] * 2 + [60.0] * 3 + [60.0] * 5)
+
+    assert answers == [0] * 7 + [True] * 3 + [0] * 8
+    assert policy.realized_gain_s(19) == -2.0
+
+
+def test_a_drift_between_the_cycles_before_and_after_a_streak_cancels():
+    # the no-lend cycles fall from 60 s to 40 s while the streak runs at 50 s: a trend measured
+    # before the streak would call it a 10 s win; the cycles on both sides (60, 60 and 40, 40 s)
+    # say it gave nothing
+    policy = PredictiveDynamicSchedulePolicy()
+
+    drive(policy, [60.0] * 8 + [50.0] * 2 + [40.0] * 3)
+
+    assert policy.realized_gain_s(14) == 0.0
 
 
 def test_no_staleness_headroom_means_no_lend_however_long_the_trainer_waits():
@@ -95,19 +122,20 @@ def test_the_headroom_bounds_what_more_hybrids_add():
 
 
 def test_it_lends_k_of_m_when_lending_more_costs_more_switch_seconds_than_it_adds():
-    # steps 1-11 with one hybrid: it lends from step 8, C_1 = 2 + 1 = 3 s. A second hybrid comes
-    # back at step 12; C_2 is unmeasured, so it is the any-k one (3 s): the model's gain for two is
-    # 18 s, but lend cycles measured 13.5 s (as fast as the model says for one), which caps it for
-    # both; a tie goes to the larger k, so step 12 lends both. That activation takes 16 s: C_2 =
+    # steps 1-13 with one hybrid: it lends from step 8, C_1 = 2 + 1 = 3 s, and pauses after step
+    # 10 to measure its streak. A second hybrid comes back at step 14; C_2 is unmeasured, so it is
+    # the any-k one (3 s): the model's gain for two is 18 s, but the streak measured 13.5 s (as fast
+    # as the model says for one), which caps it for both; a tie goes to the larger k, so step 14
+    # lends both. That activation takes 16 s: C_2 =
     # 16 + 1 (any-k take-back) = 17 s, a window of 13 / 3 s of L 7.5 s: ρ 1.16, T[2] = 53.0 s >
     # T[1] = 46.5 s: step 13 lends 1 of 2; its take-back of the two takes 11 s, so C_2 = 27 s: a
     # 1 s window, ρ 2 / 7.5 and T[2] = 60 − (ρ / (1 + ρ)) × 3 = 59.4 s from then on
     policy = PredictiveDynamicSchedulePolicy()
-    head, now = drive(policy, [60.0] * 8 + [46.5] * 3)
-    tail, _ = drive(policy, [46.5] * 4, hybrids=2, switch={**SWITCH, 2: (16.0, 11.0)}, start_step=12,
-                    start_now=now, lent_before=1)
+    head, now = drive(policy, [60.0] * 8 + [46.5] * 2 + [60.0] * 3)
+    tail, _ = drive(policy, [46.5] * 4, hybrids=2, switch={**SWITCH, 2: (16.0, 11.0)}, start_step=14,
+                    start_now=now)
 
-    assert (head, tail) == ([0] * 7 + [True] * 4, [True, 1, 1, 1])
+    assert (head, tail) == ([0] * 7 + [True] * 3 + [0] * 3, [True, 1, 1, 1])
     ctx = replace(CTX, hybrid_replicas=2)
     rho = 2 / 7.5
     assert {k: t for k, (t, _) in policy.predictions(16, ctx).items()} == pytest.approx(
@@ -169,25 +197,28 @@ def test_a_state_round_trip_mid_run_reproduces_every_later_decision(cut):
     assert restored.state_dict() == whole.state_dict()
 
 
-def test_a_long_lending_run_pauses_two_steps_every_48_lends_to_measure_the_no_lend_cycle_again():
-    # steps 8-55 lend (48 lends), 56-57 pause (57's cycle is a no-lend one: T0 gets its 6th), 58 lends
+def test_a_long_lending_run_pauses_three_steps_every_48_lends_to_measure_the_no_lend_cycle_again():
+    # steps 8-10 lend and 11-13 measure the streak (a 10 s win); steps 14-61 lend (48 lends), 62-64
+    # pause (63 and 64 are no-lend cycles: T0 gets its 8th and 9th), 65 lends
     policy = PredictiveDynamicSchedulePolicy()
 
-    answers, _ = drive(policy, [60.0] * 7 + [50.0] * 48 + [60.0] * 3)
+    answers, _ = drive(policy, [60.0] * 8 + [50.0] * 2 + [60.0] * 3 + [50.0] * 48 + [60.0] * 4)
 
-    assert answers == [0] * 7 + [True] * 48 + [0, 0, True]
-    assert policy.base["n"] == 6
+    assert answers == [0] * 7 + [True] * 3 + [0] * 3 + [True] * 48 + [0] * 3 + [True]
+    assert policy.base["n"] == 9
 
 
 def test_a_marginal_win_is_re_measured_after_6_lends():
-    # W 12 s against C = 2 + 1 = 3 s measured: W < 2 × ... no; with switches of 4 + 3 = 7 s,
-    # W 12 < 2 × 7: the win is marginal, so the pause comes after 6 lends, not 48. The model:
-    # window (12 − 7) / 2 = 2.5 s against L 7.5 s → ρ 1/3 → gain (1/4) × 5 = 1.25 s > 1.2 s
+    # with switches of 4 + 3 = 7 s, W 12 < 2 × 7: the win is marginal, so after the first streak's
+    # measurement (steps 8-13) the pause comes after 6 lends, not 48. The model: window
+    # (12 − 7) / 2 = 2.5 s against L 7.5 s → ρ 1/3 → gain (1/4) × 5 = 1.25 s > 1.2 s (the streak
+    # measured 2 s, which does not cap it)
     policy = PredictiveDynamicSchedulePolicy(prior_switch_s=2.0)
 
-    answers, _ = drive(policy, [60.0] * 7 + [58.0] * 6 + [60.0] * 3, wait=12.0, switch={1: (4.0, 3.0)})
+    answers, _ = drive(policy, [60.0] * 7 + [58.0] * 3 + [60.0] * 3 + [58.0] * 6 + [60.0] * 4, wait=12.0,
+                       switch={1: (4.0, 3.0)})
 
-    assert answers == [0] * 7 + [True] * 6 + [0, 0, True]
+    assert answers == [0] * 7 + [True] * 3 + [0] * 3 + [True] * 6 + [0] * 3 + [True]
     assert policy.marginal
 
 
@@ -255,16 +286,16 @@ def test_what_is_left_of_the_prompt_budget_bounds_what_the_hybrids_add():
 
 
 def test_lend_cycles_measured_no_faster_than_the_no_lend_ones_stop_the_lending():
-    # the model promises 46.5 s lend cycles, they take 60 s like the no-lend ones: after two
-    # (steps 9, 10) the measured gain (none) caps the model's, and it stops; three no-lend cycles
-    # later (12-14; 11 began with a take-back) the measurement has aged out and it tries again
+    # the model promises 46.5 s lend cycles, they take 60 s like the no-lend ones around them:
+    # the streak's measured gain (none) caps the model's, and it stops; eight no-lend cycles later
+    # (14-21) the measurement has aged out and it tries again
     policy = PredictiveDynamicSchedulePolicy()
 
     answers, now = drive(policy, [60.0] * 13)
     assert (answers, policy.realized_gain_s(14)) == ([0] * 7 + [True] * 3 + [0] * 3, 0.0)
 
-    more, _ = drive(policy, [60.0] * 2, start_step=14, start_now=now)
-    assert (more, policy.realized_gain_s(16)) == ([0, True], None)
+    more, _ = drive(policy, [60.0] * 9, start_step=14, start_now=now)
+    assert (more, policy.realized_gain_s(23)) == ([0] * 8 + [True], None)
 
 
 def test_the_start_up_cycles_are_not_measured():

@@ -21,6 +21,7 @@ the take-back. Must not: read the clock, do I/O, or change state anywhere but ``
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from policies.base import DynamicScheduleContext, DynamicSchedulePolicyBase
 from policies.builtin import check_ratio
@@ -89,6 +90,12 @@ def _se(stat: dict[str, float]) -> float:
 def _book(book: dict[str, dict[str, float]], k: int, seconds: float) -> dict[str, dict[str, float]]:
     """``book`` with ``seconds`` folded in under ``k`` and under "any"."""
     return {**book, **{key: _add(book.get(key, _stat()), seconds) for key in (str(k), "any")}}
+
+
+def _streak(before: float = 0.0) -> dict[str, Any]:
+    """A lending streak to measure: the mean of the no-lend cycles before it, its cycles lent at
+    both ends, and the no-lend cycles after its take-back."""
+    return {"before": before, "lent": _stat(), "after": _stat()}
 
 
 def _trend() -> dict[str, float]:
@@ -172,7 +179,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         """Steps still to skip lending while re-measuring ``T0`` and ``W``."""
         self.recent: list[float] = []
         """The last ``AROUND`` no-lend cycles' seconds (the "before" of the next streak)."""
-        self.streak = {"before": 0.0, "lent": _stat(), "after": _stat()}
+        self.streak = _streak()
         """The lending streak being measured: the no-lend cycles before it (mean), the cycles lent
         at both ends, and the no-lend cycles after its take-back."""
         self.realized: dict[str, float] | None = None
@@ -339,7 +346,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             self.deactivate = _book(self.deactivate, before, ctx.last_deactivate_duration_s)
         if before and after:
             if not self.streak["lent"]["n"] or self.streak["after"]["n"]:  # a new streak
-                self.streak = {"before": sum(self.recent) / max(1, len(self.recent)), "lent": _stat(), "after": _stat()}
+                self.streak = _streak(sum(self.recent) / max(1, len(self.recent)))
             self.streak = {**self.streak, "lent": _add(self.streak["lent"], cycle_s)}
         if before == 0 and after == 0 and step > START_UP_STEPS:
             self.base = _trend_add(self.base, step, cycle_s)
@@ -362,7 +369,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         if not lent["n"]:
             return
         if lent["n"] < MIN_LENT_CYCLES:
-            self.streak = {"before": 0.0, "lent": _stat(), "after": _stat()}
+            self.streak = _streak()
             return
         after = _add(self.streak["after"], cycle_s)
         if after["n"] < AROUND:
@@ -371,7 +378,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         around = (self.streak["before"] + after["mean"]) / 2 if self.streak["before"] > 0 else after["mean"]
         gain = min(self.wait["mean"], max(-self.switch_s(), around - lent["mean"]))
         self.realized = {"gain": gain, "base_n": self.base["n"]}
-        self.streak = {"before": 0.0, "lent": _stat(), "after": _stat()}
+        self.streak = _streak()
 
     # ------------------------------------------------------------------ reasons
 

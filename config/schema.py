@@ -156,7 +156,18 @@ class RolloutEngineSection(_Section):
 
     tensor_model_parallel_size: int = Field(1, ge=1, le=64)
     """GPUs per rollout replica (vLLM's `tensor_parallel_size`; a hybrid replica spans that many
-    trainer ranks of one node)."""
+    trainer ranks of one node: on vLLM one engine whose TP workers live in those ranks' processes)."""
+
+    gpu_memory_utilization: float = Field(0.45, gt=0.0, le=1.0)
+    """Share of each GPU a hybrid replica's vLLM engine takes for its weights and KV cache while
+    lent, next to what the trainer keeps there (the reference: 0.45). Ignored on CPU."""
+
+    standalone_gpu_memory_utilization: float = Field(0.7, gt=0.0, le=1.0)
+    """Share of each GPU a standalone replica's vLLM engine takes (the reference: 0.7). Ignored on CPU."""
+
+    hybrid_sleep_level: Literal[1, 2] = 2
+    """vLLM sleep level of a hybrid taken back: 1 keeps its weights in host memory, 2 drops them
+    (they are reloaded at the next lend anyway). The KV cache is freed at both. GPU only."""
 
     update_weights_bucket_megabytes: int = Field(512, ge=1, le=65536)
     """Size of one bucket of a collective weight sync (in the engine's dtype), as in verl."""
@@ -580,6 +591,11 @@ class TidalConfig(_Section):
             raise ValueError(
                 f"trainer GPUs ({self.trainer_gpus}) must be a multiple of "
                 f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} to host hybrid replicas"
+            )
+        if a.use_dynamic_resource_scheduling and self.trainer.n_gpus_per_node % tp:
+            raise ValueError(
+                f"a hybrid replica spans actor_rollout_ref.rollout.tensor_model_parallel_size={tp} trainer GPUs of "
+                f"one node, but trainer.n_gpus_per_node={self.trainer.n_gpus_per_node} is not a multiple of it"
             )
         r = self.actor_rollout_ref.rollout
         tiny = self.actor_rollout_ref.model.path is None  # an HF model's context is its own

@@ -11,7 +11,11 @@ Weights leave a rank two ways (``cluster.weight_sync``): rank 0 hosts the collec
 store and sends the buckets to the standalone replicas while every rank gathers its shards one
 parameter at a time (``send_weights``); and each rank loads the hybrid replica it hosts in its own
 process (``hybrid_load``, the in-rank transport). A hybrid replica of ``tensor_model_parallel_size``
-ranks lives on the first of them (``hybrid_hosts``).
+t spans t ranks of one node (``hybrid_hosts``). A torch engine lives on the first of them. A vLLM
+hybrid is one engine over t workers, one in each of those ranks' processes beside its training
+shard (``cluster.engines.vllm_ranks``): every rank starts its worker in ``setup``, then the first
+rank of each hybrid builds the engine that drives them (``build_hybrids``, all hybrids at once:
+vLLM forms its groups over every rank), and each rank loads its own worker from its own shard.
 
 A rank that dies fails the call at once (``ray.wait`` on the ranks, not a collective's timeout):
 the ``RayActorError`` reaches the driver, which stops with exit 3 and a resume line.
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -35,6 +40,9 @@ if TYPE_CHECKING:  # torch is imported where a backend runs, not where the actor
     from cluster.backends.base import CheckpointInfo, StepResult
 
 RANK_PREFIX = "trainer-rank-"
+ENGINE_BUILD_TIMEOUT_S = 1800.0
+"""Seconds the vLLM hybrids over the ranks' workers may take to start (minutes on a busy CPU host,
+a model's load on a GPU one)."""
 
 
 def rank_name(rank: int) -> str:
@@ -91,6 +99,29 @@ def send_from(backend: Any, sender: Any, spec: Any, manifest: Any) -> dict[str, 
     return {**dataclasses.asdict(stats), "gathered_whole_model": gathered} if sender is not None else {}
 
 
+def load_worker_in_rank(backend: Any, worker: Any, gpt2_names: bool, drop: Sequence[str]) -> float:
+    """The in-rank transport to a vLLM hybrid's worker in this rank's process (``worker``; None on
+    a rank whose hybrid is not being loaded, which still takes part in every gather): each
+    parameter gathered in turn and handed to the worker's loader as it asks for it, so the peak is
+    one whole parameter, and vLLM keeps this worker's TP slice of it."""
+    tensors, gathered = rollout_tensors(backend)
+    if worker is not None and gathered and not tensors:
+        raise RuntimeError(_NO_LOCAL_COPY)
+    named = ((name, full_tensor(t)) for name, t in tensors.items())
+    if worker is None:
+        for _ in named:  # the gathers are collectives of the training group: every rank makes them
+            pass
+        return 0.0
+    from cluster.engines.vllm_engine import checkpoint_named
+
+    return worker.load(checkpoint_named(named, gpt2_names=gpt2_names, drop=frozenset(drop)))
+
+
+_NO_LOCAL_COPY = ("the hybrids of this rank need its own copy of the weights, but this backend gathers them "
+                  "on rank 0 only (ZeRO, or fsdp_config.param_offload while lent): set "
+                  "actor_rollout_ref.rollout.weight_sync.hybrid_transport=object_store")
+
+
 async def load_in_rank(backend: Any, engines: Sequence[Any], version: int) -> float:
     """The in-rank transport: the weights of this rank's process, gathered one parameter at a time
     (every rank takes part), copied into the hybrid engines it hosts (``engines``, maybe none)."""
@@ -99,9 +130,7 @@ async def load_in_rank(backend: Any, engines: Sequence[Any], version: int) -> fl
     t0 = time.perf_counter()
     tensors, gathered = rollout_tensors(backend)
     if engines and gathered and not tensors:
-        raise RuntimeError("the hybrids of this rank need its own copy of the weights, but this backend gathers them "
-                           "on rank 0 only (ZeRO, or fsdp_config.param_offload while lent): set "
-                           "actor_rollout_ref.rollout.weight_sync.hybrid_transport=object_store")
+        raise RuntimeError(_NO_LOCAL_COPY)
     state = {name: full_tensor(t) for name, t in tensors.items()}
     for engine in engines:
         await engine.load_weights(state, version)
@@ -158,10 +187,15 @@ class TrainRankActor(HybridHost):
     hybrid engines it hosts. Backend calls run one at a time, in the order they arrive."""
 
     def __init__(self, rank: int, world: int, local_rank: int, backend_factory: Callable[[], Any], device: str,
-                 hybrid_factories: Mapping[str, Callable[[], Any]] | None = None):
+                 hybrid_factories: Mapping[str, Callable[[], Any]] | None = None, worker_of: str | None = None):
+        """``hybrid_factories``: the engines this rank hosts; ``worker_of``: the vLLM hybrid whose
+        TP worker this rank's process hosts (its engine is built by ``build_hybrids``)."""
         self.rank, self.world, self.local_rank = rank, world, local_rank
         self._factory, self._device = backend_factory, device
         self._hybrid_factories = dict(hybrid_factories or {})
+        self._worker_of = worker_of
+        self._worker: Any = None
+        self._naming: tuple[bool, list[str]] = (False, [])
         self.hybrids = {}
         self.backend: Any = None
         self._sender: Any = None
@@ -194,14 +228,42 @@ class TrainRankActor(HybridHost):
         backend = dp.init_group(rank=self.rank, world=self.world, local_rank=self.local_rank,
                                 master_addr=master_addr, master_port=master_port, device=device, timeout_s=timeout_s)
         self.backend = self._factory()
-        self.hybrids = {rid: make() for rid, make in self._hybrid_factories.items()}
+        worker = None
+        if self._worker_of is not None:
+            from cluster.engines.vllm_ranks import RankWorker
+
+            self._worker = RankWorker(host=ray.util.get_node_ip_address(), local_rank=0)  # Ray's GPU is index 0 here
+            worker = {"replica": self._worker_of, "address": self._worker.address}
+        else:
+            self.hybrids = {rid: make() for rid, make in self._hybrid_factories.items()}
         return {"rank": self.rank, "backend": backend, "device": str(self.backend.device),
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "node": ray.get_runtime_context().get_node_id(),
-                "hybrids": sorted(self.hybrids),
+                "hybrids": sorted(self._hybrid_factories), "worker": worker, "pid": os.getpid(),
                 # what the group may skip: moves of a backend without any, collectives of a read
                 # that every rank could answer alone (``RankGroup``)
                 "moves": callable(getattr(self.backend, "offload", None)),
                 "replicated": bool(getattr(self.backend, "replicated_state", False))}
+
+    async def build_hybrids(self, workers: Mapping[str, Sequence[str]], ident: str) -> dict[str, tuple[bool, list[str]]]:
+        """Build the vLLM engines this rank hosts over their ranks' workers (``workers``: replica →
+        addresses in TP rank order); returns each one's naming of the trainer's weights (GPT-2
+        names, names not loaded) for the ranks that load its workers."""
+        def build() -> dict[str, tuple[bool, list[str]]]:
+            self.hybrids = {rid: make(rank_workers=list(workers[rid]), rank_ident=ident)
+                            for rid, make in self._hybrid_factories.items()}
+            return {rid: (engine.model.gpt2_names, sorted(engine.model.drop)) for rid, engine in self.hybrids.items()}
+
+        return await asyncio.to_thread(build)
+
+    def adopt_naming(self, naming: tuple[bool, list[str]]) -> None:
+        """How this rank's worker names the trainer's weights (its engine's ``build_hybrids`` answer)."""
+        self._naming = (bool(naming[0]), list(naming[1]))
+
+    async def worker_where(self) -> dict[str, Any]:
+        """Where this rank's vLLM worker runs (pid, device, TP rank) next to this process's pid and
+        training device: the check that the worker is in the rank's own process."""
+        info = await asyncio.to_thread(self._worker.where)
+        return {**dataclasses.asdict(info), "rank_pid": os.getpid(), "rank_device": str(self.backend.device)}
 
     async def train_step(self, samples: Sequence[Sample]) -> tuple[StepResult, int]:
         result = await self._locked(self.backend.train_step, samples)
@@ -231,10 +293,18 @@ class TrainRankActor(HybridHost):
         return await self._locked(send_from, self.backend, sender, spec, manifest)
 
     async def hybrid_load(self, replica_ids: Sequence[str], version: int) -> float:
-        """In-rank: every rank gathers (a collective); the ones hosting ``replica_ids`` load."""
+        """In-rank: every rank gathers (a collective); the ones hosting ``replica_ids`` (their
+        engine, or their vLLM worker) load."""
         async with self._lock:
+            if self._worker is not None:
+                worker = self._worker if self._worker_of in replica_ids else None
+                return await asyncio.to_thread(load_worker_in_rank, self.backend, worker, *self._naming)
             engines = [self.hybrids[rid] for rid in replica_ids if rid in self.hybrids]
             return await load_in_rank(self.backend, engines, version)
+
+    async def hybrid_loaded(self, replica_ids: Sequence[str], version: int, worker_s: float) -> None:
+        """The engines of ``replica_ids`` here had their workers loaded in place: they take ``version``."""
+        await asyncio.gather(*(self.hybrids[rid].weights_loaded(version, worker_s) for rid in replica_ids))
 
     # -- checkpoints and room ------------------------------------------------------------------
 
@@ -261,6 +331,8 @@ class TrainRankActor(HybridHost):
 
         try:
             await self.close_hybrids()
+            if self._worker is not None:
+                await asyncio.to_thread(self._worker.close)
             if self._sender is not None:
                 self._sender.leave()
             if self.backend is not None:
@@ -311,11 +383,41 @@ class RankGroup:
         self._dp = dp
         master = ray.get(self.ranks[0].address.remote(), timeout=setup_timeout_s)
         self.info = gather([r.setup.remote(*master, setup_timeout_s) for r in self.ranks])
+        self._build_rank_engines(ident=str(master[1]))
         self._updates = 0
         self.moves = any(info.get("moves", True) for info in self.info)
         """Whether any rank's backend moves state for the hybrids (``offload``/``reload``)."""
         self.replicated = all(info.get("replicated", False) for info in self.info)
         """Whether every rank holds the whole state, so one rank can answer a read of it."""
+
+    def _build_rank_engines(self, *, ident: str, timeout_s: float = ENGINE_BUILD_TIMEOUT_S) -> None:
+        """The vLLM hybrids over the ranks' workers: every engine at once (vLLM forms its groups
+        over every rank of the trainer), then each rank learns how its worker names the weights.
+        ``ident``: the training group's port, unique on a host while the run lives. A rank that
+        dies fails this at once; an engine that never comes up, after ``timeout_s``."""
+        workers: dict[str, list[str]] = {}
+        for info in self.info:
+            if info.get("worker"):
+                workers.setdefault(info["worker"]["replica"], []).append(info["worker"]["address"])
+        if not workers:
+            return
+        hosts = [(rank, info["hybrids"]) for rank, info in zip(self.ranks, self.info, strict=True) if info["hybrids"]]
+        naming: dict[str, tuple[bool, list[str]]] = {}
+        for answer in gather([rank.build_hybrids.remote({rid: workers[rid] for rid in rids}, ident)
+                              for rank, rids in hosts], timeout_s=timeout_s):
+            naming.update(answer)
+        gather([rank.adopt_naming.remote(naming[info["worker"]["replica"]])
+                for rank, info in zip(self.ranks, self.info, strict=True) if info.get("worker")])
+
+    def _hosting(self, replica_ids: Sequence[str], key: str) -> list[tuple[Any, list[str]]]:
+        """The ranks whose ``key`` (``hybrids``: the engines; ``workers``: a vLLM worker) is one of
+        ``replica_ids``, each with those replicas."""
+        wanted, out = set(replica_ids), []
+        for rank, info in zip(self.ranks, self.info, strict=True):
+            mine = info.get("hybrids", ()) if key == "hybrids" else [info["worker"]["replica"]] * bool(info.get("worker"))
+            if wanted & set(mine):
+                out.append((rank, sorted(wanted & set(mine))))
+        return out
 
     def _readers(self, replica_ids: Sequence[str] | None = None) -> list[Any]:
         """The ranks a read of the state calls (a sync, a hybrid load, a save): all of them (each
@@ -325,8 +427,8 @@ class RankGroup:
             return self.ranks
         if replica_ids is None:
             return self.ranks[:1]
-        wanted = set(replica_ids)
-        return [rank for rank, info in zip(self.ranks, self.info, strict=True) if wanted & set(info.get("hybrids", ()))]
+        loading = {id(rank) for key in ("hybrids", "workers") for rank, _ in self._hosting(replica_ids, key)}
+        return [rank for rank in self.ranks if id(rank) in loading]
 
     @property
     def world(self) -> int:
@@ -360,8 +462,14 @@ class RankGroup:
         return gather([r.send_weights.remote(spec, manifest) for r in self._readers()])[0]
 
     def hybrid_load(self, replica_ids: Sequence[str], version: int) -> float:
+        """Every reader loads what it hosts; then the engines whose workers were loaded in their
+        ranks' processes take the version (and drop their stale prefix cache)."""
         ranks = self._readers(replica_ids)
-        return max(gather([r.hybrid_load.remote(list(replica_ids), version) for r in ranks]), default=0.0)
+        seconds = max(gather([r.hybrid_load.remote(list(replica_ids), version) for r in ranks]), default=0.0)
+        in_place = {rid for _, rids in self._hosting(replica_ids, "workers") for rid in rids}
+        gather([rank.hybrid_loaded.remote([rid for rid in rids if rid in in_place], version, seconds)
+                for rank, rids in self._hosting(replica_ids, "hybrids") if in_place & set(rids)])
+        return seconds
 
     def save_checkpoint(self, path: Any, *, export_hf: bool = True, async_save: bool = False) -> CheckpointInfo:
         return gather([r.save_checkpoint.remote(str(path), export_hf, async_save) for r in self._readers()])[0]

@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -567,7 +568,13 @@ class VLLMEngine(EngineState):
     """
 
     def __init__(self, model: TinyLMConfig | ServedModel, *, max_batch: int, eos_id: int | None = None,
-                 seed: int = 0, host: VLLMHost | None = None, **host_kwargs: Any):
+                 seed: int = 0, host: VLLMHost | None = None, sleep_level: int = 2, **host_kwargs: Any):
+        if sleep_level not in (1, 2):
+            raise ValueError(f"sleep_level must be 1 (weights kept in host memory) or 2 (dropped), got {sleep_level}")
+        self.sleep_level = sleep_level
+        """vLLM's sleep level on GPU: 1 offloads the weights to host memory, 2 drops them (a hybrid
+        reloads them at every wake anyway); the KV cache is dropped at both."""
+        self._kv_asleep = False
         if host is None:
             host = VLLMHost(model, max_batch=max_batch, eos_id=eos_id, seed=seed, **host_kwargs)
             self._owns_host = True
@@ -639,7 +646,8 @@ class VLLMEngine(EngineState):
     # ---------------------------------------------------------------- memory and weights
 
     async def sleep(self) -> None:
-        """Abort everything in flight, then free the KV cache and the weights (GPU; see ``docs/engines.md``)."""
+        """Abort everything in flight, then free the KV cache and the weights (GPU: vLLM's
+        ``sleep(level=sleep_level)``, on every TP worker; see ``docs/engines.md``)."""
         if self._sleeping:
             return
         self._sleeping = True
@@ -649,17 +657,37 @@ class VLLMEngine(EngineState):
             _log_once(_CPU_SLEEP_REASON)
             return
         if self._owns_host and not self.host.sleeping:
-            await self.host.call(self.host.llm.sleep(level=2))
+            await self.host.call(self.host.llm.sleep(level=self.sleep_level))
             self.host.sleeping = True
 
     async def wake_up(self) -> None:
-        """Reallocate the KV cache and the weights; ``load_weights`` must follow."""
+        """The first of two phases (vLLM's sleep tags): reallocate the weights only; the KV cache
+        comes back once a weight load has filled them (``_wake_kv``), so the device never holds a
+        stale copy, a fresh one and the KV cache at once. ``load_weights`` must follow."""
         if not self._sleeping:
             return
         if not self.host.on_cpu and self.host.sleeping:
-            await self.host.call(self.host.llm.wake_up())
+            await self.host.call(self.host.llm.wake_up(tags=["weights"]))
             self.host.sleeping = False
+            self._kv_asleep = True
         self._sleeping = False
+
+    async def _wake_kv(self) -> None:
+        """The second phase of a wake, after the weight load: the KV cache."""
+        if self._kv_asleep:
+            await self.host.call(self.host.llm.wake_up(tags=["kv_cache"]))
+            self._kv_asleep = False
+
+    async def weights_loaded(self, version: int, worker_s: float) -> None:
+        """The TP workers were loaded in their own processes (``vllm_ranks.RankWorker.load``, the
+        in-rank transport): drop the stale prefix cache, wake the KV cache, take ``version``."""
+        self._check_awake()
+        t0 = time.perf_counter()
+        await self.host.call(self.host.reset_prefix_cache())
+        await self._wake_kv()
+        itemsize = _torch_dtype(self.host.engine_args["dtype"]).itemsize
+        nbytes = sum(math.prod(shape) for name, shape in self.model.shapes.items() if name not in self.model.drop)
+        self._weights_loaded_as(version, worker_s + time.perf_counter() - t0, worker_s, nbytes * itemsize)
 
     async def load_weights(self, state: Mapping[str, Any], version: int) -> None:
         """Replace the weights with a state dict of the served model (``TinyLM``'s, or the HF
@@ -675,6 +703,7 @@ class VLLMEngine(EngineState):
         try:
             await asyncio.to_thread(self.model.save, state, path, _torch_dtype(self.host.engine_args["dtype"]))
             worker_s = await self.host.call(self.host.reload_from(path))
+            await self._wake_kv()
         finally:
             try:
                 os.unlink(path)
@@ -698,6 +727,7 @@ class VLLMEngine(EngineState):
         t0 = time.perf_counter()
         self._weights_loaded = False
         worker_s = await self.host.call(self.host.receive_into(spec, rank, manifest))
+        await self._wake_kv()
         seconds = time.perf_counter() - t0
         itemsize = _torch_dtype(self.host.engine_args["dtype"]).itemsize
         nbytes = sum(e.numel for e in manifest.entries if e.name not in self.model.drop) * itemsize

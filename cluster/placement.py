@@ -327,6 +327,62 @@ def check_cluster(cfg: TidalConfig) -> None:
             ray.shutdown()
 
 
+def trainer_parameters(cfg: TidalConfig) -> int:
+    """The trainer's parameter count: the HF folder's model (built on the meta device) or TinyLM's."""
+    import torch
+
+    with torch.device("meta"):
+        m = cfg.actor_rollout_ref.model
+        if m.path is None:
+            from cluster.model import TinyLM, TinyLMConfig
+
+            from cluster.data_builders import tokenizer_for
+
+            model = TinyLM(TinyLMConfig(tokenizer_for(cfg).vocab_size, cfg.model.n_layer, cfg.model.n_head,
+                                        cfg.model.n_embd, cfg.model.max_seq_len))
+        else:
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            config = AutoConfig.from_pretrained(m.path, local_files_only=True, trust_remote_code=m.trust_remote_code)
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=m.trust_remote_code)
+    return sum(p.numel() for p in model.parameters())
+
+
+def trainer_bytes_while_lent(cfg: TidalConfig, params: int) -> dict[str, float]:
+    """Bytes one trainer GPU keeps while its hybrid is lent, by kind: the fp32 parameters (sharded
+    by FSDP2 and ZeRO-3, whole under ZeRO 0-2) unless ``fsdp_config.param_offload``, and the
+    fp32 gradients and AdamW's two moments (sharded) unless ``optimizer_offload``."""
+    ranks = cfg.trainer_gpus
+    offload = cfg.actor_rollout_ref.actor.fsdp_config
+    sharded_params = cfg.engines.train != "deepspeed" or cfg.engines.deepspeed_zero_stage == 3
+    return {"parameters": 0.0 if offload.param_offload else 4.0 * params / (ranks if sharded_params else 1),
+            "gradients and AdamW state": 0.0 if offload.optimizer_offload else 12.0 * params / ranks}
+
+
+def check_hybrid_memory(cfg: TidalConfig) -> None:
+    """Raise ``ClusterTooSmall`` (one line) when a hybrid's ``gpu_memory_utilization`` of a GPU of
+    ``trainer.gpu_memory_gb`` does not fit beside what the trainer keeps there while lent. Nothing
+    to check without hybrids, off vLLM (the torch engine takes what it needs) or without the size."""
+    memory_gb = cfg.trainer.gpu_memory_gb
+    if not cfg.hybrid_replicas or cfg.engines.rollout != "vllm" or memory_gb is None:
+        return
+    kept = trainer_bytes_while_lent(cfg, trainer_parameters(cfg))
+    kept_gb = sum(kept.values()) / 1e9
+    share = cfg.actor_rollout_ref.rollout.gpu_memory_utilization
+    if share * memory_gb + kept_gb <= memory_gb:
+        return
+    what = " + ".join(f"{name} {b / 1e9:.3g} GB" for name, b in kept.items() if b)
+    offload = "actor_rollout_ref.actor.fsdp_config.param_offload / optimizer_offload"
+    if kept_gb >= memory_gb:
+        raise ClusterTooSmall(f"the trainer alone keeps {what} on a {memory_gb:g} GB trainer GPU while lent: no room "
+                              f"for a hybrid; offload more ({offload}) or use more trainer GPUs")
+    fits = 1.0 - kept_gb / memory_gb
+    raise ClusterTooSmall(
+        f"a hybrid asks actor_rollout_ref.rollout.gpu_memory_utilization={share:g} of a {memory_gb:g} GB trainer GPU "
+        f"({share * memory_gb:.3g} GB), but the trainer keeps {what} on it while lent, leaving {memory_gb - kept_gb:.3g} GB: "
+        f"lower it to {fits:.2f} or less, or offload more ({offload})")
+
+
 def _wait_placed(held: Placement, names: Sequence[str], timeout_s: float, where: str) -> None:
     import ray
 

@@ -202,6 +202,12 @@ class TrainerSection(_Section):
     n_gpus_per_node: int = Field(1, ge=1, le=64)
     """GPUs per trainer node."""
 
+    gpu_memory_gb: float | None = Field(None, gt=0.0, le=100_000.0)
+    """Memory of one trainer GPU, for the check before a run starts that a hybrid's
+    `gpu_memory_utilization` fits beside what the trainer keeps on the GPU while lent (its FSDP /
+    ZeRO shard of the parameters, gradients and AdamW state, less what `fsdp_config` offloads).
+    None: not checked before the start (vLLM checks the device's free memory when it builds)."""
+
     total_training_steps: int | None = Field(None, ge=1)
     """Stop after this many Tidal steps (weight syncs); None = until the data runs out."""
 

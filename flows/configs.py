@@ -13,6 +13,7 @@ from pathlib import Path
 from cluster.data_builders import check_data
 from cluster.datasets import DatasetError
 from cluster.hf import TINY_PRESETS, TinyFolderError, ensure_tiny
+from cluster.placement import check_hybrid_memory
 from cluster.reward import RewardConfigError
 from cluster.smollm2 import SMOLLM2_PRESET, SMOLLM2_ROOT, SmolLM2Error, ensure_smollm2
 from config import ConfigError, TidalConfig, load_config
@@ -41,6 +42,7 @@ def load_checked(config: str, overrides: list[str] | None) -> TidalConfig:
         check_data(cfg)
     except (DatasetError, RewardConfigError) as exc:
         raise ConfigError(" ".join(str(exc).split())) from None
+    check_hybrid_memory(cfg)
     return cfg
 
 

@@ -82,6 +82,12 @@ _ENV_LOCK = threading.Lock()
 class TidalWorkerExtension:
     """Methods vLLM grafts onto its worker class (``worker_extension_cls``); called by ``collective_rpc``."""
 
+    def tidal_where(self) -> dict[str, Any]:
+        """Where this worker runs: its process id, device, TP rank and size, and world rank."""
+        from cluster.engines.vllm_ranks import where
+
+        return where(self)
+
     def tidal_load_safetensors(self, path: str) -> float:
         """Reload the weights from a safetensors file of checkpoint names (GPT-2 for TinyLM, the
         folder's own for an HF model); returns seconds spent."""

@@ -60,9 +60,10 @@ class WorkerInfo:
     world_rank: int
 
 
-def _where(worker: Any) -> dict[str, Any]:
-    from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+def where(worker: Any) -> dict[str, Any]:
+    """``WorkerInfo``'s fields of a vLLM worker in this process."""
     import torch.distributed as dist
+    from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
     return dict(pid=os.getpid(), device=str(worker.device), tp_rank=get_tensor_model_parallel_rank(),
                 tp_size=get_tensor_model_parallel_world_size(), world_rank=dist.get_rank())
@@ -149,7 +150,7 @@ class RankWorker:
             return fn(self.wrapper.worker)
 
     def where(self) -> WorkerInfo:
-        return WorkerInfo(**self.run(_where))
+        return WorkerInfo(**self.run(where))
 
     def load(self, named: Iterable[tuple[str, Any]]) -> float:
         """Load ``(checkpoint name, full tensor)`` pairs into this worker in place, one at a time

@@ -46,6 +46,15 @@ BAD_CONFIGS = [
      "rollout:\n  n_gpus_per_node: 2\n", [], "use_dynamic_resource_scheduling needs trainer GPUs"),
     ("rollout-gpus-not-multiple-of-tp",
      "actor_rollout_ref:\n  rollout:\n    tensor_model_parallel_size: 2\nrollout:\n  n_gpus_per_node: 3\n", [], "multiple"),
+    ("hybrid-tp-does-not-divide-a-node",
+     "async_training:\n  use_dynamic_resource_scheduling: true\nactor_rollout_ref:\n  rollout:\n    tensor_model_parallel_size: 2\n"
+     "rollout:\n  n_gpus_per_node: 2\ntrainer:\n  nnodes: 2\n  n_gpus_per_node: 3\n", [],
+     "trainer.n_gpus_per_node=3 is not a multiple of it"),
+    ("hybrid-asks-more-memory-than-the-trainer-leaves",
+     "async_training:\n  use_dynamic_resource_scheduling: true\nengines:\n  rollout: vllm\nmodel:\n  n_head: 2\n"
+     "actor_rollout_ref:\n  rollout:\n    gpu_memory_utilization: 0.9\n  actor:\n    fsdp_config:\n"
+     "      optimizer_offload: false\ntrainer:\n  gpu_memory_gb: 0.004\n", [],
+     "lower it to 0.51 or less"),
     ("heads-do-not-divide-width", "model:\n  n_embd: 65\n  n_head: 4\n", [], "n_embd=65"),
     ("sequence-too-long-for-model",
      "actor_rollout_ref:\n  rollout:\n    prompt_length: 200\n    response_length: 200\nmodel:\n  max_seq_len: 256\n", [],

@@ -120,6 +120,16 @@ def _vllm_hf_case() -> EngineCase:
     return EngineCase(engine, vllm_shared.hf_weights(0), vllm_shared.hf_weights(1), engine.eos_id)
 
 
+def _vllm_tp2_case() -> EngineCase:
+    # TinyLM at TP 2, its two workers in two processes we started (a hybrid's trainer ranks)
+    import vllm_shared
+
+    reason = vllm_shared.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    return EngineCase(vllm_shared.tp2_engine(), vllm_shared.weights(0), vllm_shared.weights(1), vllm_shared.TOK.eos_id)
+
+
 ENGINES: dict[str, Callable[[], EngineCase]] = {
     "torch": _torch_case,
     "torch-hf-qwen2": lambda: _hf_case("qwen2"),
@@ -127,6 +137,7 @@ ENGINES: dict[str, Callable[[], EngineCase]] = {
     "simulated": _simulated_case,
     "vllm": _vllm_case,
     "vllm-hf-qwen2": _vllm_hf_case,
+    "vllm-tp2-ranks": _vllm_tp2_case,
 }
 
 

@@ -1,10 +1,11 @@
 """The vLLM hosts shared by the engine tests of this folder (starting one takes 20-60 s on CPU).
 
-Two hosts: ``tiny`` serves ``TinyLM`` (``CFG``), ``hf`` a tiny Qwen2 folder (tied embeddings, a
+Three hosts: ``tiny`` serves ``TinyLM`` (``CFG``), ``hf`` a tiny Qwen2 folder (tied embeddings, a
 byte-level BPE tokenizer trained in code, 2 heads of 32: vLLM's CPU attention needs a head size
-of at least 32) built once per session. ``tests/engines/conftest.py`` starts the hosts the
-selected tests need right after collection (so start-up is outside every test's timeout) and
-closes them at the end of the session. Each test builds its own ``VLLMEngine`` on a host: own
+of at least 32) built once per session, and ``tp2`` serves ``TinyLM`` at TP 2 over two worker
+processes that we start (``vllm_rank_procs``: vLLM spawns no worker of its own).
+``tests/engines/conftest.py`` starts the hosts the selected tests need right after collection (so
+start-up is outside every test's timeout) and closes them at the end of the session. Each test builds its own ``VLLMEngine`` on a host: own
 requests, version, pause/sleep state and counters.
 """
 
@@ -28,6 +29,7 @@ HF_MAX_LEN = 128
 
 _hosts: dict[str, Any] = {}
 _errors: dict[str, BaseException] = {}
+_procs: dict[str, Any] = {}
 start_s: dict[str, float] = {}
 _folder: Path | None = None
 
@@ -40,6 +42,8 @@ def skip_reason() -> str | None:
 
 def wanted_hosts(nodeid: str) -> set[str]:
     """The hosts a test needs, by its id."""
+    if "[vllm-tp2" in nodeid or "test_vllm_rank_engine.py" in nodeid:
+        return {"tp2"}
     if "[vllm-hf" in nodeid or "test_vllm_hf_engine.py" in nodeid:
         return {"hf"}
     if "[vllm" in nodeid or "test_vllm_engine.py" in nodeid:
@@ -67,9 +71,15 @@ def host(name: str = "tiny") -> Any:
 
         t0 = time.perf_counter()
         try:
-            model = CFG if name == "tiny" else hf_model(str(hf_folder()), max_model_len=HF_MAX_LEN)
-            _hosts[name] = VLLMHost(model, max_batch=MAX_BATCH, eos_id=TOK.eos_id if name == "tiny" else None,
-                                    seed=0, threads=1)
+            model = hf_model(str(hf_folder()), max_model_len=HF_MAX_LEN) if name == "hf" else CFG
+            workers = {}
+            if name == "tp2":  # two processes of one gloo group host the TP workers (as trainer ranks do)
+                from vllm_rank_procs import RankProcs
+
+                _procs[name] = RankProcs(2)
+                workers = dict(rank_workers=_procs[name].addresses, rank_ident=str(_procs[name].pids[0]))
+            _hosts[name] = VLLMHost(model, max_batch=MAX_BATCH, eos_id=None if name == "hf" else TOK.eos_id,
+                                    seed=0, threads=1, **workers)
         except BaseException as exc:
             _errors[name] = exc
             raise
@@ -83,6 +93,19 @@ def engine() -> Any:
     return VLLMEngine(CFG, max_batch=MAX_BATCH, eos_id=TOK.eos_id, host=host())
 
 
+def tp2_engine() -> Any:
+    """An engine on the TP-2 host whose workers are two processes we started (``vllm_rank_procs``)."""
+    from cluster.engines.vllm_engine import VLLMEngine
+
+    return VLLMEngine(CFG, max_batch=MAX_BATCH, eos_id=TOK.eos_id, host=host("tp2"))
+
+
+def rank_procs() -> Any:
+    """The processes hosting the TP-2 host's workers."""
+    host("tp2")
+    return _procs["tp2"]
+
+
 def hf_engine() -> Any:
     from cluster.engines.vllm_engine import VLLMEngine
 
@@ -94,6 +117,8 @@ def close() -> None:
     global _folder
     for name in list(_hosts):
         _hosts.pop(name).close()
+    for name in list(_procs):
+        _procs.pop(name).close()
     if _folder is not None:
         shutil.rmtree(_folder.parent, ignore_errors=True)
         _folder = None

@@ -33,7 +33,7 @@ def _config(tmp_path, tp: int):
     return load_config("tiny-cpu-vllm", [
         f"storage.url=sqlite:///{tmp_path}/tidal.db", f"trainer.default_local_dir={tmp_path}/runs",
         "trainer.n_gpus_per_node=2", "rollout.n_gpus_per_node=2",
-        f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}", "actor_rollout_ref.rollout.response_length=16",
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}", "actor_rollout_ref.rollout.response_length=8",
     ])
 
 
@@ -42,7 +42,7 @@ def _requests(tokenizer, n: int = 6):
     from cluster.types import GenerationRequest, SamplingSpec
 
     prompts = [tokenizer.encode(p.prompt) for p in make_problems("arith", n, seed=3)]
-    return [GenerationRequest(f"g{i}", p, SamplingSpec(max_new_tokens=16, temperature=0.0, ignore_eos=True))
+    return [GenerationRequest(f"g{i}", p, SamplingSpec(max_new_tokens=8, temperature=0.0, ignore_eos=True))
             for i, p in enumerate(prompts)]
 
 
@@ -53,7 +53,7 @@ def _samples(requests, results) -> list:
     samples = []
     for i, (request, result) in enumerate(zip(requests, results, strict=True)):
         responses = [Response(tokens=list(result.tokens[:k]), logprobs=list(result.logprobs[:k]), finish_reason="length",
-                              min_version=1, max_version=1) for k in (4, 8, 12, 16)]
+                              min_version=1, max_version=1) for k in (2, 4, 6, 8)]
         samples.append(Sample(f"e0-p{i}", 0, i, list(request.prompt_tokens), responses, started_version=1,
                               scores=[0.0, 1.0, 0.0, 1.0]))
     return samples
@@ -124,9 +124,9 @@ def test_a_tp2_hybrid_lives_in_its_two_ranks_and_generates_what_tp1_does_before_
             got = [r.tokens for r in results]
             want = _tp1_tokens(cfg, tokenizer, group.state_dict_for_rollout(), version, requests)
             assert got == want, f"version {version}: TP 2 {got} != TP 1 {want}"
-            assert all(len(tokens) == 16 for tokens in got)
+            assert all(len(tokens) == 8 for tokens in got)
         stats = ray.get(ranks[0].hybrid_stats.remote())[HYBRID]
-        assert stats["weight_syncs"] == 2 and stats["param_version"] == 2
+        assert stats["weight_syncs"] == 2 and stats["weight_bytes"] > 0
     finally:
         group.close()
         for rank in ranks:

@@ -27,6 +27,11 @@ CTX = DynamicScheduleContext(required_samples=16, trigger_parameter_sync_step=4,
                              max_required_samples=96, in_flight_samples=8)
 
 
+def measuring(**kw):
+    """``predictive`` with neither clear wins nor probes: every lend waits for the cycle model."""
+    return PredictiveDynamicSchedulePolicy(clear_gain=1e9, probe_budget=0.0, **kw)
+
+
 SWITCH = {k: (2.0, 1.0) for k in range(1, 5)}
 """k lent → (activation s, take-back s)."""
 
@@ -69,7 +74,7 @@ def test_a_rollout_bound_run_lends_once_five_no_lend_cycles_are_measured():
     # measure what the streak gave: 60 − 50 = 10 s. From then on the measured switch (1 + 2 = 3 s
     # per lend cycle) makes the model's T[1] 60 − (30 − 3) / 2 = 46.5 s, but the streak is
     # believed over the model: T[1] = 50 s, still a win, so step 14 lends again
-    policy = PredictiveDynamicSchedulePolicy()
+    policy = measuring()
 
     answers, now = drive(policy, [60.0] * 8 + [50.0] * 2 + [60.0] * 3)
 
@@ -84,7 +89,7 @@ def test_a_rollout_bound_run_lends_once_five_no_lend_cycles_are_measured():
 def test_a_streak_that_measures_slower_than_the_cycles_around_it_stops_the_lending():
     # the same run, but the lent cycles take 62 s: the streak lost 2 s a cycle against the
     # no-lend cycles before and after it, so the model's 13.5 s win is not believed
-    policy = PredictiveDynamicSchedulePolicy()
+    policy = measuring()
 
     answers, _ = drive(policy, [60.0] * 8 + [62.0] * 2 + [60.0] * 3 + [60.0] * 5)
 
@@ -96,7 +101,7 @@ def test_a_drift_between_the_cycles_before_and_after_a_streak_cancels():
     # the no-lend cycles fall from 60 s to 40 s while the streak runs at 50 s: a trend measured
     # before the streak would call it a 10 s win; the cycles on both sides (60, 60 and 40, 40 s)
     # say it gave nothing
-    policy = PredictiveDynamicSchedulePolicy()
+    policy = measuring()
 
     drive(policy, [60.0] * 8 + [50.0] * 2 + [40.0] * 3)
 
@@ -106,7 +111,7 @@ def test_a_drift_between_the_cycles_before_and_after_a_streak_cancels():
 def test_no_staleness_headroom_means_no_lend_however_long_the_trainer_waits():
     # 8 in flight + 88 queued of a cap of 96: no sample can start on a lent hybrid
     full = replace(CTX, mq_size=88)
-    policy = PredictiveDynamicSchedulePolicy()
+    policy = measuring()
 
     answers, _ = drive(policy, [60.0] * 20, hybrids=2, wait=50.0, ctx=full)
 
@@ -130,7 +135,7 @@ def test_it_lends_k_of_m_when_lending_more_costs_more_switch_seconds_than_it_add
     # 16 + 1 (any-k take-back) = 17 s, a window of 13 / 3 s of L 7.5 s: ρ 1.16, T[2] = 53.0 s >
     # T[1] = 46.5 s: step 13 lends 1 of 2; its take-back of the two takes 11 s, so C_2 = 27 s: a
     # 1 s window, ρ 2 / 7.5 and T[2] = 60 − (ρ / (1 + ρ)) × 3 = 59.4 s from then on
-    policy = PredictiveDynamicSchedulePolicy()
+    policy = measuring()
     head, now = drive(policy, [60.0] * 8 + [46.5] * 2 + [60.0] * 3)
     tail, _ = drive(policy, [46.5] * 4, hybrids=2, switch={**SWITCH, 2: (16.0, 11.0)}, start_step=14,
                     start_now=now)
@@ -143,7 +148,7 @@ def test_it_lends_k_of_m_when_lending_more_costs_more_switch_seconds_than_it_add
 
 
 def test_the_explanation_gives_the_predicted_times_behind_the_answer():
-    policy = PredictiveDynamicSchedulePolicy()
+    policy = measuring()
     _, now = drive(policy, [60.0] * 7, hybrids=2)
     ctx = replace(CTX, now=now, hybrid_replicas=2)
 
@@ -156,7 +161,7 @@ def test_the_explanation_gives_the_predicted_times_behind_the_answer():
 
 def test_the_deactivation_queue_starts_from_the_model_and_adapts_to_the_waits_after_the_take_back():
     # model: 1 − (C/2 + busy × (m−1)/m) / T0 = 1 − (3 + 30 × 3/4) / 60 = 0.575 → round(36.8) = 37
-    policy = PredictiveDynamicSchedulePolicy()
+    policy = measuring()
     drive(policy, [60.0] * 7)
     assert policy.deactivate_wait_samples(CTX) == 37
 
@@ -183,12 +188,12 @@ def test_only_hybrid_mode_lends_every_hybrid_after_every_sync_and_waits_for_a_wh
 @pytest.mark.parametrize("cut", [3, 6, 8, 9, 10, 12, 30])
 def test_a_state_round_trip_mid_run_reproduces_every_later_decision(cut):
     cycles = [60.0, 61.0, 58.0, 62.0, 59.0, 61.0, 60.0] + [50.0, 52.0, 49.0, 55.0, 58.0, 66.0, 70.0, 61.0] + [60.0] * 50
-    whole = PredictiveDynamicSchedulePolicy()
+    whole = measuring()
     expected, _ = drive(whole, cycles, hybrids=2, waited=3)
 
-    first = PredictiveDynamicSchedulePolicy()
+    first = measuring()
     head, now = drive(first, cycles[:cut], hybrids=2, waited=3)
-    restored = PredictiveDynamicSchedulePolicy()
+    restored = measuring()
     restored.load_state_dict(json.loads(json.dumps(first.state_dict())))
     tail, _ = drive(restored, cycles[cut:], hybrids=2, waited=3, start_step=cut + 1, start_now=now,
                     lent_before=2 if head[-1] else 0)
@@ -200,7 +205,7 @@ def test_a_state_round_trip_mid_run_reproduces_every_later_decision(cut):
 def test_a_long_lending_run_pauses_three_steps_every_48_lends_to_measure_the_no_lend_cycle_again():
     # steps 8-10 lend and 11-13 measure the streak (a 10 s win); steps 14-61 lend (48 lends), 62-64
     # pause (63 and 64 are no-lend cycles: T0 gets its 8th and 9th), 65 lends
-    policy = PredictiveDynamicSchedulePolicy()
+    policy = measuring()
 
     answers, _ = drive(policy, [60.0] * 8 + [50.0] * 2 + [60.0] * 3 + [50.0] * 48 + [60.0] * 4)
 
@@ -213,7 +218,7 @@ def test_a_marginal_win_is_re_measured_after_6_lends():
     # measurement (steps 8-13) the pause comes after 6 lends, not 48. The model: window
     # (12 − 7) / 2 = 2.5 s against L 7.5 s → ρ 1/3 → gain (1/4) × 5 = 1.25 s > 1.2 s (the streak
     # measured 2 s, which does not cap it)
-    policy = PredictiveDynamicSchedulePolicy(prior_switch_s=2.0)
+    policy = measuring(prior_switch_s=2.0)
 
     answers, _ = drive(policy, [60.0] * 7 + [58.0] * 3 + [60.0] * 3 + [58.0] * 6 + [60.0] * 4, wait=12.0,
                        switch={1: (4.0, 3.0)})
@@ -225,7 +230,7 @@ def test_a_marginal_win_is_re_measured_after_6_lends():
 def test_it_rebalances_only_when_the_lent_hybrids_hold_less_than_a_filled_standalone():
     # after the measured no-lend cycles a standalone holds 8 samples; with one hybrid lent, 16 in
     # flight means the headroom filled it: no rebalance; 12 in flight means it holds 4: rebalance
-    policy = PredictiveDynamicSchedulePolicy()
+    policy = measuring()
     fresh = policy.request_rebalance(1, replace(CTX, lent_replicas=1, in_flight_samples=12))
     drive(policy, [60.0] * 7)
     lent = replace(CTX, hybrid_replicas=1, lent_replicas=1)
@@ -244,8 +249,8 @@ def test_the_switch_cost_prior_decides_whether_the_first_lend_is_tried():
     # (window 3.25 s, gain 2.0 s); once both are (5 + 3 = 8 s): window 2 s, ρ 0.27, gain 0.84 s,
     # and it stops
     slow = {1: (5.0, 3.0)}
-    assert drive(build_policy("predictive"), [60.0] * 11, wait=12.0, switch=slow)[0] == [0] * 11
-    primed = build_policy("predictive", prior_switch_s=1.0)
+    assert drive(measuring(), [60.0] * 11, wait=12.0, switch=slow)[0] == [0] * 11
+    primed = measuring(prior_switch_s=1.0)
 
     answers, _ = drive(primed, [60.0] * 11, wait=12.0, switch=slow)
 
@@ -273,7 +278,7 @@ def test_a_lend_window_shorter_than_a_sample_counts_only_its_share_of_the_hybrid
     # (ρ 1, headroom 64 / 32 = 2) is (30 − 6) / 2 = 12 s, so ρ counts 12 / 30 = 0.4: gain
     # (0.4 / 1.4) × 24 = 6.9 s instead of 12 s
     ctx = replace(CTX, in_flight_samples=32, hybrid_replicas=1)
-    policy = PredictiveDynamicSchedulePolicy()
+    policy = measuring()
     drive(policy, [60.0] * 7, ctx=ctx)
 
     assert (policy.latency_s(ctx), policy.effective_share(1, ctx)) == (30.0, 0.4)
@@ -289,7 +294,7 @@ def test_lend_cycles_measured_no_faster_than_the_no_lend_ones_stop_the_lending()
     # the model promises 46.5 s lend cycles, they take 60 s like the no-lend ones around them:
     # the streak's measured gain (none) caps the model's, and it stops; eight no-lend cycles later
     # (14-21) the measurement has aged out and it tries again
-    policy = PredictiveDynamicSchedulePolicy()
+    policy = measuring()
 
     answers, now = drive(policy, [60.0] * 13)
     assert (answers, policy.realized_gain_s(14)) == ([0] * 7 + [True] * 3 + [0] * 3, 0.0)
@@ -299,7 +304,52 @@ def test_lend_cycles_measured_no_faster_than_the_no_lend_ones_stop_the_lending()
 
 
 def test_the_start_up_cycles_are_not_measured():
-    policy = PredictiveDynamicSchedulePolicy()
+    policy = measuring()
     drive(policy, [200.0, 150.0, 60.0])
 
     assert (policy.base["n"], policy.base["level"]) == (1, 60.0)
+
+
+def test_a_clear_win_is_lent_from_the_first_step_and_never_paused_to_be_measured():
+    # two hybrids against one standalone (ρ_2 = 2) and a 30 s wait from step 1 on: the pessimistic
+    # gain 2/3 × (30 − 6) = 16 s is over 2 × C = 12 s, so it lends at step 1 without measuring T0.
+    # Measured switches (2 + 1 s) keep it clear, so no A-B-A pause ever comes
+    policy = build_policy("predictive")
+
+    answers, _ = drive(policy, [60.0] + [45.0] * 19, hybrids=2)
+
+    assert answers == [True] * 20
+    assert (policy.clear, policy.free_waits, policy.base["n"]) == (True, [30.0], 0)
+
+
+def test_a_win_under_twice_the_switch_seconds_is_measured_first():
+    # wait 20 s: 2/3 × (20 − 6) = 9.3 s < 12 s, not clear: five no-lend cycles are measured first
+    policy = build_policy("predictive")
+
+    answers, now = drive(policy, [60.0] * 7, hybrids=2, wait=20.0)
+    gain = policy.clear_gain_s(2, replace(CTX, hybrid_replicas=2, step_wait_times=[20.0]))
+    more, _ = drive(policy, [60.0], hybrids=2, wait=20.0, start_step=8, start_now=now)
+
+    assert (answers + more, gain) == ([0] * 7 + [True], pytest.approx(2 / 3 * 14))
+
+
+def test_one_hybrid_against_many_standalones_is_never_a_clear_win():
+    # ρ_1 = 1/4 < 1: however long the wait, the win is measured first
+    ctx = replace(CTX, standalone_replicas=4, in_flight_samples=32)
+    policy = build_policy("predictive")
+
+    assert drive(policy, [60.0] * 3, wait=50.0, ctx=ctx)[0] == [0] * 3
+
+
+@pytest.mark.parametrize(("samples_left", "expected"), [(128, [0] * 12), (1280, [0] * 7 + [True] + [0] * 4)])
+def test_a_probe_measures_the_switches_only_where_the_run_can_afford_switches_twice_the_prior(samples_left, expected):
+    # W 8 s against the 6 s prior: no predicted win, but free switches would give ρ W / (1 + ρ) =
+    # 3.3 s ≥ half the prior (two hybrids, window 8 / 3 s of L 7.5 s: ρ 0.71). Switches of 12 s
+    # would cost (12 − 8) + 2 % of T0 = 5.2 s: 0.5 % of 10 steps of 60 s is 3 s (no probe), of 28
+    # steps 8.4 s (probe once at step 8). The probe measures 5 + 3 s: no win, no more lends
+    ctx = replace(CTX, samples_to_start=samples_left)
+    policy = build_policy("predictive")
+
+    answers, _ = drive(policy, [60.0] * 12, hybrids=2, wait=8.0, ctx=ctx, switch={2: (5.0, 3.0)})
+
+    assert answers == expected

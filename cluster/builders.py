@@ -107,13 +107,14 @@ class VLLMOptions:
     tp: int = 1
     gpu_memory_utilization: float | None = None
     sleep_level: int = 2
+    start_asleep: bool = False
 
 
 def vllm_options(cfg: TidalConfig, *, hybrid: bool) -> VLLMOptions:
     r = cfg.actor_rollout_ref.rollout
     return VLLMOptions(cfg.gpus_per_replica,
                        r.gpu_memory_utilization if hybrid else r.standalone_gpu_memory_utilization,
-                       r.hybrid_sleep_level if hybrid else 2)
+                       r.hybrid_sleep_level if hybrid else 2, start_asleep=hybrid)
 
 
 def _vllm_engine(model_cfg: TinyLMConfig, max_batch: int, threads: int, eos: int, seed: int,
@@ -126,7 +127,7 @@ def _vllm_engine(model_cfg: TinyLMConfig, max_batch: int, threads: int, eos: int
 
     return VLLMEngine(model_cfg, max_batch=max_batch, eos_id=eos, seed=seed, threads=threads,
                       tensor_parallel_size=options.tp, gpu_memory_utilization=options.gpu_memory_utilization,
-                      sleep_level=options.sleep_level, **rank_workers)
+                      sleep_level=options.sleep_level, start_asleep=options.start_asleep, **rank_workers)
 
 
 def _vllm_hf_engine(spec: HFModelSpec, max_batch: int, threads: int, seed: int, max_model_len: int,
@@ -138,7 +139,7 @@ def _vllm_hf_engine(spec: HFModelSpec, max_batch: int, threads: int, seed: int, 
                       max_model_len=max_model_len, custom_chat_template=spec.custom_chat_template)
     return VLLMEngine(served, max_batch=max_batch, seed=seed, threads=threads, dtype=spec.dtype,
                       tensor_parallel_size=options.tp, gpu_memory_utilization=options.gpu_memory_utilization,
-                      sleep_level=options.sleep_level, **rank_workers)
+                      sleep_level=options.sleep_level, start_asleep=options.start_asleep, **rank_workers)
 
 
 def _simulated_engine(base_s: float, per_seq_s: float, prefill_s_per_token: float, max_batch: int,

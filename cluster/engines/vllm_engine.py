@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import itertools
 import logging
 import math
@@ -32,6 +31,8 @@ from typing import Any, TypeVar
 from cluster import weight_sync as ws
 from cluster.model import TinyLMConfig
 from cluster.engines.base import EngineState, build_result, check_request, check_state_dict
+from cluster.engines.vllm_ranks import (EXECUTOR, IDENT_KEY, WORKERS_KEY, no_mtp_completeness_check,
+                                        quiet_expected_reload_warnings, where)
 from cluster.types import FinishReason, GenerationRequest, GenerationResult
 
 log = logging.getLogger(__name__)
@@ -84,8 +85,6 @@ class TidalWorkerExtension:
 
     def tidal_where(self) -> dict[str, Any]:
         """Where this worker runs: its process id, device, TP rank and size, and world rank."""
-        from cluster.engines.vllm_ranks import where
-
         return where(self)
 
     def tidal_load_safetensors(self, path: str) -> float:
@@ -93,7 +92,7 @@ class TidalWorkerExtension:
         folder's own for an HF model); returns seconds spent."""
         from safetensors.torch import load_file
 
-        _quiet_expected_reload_warnings()
+        quiet_expected_reload_warnings()
         t0 = time.perf_counter()
         weights = load_file(path)  # CPU tensors; reload_weights copies them onto the model's device
         self.model_runner.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
@@ -118,7 +117,7 @@ class TidalWorkerExtension:
         from vllm.model_executor.model_loader.reload import (finalize_layerwise_reload,
                                                              initialize_layerwise_reload)
 
-        _quiet_expected_reload_warnings()
+        quiet_expected_reload_warnings()
         t0 = time.perf_counter()
         group_spec = ws.GroupSpec(**spec)
         manifest = ws.Manifest(tuple(tuple(ws.Entry(str(name), tuple(shape)) for name, shape in bucket)
@@ -133,7 +132,7 @@ class TidalWorkerExtension:
         group = receiver.join(group_spec, rank + self.rank)
         model = self.model_runner.get_model()
         dropped = frozenset(drop)
-        with set_current_vllm_config(self.vllm_config), _no_mtp_completeness_check():
+        with set_current_vllm_config(self.vllm_config), no_mtp_completeness_check():
             initialize_layerwise_reload(model)
             try:
                 # A layer split across two buckets keeps the first one's views until its last
@@ -168,15 +167,6 @@ class TidalWorkerExtension:
                     method.process_weights_after_loading(head)
 
 
-def _no_mtp_completeness_check() -> Any:
-    """vLLM's guard for partial loads of a model with MTP layers (its NCCL engine uses it too)."""
-    import contextlib
-
-    try:
-        from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
-    except ImportError:
-        return contextlib.nullcontext()
-    return disable_mtp_completeness_check()
 
 
 def checkpoint_named(named: Iterable[tuple[str, Any]], *, gpt2_names: bool,
@@ -192,18 +182,6 @@ def checkpoint_named(named: Iterable[tuple[str, Any]], *, gpt2_names: bool,
     return ((name, tensor) for name, tensor in named if name not in drop)
 
 
-@functools.cache
-def _quiet_expected_reload_warnings() -> None:
-    """vLLM's layerwise reload warns, at every sync, about the layers a checkpoint never has
-    weights for: a tied LM head (``_reprocess_tied_heads`` handles it) and the rotary tables
-    (computed, not loaded). Drop those two warnings in the worker; keep every other."""
-    import logging
-
-    def keep(record: logging.LogRecord) -> bool:
-        return not (record.msg == "%s: Failed to load weights"
-                    and record.args and record.args[0] in ("ParallelLMHead", "RotaryEmbedding"))
-
-    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(keep)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -410,8 +388,6 @@ class VLLMHost:
                 args["gpu_memory_utilization"] = gpu_memory_utilization
                 args.pop("kv_cache_memory_bytes")  # the share decides the KV cache on a GPU
         if rank_workers:
-            from cluster.engines.vllm_ranks import EXECUTOR, IDENT_KEY, WORKERS_KEY
-
             args["distributed_executor_backend"] = EXECUTOR
             args["additional_config"] = {WORKERS_KEY: list(rank_workers), IDENT_KEY: rank_ident or self._uid}
             args["async_scheduling"] = False  # one batch at a time: every call reaches every worker in order
@@ -574,7 +550,8 @@ class VLLMEngine(EngineState):
     """
 
     def __init__(self, model: TinyLMConfig | ServedModel, *, max_batch: int, eos_id: int | None = None,
-                 seed: int = 0, host: VLLMHost | None = None, sleep_level: int = 2, **host_kwargs: Any):
+                 seed: int = 0, host: VLLMHost | None = None, sleep_level: int = 2, start_asleep: bool = False,
+                 **host_kwargs: Any):
         if sleep_level not in (1, 2):
             raise ValueError(f"sleep_level must be 1 (weights kept in host memory) or 2 (dropped), got {sleep_level}")
         self.sleep_level = sleep_level
@@ -617,6 +594,8 @@ class VLLMEngine(EngineState):
             "last_worker_reload_s": 0.0,
             "start_s": host.start_s,
         }
+        if start_asleep:  # a hybrid replica: on a GPU no memory is held until it is lent (wake_up, load)
+            self.host.run(self.sleep())
 
     # ---------------------------------------------------------------- state
 

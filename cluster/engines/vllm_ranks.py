@@ -29,6 +29,7 @@ Never imports vLLM or ZMQ at module import (they live in the vLLM venv).
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import threading
@@ -180,13 +181,11 @@ def load_named(worker: Any, named: Iterable[tuple[str, Any]]) -> float:
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
-    from cluster.engines.vllm_engine import _no_mtp_completeness_check, _quiet_expected_reload_warnings
-
-    _quiet_expected_reload_warnings()
+    quiet_expected_reload_warnings()
     t0 = time.perf_counter()
     runner = worker.model_runner
     model = runner.get_model()
-    with set_current_vllm_config(worker.vllm_config), _no_mtp_completeness_check():
+    with set_current_vllm_config(worker.vllm_config), no_mtp_completeness_check():
         initialize_layerwise_reload(model)
         try:
             model.load_weights(iter(named))
@@ -196,6 +195,31 @@ def load_named(worker: Any, named: Iterable[tuple[str, Any]]) -> float:
     for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
         getattr(runner, reset, lambda: None)()
     return time.perf_counter() - t0
+
+
+def no_mtp_completeness_check() -> Any:
+    """vLLM's guard for partial loads of a model with MTP layers (its NCCL engine uses it too)."""
+    import contextlib
+
+    try:
+        from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
+    except ImportError:
+        return contextlib.nullcontext()
+    return disable_mtp_completeness_check()
+
+
+@functools.cache
+def quiet_expected_reload_warnings() -> None:
+    """vLLM's layerwise reload warns, at every sync, about the layers a checkpoint never has
+    weights for: a tied LM head (``_reprocess_tied_heads`` handles it) and the rotary tables
+    (computed, not loaded). Drop those two warnings in the worker; keep every other."""
+    import logging
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights"
+                    and record.args and record.args[0] in ("ParallelLMHead", "RotaryEmbedding"))
+
+    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(keep)
 
 
 # ------------------------------------------------------------------------------------------------

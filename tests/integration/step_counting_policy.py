@@ -28,3 +28,10 @@ class StepCountingPolicy(DynamicSchedulePolicyBase):
     def update_after_step(self, global_steps, ctx) -> None:
         self.steps_seen.append(global_steps)
         self.expected_seen.append(ctx.expected_samples)
+
+
+class LendingStepCountingPolicy(StepCountingPolicy):
+    """The same state, but it lends after every step: a short run still lends and takes back often."""
+
+    def should_activate_after_step(self, global_steps, is_hybrid_active, ctx) -> bool:
+        return True

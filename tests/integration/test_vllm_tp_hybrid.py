@@ -59,18 +59,12 @@ def _samples(requests, results) -> list:
     return samples
 
 
-def _tp1_tokens(cfg, tokenizer, state, version, requests) -> list[list[int]]:
-    """What one TP-1 engine (vLLM's own executor, in this process) generates from ``state``."""
-    from cluster.builders import model_config
-    from cluster.engines.vllm_engine import VLLMEngine
+def _tp1_tokens(engine, state, version, requests) -> list[list[int]]:
+    """What a TP-1 engine (vLLM's own executor, in this process) generates from ``state``."""
 
     async def run() -> list[list[int]]:
-        engine = VLLMEngine(model_config(cfg, tokenizer), max_batch=8, eos_id=tokenizer.eos_id, seed=0, threads=1)
-        try:
-            await engine.load_weights(state, version)
-            return [r.tokens for r in await asyncio.gather(*(engine.generate(q) for q in requests))]
-        finally:
-            await engine.shutdown()
+        await engine.load_weights(state, version)
+        return [r.tokens for r in await asyncio.gather(*(engine.generate(q) for q in requests))]
 
     return asyncio.run(run())
 
@@ -99,6 +93,10 @@ def test_a_tp2_hybrid_lives_in_its_two_ranks_and_generates_what_tp1_does_before_
     ranks = start_ranks(cfg, f"tp-{uuid.uuid4().hex[:8]}", [{}, {}],
                         {HYBRID: engine_factory(cfg, tokenizer, hybrid=True, seed=500)})
     group = RankGroup(ranks, setup_timeout_s=300)
+    from cluster.builders import model_config
+    from cluster.engines.vllm_engine import VLLMEngine
+
+    tp1 = VLLMEngine(model_config(cfg, tokenizer), max_batch=8, eos_id=tokenizer.eos_id, seed=0, threads=1)
     try:
         # worker r in rank r's own process, on its device, TP rank r of 2; the engine on rank 0
         where = [ray.get(rank.worker_where.remote()) for rank in ranks]
@@ -122,12 +120,13 @@ def test_a_tp2_hybrid_lives_in_its_two_ranks_and_generates_what_tp1_does_before_
             results = ray.get(ranks[0].hybrid_generate_batch.remote(HYBRID, requests))
             assert all(r.param_version == version for r in results)
             got = [r.tokens for r in results]
-            want = _tp1_tokens(cfg, tokenizer, group.state_dict_for_rollout(), version, requests)
+            want = _tp1_tokens(tp1, group.state_dict_for_rollout(), version, requests)
             assert got == want, f"version {version}: TP 2 {got} != TP 1 {want}"
             assert all(len(tokens) == 8 for tokens in got)
         stats = ray.get(ranks[0].hybrid_stats.remote())[HYBRID]
         assert stats["weight_syncs"] == 2 and stats["weight_bytes"] > 0
     finally:
+        asyncio.run(tp1.shutdown())
         group.close()
         for rank in ranks:
             ray.kill(rank, no_restart=True)

@@ -174,9 +174,11 @@ def rank_main(rank: int, world: int, port: int, spec: dict[str, Any]) -> None:
 
         phase("load", load, everyone=True)
 
+        async def batch() -> list[Any]:
+            return await asyncio.gather(*(engine.generate(q) for q in requests))
+
         def generate() -> None:
-            results = loop.run_until_complete(asyncio.gather(*(engine.generate(q) for q in requests)))
-            tokens[:] = [res.tokens for res in results]
+            tokens[:] = [res.tokens for res in loop.run_until_complete(batch())]
 
         phase("generate", generate)
         phase("sleep", lambda: loop.run_until_complete(engine.sleep()))

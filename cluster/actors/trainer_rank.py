@@ -414,7 +414,8 @@ class RankGroup:
         ``replica_ids``, each with those replicas."""
         wanted, out = set(replica_ids), []
         for rank, info in zip(self.ranks, self.info, strict=True):
-            mine = info.get("hybrids", ()) if key == "hybrids" else [info["worker"]["replica"]] * bool(info.get("worker"))
+            worker = info.get("worker")
+            mine = info.get("hybrids", ()) if key == "hybrids" else [worker["replica"]] if worker else []
             if wanted & set(mine):
                 out.append((rank, sorted(wanted & set(mine))))
         return out

@@ -307,7 +307,7 @@ def test_an_unknown_section_is_refused_with_one_line_and_exit_2(capsys):
         gpu_check.main(["--dry-run", "--sections", "fsdp2,fsdp3"])
     assert (stop.value.code, capsys.readouterr().err) == \
         (2, "gpu_check: --sections: unknown ['fsdp3']; known: shapes, fsdp2, offload, checkpoint, weight_sync, vllm, "
-            "deepspeed\n")
+            "vllm_tp, deepspeed\n")
 
 
 def run_in_process(tmp_path, *sections: str) -> tuple[int, dict]:
@@ -481,7 +481,7 @@ def test_without_a_collective_the_gpu_entry_is_the_bucketed_copy_at_the_twins_bu
 def test_a_weight_sync_section_that_did_not_complete_gives_no_entries():
     data = gpu_weight_sync_json()
     data["weight_sync"]["status"] = "error"
-    with pytest.raises(ValueError, match="no shape that completed and no weight_sync section"):
+    with pytest.raises(ValueError, match="no shape that completed and no weight_sync or vllm_tp section"):
         gpu_check.calibration_from_check(data, name="x")
 
 
@@ -508,3 +508,19 @@ def test_a_weight_sync_size_out_of_range_is_refused_with_one_line_and_exit_2(cap
     with pytest.raises(SystemExit) as stop:
         gpu_check.main(["--dry-run", "--weight-sync-gb", "0"])
     assert (stop.value.code, capsys.readouterr().err) == (2, "gpu_check: --weight-sync-gb must be in (0, 64], got 0.0\n")
+
+
+def test_a_tp2_vllm_hybrid_section_sets_the_hybrid_switch_costs_per_gb_of_weights_one_gpu_holds():
+    data = gpu_weight_sync_json()
+    data["weight_sync"]["status"] = "error"
+    data["vllm_tp"] = {"status": "ok", "shape": "qwen2.5-0.5b", "dtype": "bfloat16", "gpu_memory_utilization": 0.45,
+                       "tp2": {"weight_bytes_per_rank": 0.5e9,
+                               "median_s": {"train": 1.0, "sleep": 0.2, "wake": 0.1, "load": 0.4, "generate": 2.0}}}
+    doc = gpu_check.calibration_from_check(data, name="h100-vllm-tp2")
+    assert doc["weight_gb"] == 0.5
+    assert (doc["costs"]["deactivate_s"]["fixed_s"], doc["costs"]["deactivate_s"]["per_gb_s"]) == (0.0, 0.4)
+    assert doc["costs"]["hybrid_sync_s"]["per_gb_s"] == pytest.approx(1.0)
+    assert "TP-2 vLLM hybrid" in doc["costs"]["hybrid_sync_s"]["source"]
+    data["vllm_tp"]["status"] = "skipped"
+    with pytest.raises(ValueError, match="no weight_sync or vllm_tp section"):
+        gpu_check.calibration_from_check(data, name="none")

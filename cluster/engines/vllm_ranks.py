@@ -264,6 +264,7 @@ def _make_executor() -> type:
                 sock.connect(address)
                 self._sockets.append(sock)
             self._addresses = addresses
+            self._parent = os.getppid()  # the engine's client: the process whose rank hosts the engine
             self._rpc_lock = threading.Lock()
             ident = str(extra.get(IDENT_KEY) or os.getpid())
             init_method = f"tcp://127.0.0.1:{ident}"  # vLLM names the CPU shared-memory groups after its tail
@@ -292,7 +293,9 @@ def _make_executor() -> type:
                     if left_ms <= 0:
                         raise TimeoutError(f"vLLM rank workers {sorted(pending.values())} did not answer "
                                            f"{method if isinstance(method, str) else 'a call'} in time")
-                    for sock, _ in poller.poll(timeout=left_ms):
+                    if os.getppid() != self._parent:  # the rank hosting the engine died: so does this process
+                        raise RuntimeError("the process that started this engine core is gone")
+                    for sock, _ in poller.poll(timeout=min(left_ms, 1000)):
                         i = pending.pop(sock)
                         poller.unregister(sock)
                         replies[i] = pickle.loads(sock.recv())

@@ -6,8 +6,10 @@
     python benchmarks/bench_sim.py sensitivity  # the dynamic prediction under other cost-model shapes
     python benchmarks/bench_sim.py grid         # every policy vs never lending over 36 scenarios × 3 seeds
     python benchmarks/bench_sim.py ceiling      # how far lending can take the seed preset (free switches)
-    python benchmarks/bench_sim.py random [--n 200] [--seed 0]  # default, predictive vs never lending on
-                                                # scenarios drawn from sim/random_scenarios.py
+    python benchmarks/bench_sim.py random [--n 200] [--seed 0] [--steps 16]  # default, predictive vs never
+                                                # lending on scenarios drawn from sim/random_scenarios.py
+    python benchmarks/bench_sim.py oracle [--sample 50] [--seed 0]  # the best lend schedule in hindsight
+                                                # (benchmarks/sim_oracle.py): seed preset and a drawn sample
 
 ``--write benchmarks/RESULTS.md`` replaces that section of the file (between its
 ``<!-- bench_sim:NAME -->`` markers) and leaves the other sections alone, and saves the section's
@@ -33,7 +35,7 @@ from pathlib import Path
 
 from config import TidalConfig, load_config
 from flows.simulate import Setup, write_plots
-from policies import build_policy, registered_policies
+from policies import build_policy, policy_from_config, registered_policies
 from sim import SimResult, simulate, simulate_spec, spec_from_config, with_policy
 from sim.bound import lower_bound
 from sim.calibrate import fit_speeds
@@ -499,6 +501,7 @@ def _random_job(sc) -> dict:
         "never_wait_s": statistics.fmean(sum(s.micro_wait_s) for s in never.steps),
         "switch_s": sum(getattr(spec, k) for k in ("hybrid_sync_s", "activate_s", "rebalance_s", "deactivate_s")),
         "predictive_lends": sum(s.activated for s in pred.steps),
+        "default_lends": sum(s.activated for s in runs["default"].steps),
         "standalone_replicas": spec.standalone_replicas, "hybrid_replicas": spec.hybrid_replicas,
         "cap": spec.max_required_samples, "step_samples": spec.step_required_samples,
     }
@@ -511,15 +514,22 @@ def _why(sc, f: dict) -> str:
     return (f"never lending waits {w:.1f} s of a {t:.1f} s cycle; a lend cycle's switches cost {c:.1f} s "
             f"(×{sc.switch_factor:.2f}); {f['hybrid_replicas']} hybrids vs {f['standalone_replicas']} standalones, "
             f"cap {f['cap']} for {f['step_samples']} samples a step; predictive lent after {lends} of "
-            f"{sc.steps} steps" + (" (it never lent: it stayed within noise of never lending)" if not lends else ""))
+            f"{sc.steps} steps" + (" (it never lent: it stayed within noise of never lending)" if not lends else "")
+            + f", default after {f['default_lends']}")
 
 
-def bench_random(n: int = 200, seed: int = 0, workers: int = 2) -> str:
+REGRET_OVER = 0.03
+"""A scenario's regret counts as large above this (issue 45's table)."""
+
+
+def bench_random(n: int = 200, seed: int = 0, workers: int = 2, steps: int | None = None) -> str:
     """``default`` and ``predictive`` against never lending on ``n`` scenarios drawn from
-    ``sim.random_scenarios``' distribution (its docstring states it)."""
+    ``sim.random_scenarios``' distribution (its docstring states it), ``steps`` steps each; and
+    each policy's regret: its wall clock against the better of never lending and ``default``."""
     from sim import random_scenarios
 
-    scenarios = random_scenarios.draw(n, seed)
+    steps = random_scenarios.STEPS if steps is None else steps
+    scenarios = random_scenarios.draw(n, seed, steps)
     t0 = time.perf_counter()
     if workers <= 1:
         found = [_random_job(sc) for sc in scenarios]
@@ -528,35 +538,48 @@ def bench_random(n: int = 200, seed: int = 0, workers: int = 2) -> str:
             found = pool.map(_random_job, scenarios, chunksize=4)
     took = time.perf_counter() - t0
     ratios = {p: [f["walls"][p] / f["walls"][NEVER_LEND] - 1 for f in found] for p in ("default", "predictive")}
+    regrets = {p: [f["walls"][p] / min(f["walls"][NEVER_LEND], f["walls"]["default"]) - 1 for f in found]
+               for p in ("default", "predictive")}
     order = sorted(range(n), key=lambda i: ratios["predictive"][i], reverse=True)
     closest = [{"label": scenarios[i].label, "predictive_vs_never_lend": ratios["predictive"][i],
                 "default_vs_never_lend": ratios["default"][i], "params": scenarios[i].params(),
                 "why": _why(scenarios[i], found[i])} for i in order[:5]]
-    figures = FIGURES["random"] = {
+    by_regret = sorted(range(n), key=lambda i: regrets["predictive"][i], reverse=True)
+    largest = [{"label": scenarios[i].label, "regret": regrets["predictive"][i],
+                "predictive_vs_never_lend": ratios["predictive"][i], "default_vs_never_lend": ratios["default"][i],
+                "params": scenarios[i].params(), "why": _why(scenarios[i], found[i])} for i in by_regret[:5]]
+    key = "random" if steps == random_scenarios.STEPS else f"random_{steps}"
+    FIGURES[key] = {
         "distribution": "sim/random_scenarios.py (module docstring): TP 4/8; GPU total 8-128 log-uniform; "
                         "trainer GPUs uniform over the multiples of TP leaving one replica each side; staleness "
                         "0 w.p. 1/4 else U[0,1]; trigger 1-4; response-length mean 750-12000 log-uniform with a "
                         "drift x1/3-x3; switch costs x0.25-x4 log-uniform; simulation seed 0-4; "
-                        f"{random_scenarios.STEPS} steps",
-        "draw_seed": seed, "scenarios": n, "steps": random_scenarios.STEPS, "never_lend": NEVER_LEND,
+                        f"{steps} steps",
+        "draw_seed": seed, "scenarios": n, "steps": steps, "never_lend": NEVER_LEND,
         "wall_s": took,
         **{f"{p}_{stat}_vs_never_lend": fn(ratios[p]) for p in ("predictive", "default")
-           for stat, fn in (("worst", max), ("median", statistics.median))},
+           for stat, fn in (("worst", max), ("median", statistics.median), ("mean", statistics.fmean))},
         **{f"{p}_best_vs_never_lend": min(ratios[p]) for p in ("predictive", "default")},
         **{f"{p}_over_1pct": sum(r > 0.01 for r in ratios[p]) for p in ("predictive", "default")},
-        "closest": closest,
+        **{f"{p}_mean_regret": statistics.fmean(regrets[p]) for p in ("predictive", "default")},
+        **{f"{p}_regret_over_3pct": sum(r > REGRET_OVER for r in regrets[p]) for p in ("predictive", "default")},
+        "closest": closest, "largest_regrets": largest,
     }
-    summary = [f"| {p} | {_pct(1 + statistics.median(r))} | {_pct(1 + max(r))} | {_pct(1 + min(r))} | "
-               f"{sum(x > 0.01 for x in r)} |" for p, r in ratios.items()]
+    summary = [f"| {p} | {_pct(1 + statistics.fmean(r))} | {_pct(1 + statistics.median(r))} | {_pct(1 + max(r))} | "
+               f"{_pct(1 + min(r))} | {sum(x > 0.01 for x in r)} | {_pct(1 + statistics.fmean(regrets[p]))} | "
+               f"{sum(x > REGRET_OVER for x in regrets[p])} | {_pct(1 + max(regrets[p]))} |" for p, r in ratios.items()]
     rows = [f"| {c['label']} | {_pct(1 + c['predictive_vs_never_lend'])} | {_pct(1 + c['default_vs_never_lend'])} | "
             f"{c['why']} |" for c in closest]
+    regret_rows = [f"| {c['label']} | {_pct(1 + c['regret'])} | {_pct(1 + c['predictive_vs_never_lend'])} | "
+                   f"{_pct(1 + c['default_vs_never_lend'])} | {c['why']} |" for c in largest]
     return "\n".join([
-        f"{n} scenarios drawn by `sim.random_scenarios.draw({n}, {seed})` (the distribution: that module's "
-        f"docstring), {random_scenarios.STEPS} steps each, each at its drawn simulation seed; `{NEVER_LEND}` on "
-        f"the same GPUs is never lending. {took:.0f} s on {workers} worker processes, {_machine()}.",
+        f"{n} scenarios drawn by `sim.random_scenarios.draw({n}, {seed}, {steps})` (the distribution: that module's "
+        f"docstring), {steps} steps each, each at its drawn simulation seed; `{NEVER_LEND}` on "
+        f"the same GPUs is never lending. Regret: the wall clock against the better of never lending and "
+        f"`default` in the same scenario. {took:.0f} s on {workers} worker processes, {_machine()}.",
         "",
-        "| policy | median | worst | best | scenarios > +1 % |",
-        "|---|---:|---:|---:|---:|",
+        "| policy | mean vs never | median | worst | best | scenarios > +1 % | mean regret | regret > 3 % | largest regret |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         *summary,
         "",
         "The five closest for `predictive` (largest wall clock against never lending):",
@@ -564,6 +587,179 @@ def bench_random(n: int = 200, seed: int = 0, workers: int = 2) -> str:
         "| scenario | predictive | default | why |",
         "|---|---:|---:|---|",
         *rows,
+        "",
+        "The five largest regrets of `predictive`:",
+        "",
+        "| scenario | regret | predictive | default | why |",
+        "|---|---:|---:|---:|---|",
+        *regret_rows,
+    ])
+
+
+ORACLE_SAMPLE_STEPS = 16
+ORACLE_SAMPLE_MOVES = (4, 1)
+"""The sample's search moves: blocks of 4 steps, then single steps, over lend steps 0-15."""
+ORACLE_SAMPLE_BUDGET = 250
+"""Runs a sample scenario's search may spend (all starts together)."""
+ORACLE_PRESET_BUDGET = 70
+"""Runs a seed-preset search may spend (468-step runs: ~3.5 s of CPU each)."""
+
+
+def _oracle_starts(steps: int, lends: dict[str, frozenset[int]], froms: tuple[int, ...]) -> dict[str, frozenset[int]]:
+    """The search's starting schedules: the policies' own lends, and "lend from step k"."""
+    return {**{f"{p}'s": s for p, s in lends.items()}, **{f"from step {k}": frozenset(range(k, steps)) for k in froms}}
+
+
+def _oracle_sample_job(sc) -> dict:
+    """Worker: one drawn scenario's never-lending, `default` and `predictive` runs, the search, and
+    the best schedule run again at the next simulation seed."""
+    from sim_oracle import blocks, lent_steps, policy_kwargs, scheduled_run, search
+
+    runs = {p: simulate_spec(sc.spec(p), sc.policy(p), seed=sc.seed, policy_name=p) for p in RANDOM_POLICIES}
+    spec, kwargs = sc.spec("predictive"), policy_kwargs(sc.policy("predictive"))
+    starts = _oracle_starts(sc.steps, {p: lent_steps(runs[p]) for p in ("predictive", "default")}, (0, 1, 3, 5))
+    found = search(scheduled_run(spec, kwargs, sc.seed), starts, blocks(sc.steps, ORACLE_SAMPLE_MOVES),
+                   ORACLE_SAMPLE_BUDGET)
+    other = (sc.seed + 1) % 5
+    never_other = simulate_spec(sc.spec(NEVER_LEND), sc.policy(NEVER_LEND), seed=other).wall_clock_s
+    return {"walls": {p: r.wall_clock_s for p, r in runs.items()}, "oracle_s": found.wall_s,
+            "schedule": sorted(found.best), "start": found.start, "evaluations": found.evaluations,
+            "other_seed": other, "oracle_other_s": scheduled_run(spec, kwargs, other)(found.best),
+            "never_other_s": never_other}
+
+
+def _oracle_preset_job(job: tuple[str, tuple[str, ...]]) -> dict:
+    """Worker: the search on the dynamic seed preset (seed 0) with ``overrides``."""
+    from sim_oracle import lent_steps, policy_kwargs, scheduled_run, search
+
+    label, overrides = job
+    cfg = _load("dynamic", *overrides)
+    spec = spec_from_config(cfg)
+    pred_cfg = with_policy(cfg, "predictive")
+    kwargs = policy_kwargs(policy_from_config(pred_cfg))
+    lends = {p: lent_steps(simulate(with_policy(cfg, p), seed=0)) for p in ("predictive", "default")}
+    steps = spec.steps
+    starts = _oracle_starts(steps, lends, (1, 5))
+    # coarse blocks over the whole run, then single steps over the first 12 (where lending starts)
+    moves = [*(range(i, min(i + 117, steps)) for i in range(0, steps, 117)),
+             *(range(i, min(i + 39, steps)) for i in range(0, steps, 39)),
+             *(range(i, i + 1) for i in range(12))]
+    found = search(scheduled_run(spec, kwargs, 0), starts, moves, ORACLE_PRESET_BUDGET)
+    return {"label": label, "overrides": overrides, "schedule": sorted(found.best), "start": found.start,
+            "seed0_s": found.wall_s, "starts": found.starts, "evaluations": found.evaluations, "steps": steps}
+
+
+def _oracle_seed_job(job: tuple) -> float:
+    """Worker: one seed-preset run: ("policy", overrides, name, seed) or ("schedule", overrides, schedule, seed)."""
+    from sim_oracle import ScheduledLend, policy_kwargs
+
+    kind, overrides, what, seed = job
+    if kind == "static":
+        return simulate(_load(what), seed=seed).wall_clock_s
+    cfg = _load("dynamic", *overrides)
+    if kind == "policy":
+        return simulate(with_policy(cfg, what), seed=seed).wall_clock_s
+    kwargs = policy_kwargs(policy_from_config(with_policy(cfg, "predictive")))
+    return simulate_spec(spec_from_config(cfg), ScheduledLend(what, **kwargs), seed=seed).wall_clock_s
+
+
+def bench_oracle(args: argparse.Namespace) -> str:
+    """The best lend schedule in hindsight (``benchmarks/sim_oracle.py``): on the dynamic seed
+    preset with and without the overlapped hybrid sync (searched at seed 0, then run at every
+    seed), and on a sample of drawn 16-step scenarios."""
+    from sim import random_scenarios
+    from sim_oracle import schedule_text
+
+    t0 = time.perf_counter()
+    seeds = range(args.preset_seeds)
+    variants = [("without overlap", ()), ("with overlap", (OVERLAP_KEY,))]
+    with multiprocessing.get_context("fork").Pool(args.workers) as pool:
+        found = pool.map(_oracle_preset_job, variants, chunksize=1)
+        jobs = [("static", (), name, s) for name in ("static-8-24", "static-16-16") for s in seeds]
+        for (_, overrides), f in zip(variants, found):
+            jobs += [("policy", overrides, p, s) for p in ("predictive", "default", NEVER_LEND) for s in seeds]
+            jobs += [("schedule", overrides, f["schedule"], s) for s in seeds]
+            jobs += [("schedule", overrides, list(range(5, f["steps"])), s) for s in seeds]
+        walls = iter(pool.map(_oracle_seed_job, jobs, chunksize=1))
+        mean = lambda: statistics.fmean(next(walls) for _ in seeds)  # noqa: E731
+        statics = {name: mean() for name in ("static 8+24", "static 16+16")}
+        best_static = min(statics.values())
+        preset_rows, figures = [], {"seeds": len(seeds), "best_static_h": best_static / 3600}
+        for (label, _), f in zip(variants, found):
+            got = {"predictive": mean(), "default": mean(), "never lend": mean(), "oracle": mean(),
+                   "lend from step 5, no pauses": mean()}
+            key = "overlap" if "with" in label else "no_overlap"
+            figures[key] = {**{f"{k.replace(' ', '_').replace(',', '')}_h": v / 3600 for k, v in got.items()},
+                            **{f"{k.replace(' ', '_').replace(',', '')}_vs_best_static": v / best_static - 1
+                               for k, v in got.items()},
+                            "oracle_seed0_h": f["seed0_s"] / 3600, "oracle_schedule": schedule_text(frozenset(f["schedule"]), f["steps"]),
+                            "oracle_lends": len(f["schedule"]), "oracle_start": f["start"], "evaluations": f["evaluations"]}
+            for name, v in got.items():
+                preset_rows.append(f"| {label} | {name} | {_h(v)} | {_pct(v / best_static)} | {_pct(v / got['never lend'])} |")
+            preset_rows.append(f"| {label} | oracle at seed 0 (searched there) | {_h(f['seed0_s'])} | "
+                               f"{_pct(f['seed0_s'] / best_static)} | — |")
+        scenarios = random_scenarios.draw(args.sample, args.seed, ORACLE_SAMPLE_STEPS)
+        sample = pool.map(_oracle_sample_job, scenarios, chunksize=1)
+    took = time.perf_counter() - t0
+    gains = {p: [f["walls"][p] / f["walls"][NEVER_LEND] - 1 for f in sample] for p in ("predictive", "default")}
+    gains["oracle"] = [f["oracle_s"] / f["walls"][NEVER_LEND] - 1 for f in sample]
+    other = [f["oracle_other_s"] / f["never_other_s"] - 1 for f in sample]
+    oracle_mean = statistics.fmean(gains["oracle"])
+    share = statistics.fmean(gains["predictive"]) / oracle_mean if oracle_mean < 0 else float("nan")
+    figures["sample"] = {
+        "scenarios": len(sample), "draw": f"sim.random_scenarios.draw({args.sample}, {args.seed}, {ORACLE_SAMPLE_STEPS})",
+        **{f"{p}_mean_vs_never_lend": statistics.fmean(g) for p, g in gains.items()},
+        **{f"{p}_median_vs_never_lend": statistics.median(g) for p, g in gains.items()},
+        "oracle_at_other_seed_mean_vs_never_lend": statistics.fmean(other),
+        "predictive_share_of_oracle_gain": share,
+        "evaluations_mean": statistics.fmean(f["evaluations"] for f in sample),
+        "starts_that_won": {s: sum(f["start"] == s for f in sample) for s in sorted({f["start"] for f in sample})},
+    }
+    figures["wall_s"] = took
+    FIGURES["oracle"] = figures
+    worst = sorted(range(len(sample)), key=lambda i: gains["predictive"][i] - gains["oracle"][i], reverse=True)[:5]
+    gap_rows = [f"| {scenarios[i].label} | {_pct(1 + gains['oracle'][i])} ({schedule_text(frozenset(sample[i]['schedule']), 16)}) | "
+                f"{_pct(1 + gains['predictive'][i])} | {_pct(1 + gains['default'][i])} | {_pct(1 + other[i])} |" for i in worst]
+    sample_rows = [f"| {p} | {_pct(1 + statistics.fmean(g))} | {_pct(1 + statistics.median(g))} | {_pct(1 + max(g))} |"
+                   for p, g in (("oracle", gains["oracle"]), ("predictive", gains["predictive"]), ("default", gains["default"]))]
+    return "\n".join([
+        "The best lend schedule found in hindsight by local search in the twin (`benchmarks/sim_oracle.py`): "
+        "`predictive` with only its lend answer replaced by a schedule (all hybrids or none after each sync; "
+        "step 0 is a warm-up lend), searched from `predictive`'s and `default`'s own lends and from \"lend from "
+        "step k\", moving blocks of steps to lend or not until no move improves. **An estimate from below of "
+        "what a lending policy could get, not a bound**: the search is local, knows the seed, and does not try "
+        f"k-of-m lends. {took:.0f} s on {args.workers} worker processes, {_machine()}.",
+        "",
+        f"**The seed preset** (dynamic 16 + 16, 468 steps): searched at seed 0 (at most {ORACLE_PRESET_BUDGET} runs; "
+        "blocks of 117 and 39 steps, then single steps over the first 12), the best schedule then run at "
+        f"seeds 0–{len(seeds) - 1} like every other row (mean over those seeds; best static = "
+        f"{_h(best_static)} h, static 8+24 {_h(statics['static 8+24'])} h, 16+16 {_h(statics['static 16+16'])} h):",
+        "",
+        "| hybrid sync | schedule | wall clock h | vs best static | vs never lending |",
+        "|---|---|---:|---:|---:|",
+        *preset_rows,
+        "",
+        *(f"- {label}: the best schedule found lends after {len(f['schedule'])} of {f['steps']} steps "
+          f"({schedule_text(frozenset(f['schedule']), f['steps'])}), improved from {f['start']}, {f['evaluations']} runs."
+          for (label, _), f in zip(variants, found)),
+        "",
+        f"**The sample**: `sim.random_scenarios.draw({args.sample}, {args.seed}, {ORACLE_SAMPLE_STEPS})`, each at its "
+        f"drawn seed; at most {ORACLE_SAMPLE_BUDGET} runs a scenario (blocks of 4 steps, then single steps). Against "
+        "never lending (negative = faster):",
+        "",
+        "| schedule | mean | median | worst |",
+        "|---|---:|---:|---:|",
+        *sample_rows,
+        "",
+        f"`predictive` gets {share:.0%} of the oracle's mean gain. The oracle's schedule run at the next "
+        f"simulation seed (against never lending at that seed) keeps {_pct(1 + statistics.fmean(other))} on average "
+        "of its own seed's gain: what hindsight of the seed is worth is the difference.",
+        "",
+        "The five scenarios where `predictive` is furthest from the oracle:",
+        "",
+        "| scenario | oracle (its lends) | predictive | default | oracle's schedule at the next seed |",
+        "|---|---:|---:|---:|---:|",
+        *gap_rows,
     ])
 
 
@@ -576,18 +772,28 @@ SECTIONS: dict[str, tuple[str, Callable[[argparse.Namespace], str]]] = {
     "grid": ("Every policy against never lending, over 36 scenarios", lambda args: bench_grid()),
     "ceiling": ("How far lending can take the seed preset", lambda args: bench_ceiling()),
     "random": ("The lending promise on randomly drawn scenarios",
-               lambda args: bench_random(args.n, args.seed, args.workers)),
+               lambda args: bench_random(args.n, args.seed, args.workers, args.steps)),
+    "oracle": ("The best lend schedule in hindsight", lambda args: bench_oracle(args)),
     "sensitivity": (
         "How much the dynamic prediction depends on the cost model's shape",
         lambda args: bench_sensitivity(),
     ),
 }
-def write_section(path: Path, name: str, body: str, command: str, date: str) -> None:
+def write_section(path: Path, name: str, body: str, command: str, date: str, title: str | None = None) -> None:
     """Replace (or append) the ``name`` section of ``path`` (``results_io``'s markers)."""
     from results_io import write_section as write_block
 
-    title, _ = SECTIONS[name]
+    title = SECTIONS[name][0] if title is None else title
     write_block(f"bench_sim:{name}", f"## {title}\n\nCommand: `{command}` ({date})\n\n{body}", path)
+
+
+def _section_name(args: argparse.Namespace) -> tuple[str, str]:
+    """The section (and figures key) a run writes, and its title: ``random`` at other than the
+    default 16 steps is ``random_STEPS``."""
+    name, title = args.section, SECTIONS[args.section][0]
+    if name == "random" and args.steps not in (None, 16):
+        return f"random_{args.steps}", f"{title}, {args.steps} steps"
+    return name, title
 
 
 def main() -> None:
@@ -597,7 +803,10 @@ def main() -> None:
     parser.add_argument("--plots", default="benchmarks/plots", help="where `seed` writes its PNGs")
     parser.add_argument("--n", type=int, default=200, help="`random`: scenarios to draw")
     parser.add_argument("--seed", type=int, default=0, help="`random`: the draw's seed")
-    parser.add_argument("--workers", type=int, default=2, help="`random`: worker processes")
+    parser.add_argument("--workers", type=int, default=2, help="`random`, `oracle`: worker processes")
+    parser.add_argument("--steps", type=int, default=None, help="`random`: steps per run (default 16)")
+    parser.add_argument("--sample", type=int, default=50, help="`oracle`: drawn scenarios to search")
+    parser.add_argument("--preset-seeds", type=int, default=5, help="`oracle`: seed preset seeds 0..N-1")
     parser.add_argument("--results", default=str(Path(__file__).resolve().parent / "results.json"),
                         help="the merged results file whose sim_SECTION key --write replaces")
     args = parser.parse_args()
@@ -606,16 +815,17 @@ def main() -> None:
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     body = SECTIONS[args.section][1](args)
     print(body)
-    if args.section in FIGURES:
-        FIGURES[args.section].update(command=command, date=date)
+    name, title = _section_name(args)
+    if name in FIGURES:
+        FIGURES[name].update(command=command, date=date)
     if args.section == "random":  # its own file only: results.json and RESULTS.md are merged by hand
         from results_io import write_json
 
-        write_json("sim_random", {**FIGURES["random"], "load_average": os.getloadavg()[0]})
+        write_json(f"sim_{name}", {**FIGURES[name], "load_average": os.getloadavg()[0]})
     if args.write:
-        write_section(Path(args.write), args.section, body, command, date)
-        if args.section in FIGURES:
-            publish(args.section, FIGURES[args.section], Path(args.results))
+        write_section(Path(args.write), name, body, command, date, title)
+        if name in FIGURES:
+            publish(name, FIGURES[name], Path(args.results))
 
 
 def publish(name: str, figures: dict, results_json: Path) -> None:

@@ -11,6 +11,10 @@ started on a lent hybrid finishes only after a sample's latency L (Little's law:
 N), so a lend window D shorter than L delivers only D / L of ρ_k; the run's prompt budget bounds
 what can still start; and what a lending streak measured against the no-lend cycles on both sides
 of it (it pauses after its first streak to measure that) is believed over the model.
+A clear win (the hybrids add at least the standalones' share and even the smallest recent wait
+pays 1.3 × the switches) is lent from the first step, with no measurement first and no pause
+after its first streak; where only the switch-cost prior stands between the model and a lend, one
+probe lend measures the switches if the run is long enough to afford it.
 It lends the k with the largest predicted gain when that gain clears its uncertainty and a margin,
 and re-measures ``T0`` and ``W`` sooner when the win it lends on is marginal. The samples to queue
 before taking the hybrids back start from the same model and adapt to the trainer's waits after
@@ -63,6 +67,30 @@ TREND_BETA = 0.2
 PRIOR_SWITCH_S = 6.0
 """Switch seconds per lend cycle (sync + activate + rebalance + deactivate) before one is measured
 (``prior_switch_s``, config key ``async_training.dynamic_schedule_prior_switch_s``)."""
+CLEAR_GAIN = 1.3
+"""A lend is a clear win, lent without measuring ``T0`` first and without the pause that measures
+its streak, when the fluid gain from the most pessimistic recent wait, ρ_k (W_min − C_k) / (1 + ρ_k),
+is at least this many times the switch seconds C_k…"""
+CLEAR_SHARE = 1.0
+"""…and the k hybrids add at least this share of the standalones' generation (ρ_k ≥ 1: the
+layouts with as many hybrid as standalone GPUs or more, where the standalones alone are slowest)."""
+CLEAR_TRUST = 8
+"""A clear win is re-measured after ``REFRESH_EVERY`` × (its pessimistic gain / its bar) lends, at
+most this many times ``REFRESH_EVERY``: the further the wait is above what the lend needs, the
+longer a drift takes to turn the win into a loss."""
+CLEAR_WINDOW = 3
+"""No-lend waits kept for W_min: the last this many cycles that did not begin with a take-back
+(the start-up's included: a wait that is large from step 1 on is what makes a win clear)."""
+PROBE_GAIN = 0.25
+"""A probe is asked only where free switches would give at least this share of the prior a cycle."""
+PROBE_WORST = 1.0
+"""A probe (one lend to measure the switches when only the prior keeps the model from lending)
+assumes it may cost this many times ``prior_switch_s`` (plus ``MARGIN`` of T0), with none of it
+hidden in the wait: a lend window shorter than a sample's latency hides little (random draw #9 of
+``draw(200, 1)``: switches of 12.3 s under a 14 s wait lengthened the probe's cycle by 7.6 s)…"""
+PROBE_BUDGET = 0.006
+"""…which must be under this share of the run's predicted no-lend wall clock (T0 × its steps):
+the promise is 1 %, and a short run cannot afford a probe at all."""
 RATIO_UP_MIN, RATIO_UP_MAX, RATIO_DOWN = 0.02, 0.1, 0.02
 """Queue-share adaptation after a lend cycle: up by the waited-for share of the cycle (clipped),
 down by a fixed step when the trainer did not wait after the take-back (as `default` adapts)."""
@@ -150,13 +178,20 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     """
 
     def __init__(self, deactivate_ratio: float = 0.0, only_hybrid: bool = False,
-                 prior_switch_s: float = PRIOR_SWITCH_S):
+                 prior_switch_s: float = PRIOR_SWITCH_S, clear_gain: float = CLEAR_GAIN,
+                 probe_budget: float = PROBE_BUDGET):
         self.deactivate_ratio = 1.0 if only_hybrid else check_ratio(deactivate_ratio)
         self.only_hybrid = bool(only_hybrid)
         if not prior_switch_s > 0:
             raise ValueError(f"prior_switch_s: must be > 0 (got {prior_switch_s})")
+        if not clear_gain > 0 or probe_budget < 0:
+            raise ValueError(f"clear_gain must be > 0 and probe_budget >= 0 (got {clear_gain}, {probe_budget})")
         self.prior_switch_s = float(prior_switch_s)
         """Switch seconds of a lend cycle assumed until one is measured (half for each part)."""
+        self.clear_gain = float(clear_gain)
+        """``CLEAR_GAIN`` (``math.inf``: no clear wins, every lend is measured first)."""
+        self.probe_budget = float(probe_budget)
+        """``PROBE_BUDGET`` (0: never probe; the prior alone decides whether a first lend is tried)."""
         self.last_end_at: float | None = None
         """``ctx.now`` at the previous ``update_after_step`` (a cycle runs from one to the next)."""
         self.last_lent = 0
@@ -186,6 +221,13 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         """Seconds the last measured streak's cycles were shorter than the no-lend cycles around
         them, clipped to [−C, W] (``gain``), and the no-lend samples there were then (``base_n``):
         what lending really gave."""
+        self.free_waits: list[float] = []
+        """The trainer's wait in the last ``CLEAR_WINDOW`` cycles that did not begin with a take-back
+        (from step 1 on): W_min of the clear-win test."""
+        self.clear = False
+        """The latest lend was a clear win (no A-B-A pause after its first streak)."""
+        self.clear_margin = 0.0
+        """The latest clear win's pessimistic gain over its bar (``refresh_after``)."""
         self.marginal = False
         """At the latest lend, W was under ``MARGINAL`` × the switch seconds of what it lent, or the
         last streak gave less than them."""
@@ -219,13 +261,14 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         in_flight = self.load["mean"] * max(1, ctx.standalone_replicas)
         return in_flight * self.base["level"] / max(1, ctx.step_required_samples)
 
-    def effective_share(self, k: int, ctx: DynamicScheduleContext) -> float:
+    def effective_share(self, k: int, ctx: DynamicScheduleContext, switch_s: float | None = None) -> float:
         """ρ_k as far as the lend window lets it count: the hybrids generate for D = (W − C_k) /
         (1 + ρ_k) seconds before the take-back, and a sample started there needs L; what is not
-        done by then goes back, part-done, to the standalones (re-prefilled). So ρ_k × min(1, D / L)."""
+        done by then goes back, part-done, to the standalones (re-prefilled). So ρ_k × min(1, D / L)
+        (``switch_s`` for C_k when given)."""
         rho = hybrid_share(k, ctx)
         latency = self.latency_s(ctx)
-        window = (self.wait["mean"] - self.switch_s(k)) / (1.0 + rho)
+        window = (self.wait["mean"] - (self.switch_s(k) if switch_s is None else switch_s)) / (1.0 + rho)
         if rho <= 0 or latency <= 0 or window <= 0:
             return rho  # a lend that cannot pay its switches loses them whatever the hybrids do
         return rho * min(1.0, window / latency)
@@ -269,6 +312,67 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         gain, se = t0 - preds[k][0], preds[k][1]
         return k if gain > Z * se + MARGIN * t0 else 0
 
+    def recent_waits(self, ctx: DynamicScheduleContext) -> list[float]:
+        """The last ``CLEAR_WINDOW`` no-lend waits, this step's among them when it began unlent
+        (asked before ``update_after_step`` books it)."""
+        if self.last_lent:
+            return list(self.free_waits)
+        return (self.free_waits + [float(sum(ctx.step_wait_times))])[-CLEAR_WINDOW:]
+
+    def clear_gain_s(self, k: int, ctx: DynamicScheduleContext, rho: float | None = None,
+                     waits: list[float] | None = None) -> float:
+        """The pessimistic fluid gain of lending k: ρ_k (W_min − C_k) / (1 + ρ_k), with W_min the
+        smallest recent no-lend wait; 0 if ρ_k is under ``CLEAR_SHARE`` or nothing was measured."""
+        rho = hybrid_share(k, ctx) if rho is None else rho
+        waits = self.recent_waits(ctx) if waits is None else waits
+        if not waits or rho < CLEAR_SHARE:
+            return 0.0
+        return rho * (min(waits) - self.switch_s(k)) / (1.0 + rho)
+
+    def clear_lend(self, step: int, ctx: DynamicScheduleContext) -> int:
+        """The k with the largest clear-win gain (ties: the larger k) if it is at least
+        ``CLEAR_GAIN`` × C_k and no measured streak says lending gives less than that; else 0."""
+        realized = self.realized_gain_s(step)
+        best, best_gain = 0, 0.0
+        for k in range(1, max(1, ctx.hybrid_replicas) + 1):
+            c = self.switch_s(k)
+            gain = self.clear_gain_s(k, ctx)
+            if gain >= self.clear_gain * c and (realized is None or realized >= self.clear_gain * c) and gain >= best_gain:
+                best, best_gain = k, gain
+        return best
+
+    def run_steps(self, step: int, ctx: DynamicScheduleContext) -> float:
+        """The run's steps as far as the context tells: ``step`` and what the samples still to
+        start, in flight and queued make; infinite for a run without a prompt budget."""
+        if ctx.samples_to_start is None:
+            return math.inf
+        left = ctx.samples_to_start + ctx.in_flight_samples + ctx.mq_size
+        return step + left / max(1, ctx.step_required_samples)
+
+    def probe_lend(self, step: int, ctx: DynamicScheduleContext) -> int:
+        """All m hybrids once, to measure the switches, when no switch was ever measured, the
+        model is trusted, lending would win if the switches were free (ρ W / (1 + ρ) ≥ ``PROBE_GAIN``
+        × the prior)
+        and the run can afford switches of ``PROBE_WORST`` × the prior (``PROBE_BUDGET``); else 0."""
+        if (self.activate or not self.probe_budget or self.base["n"] < MIN_BASE_CYCLES
+                or self.wait["n"] < MIN_BASE_CYCLES):
+            return 0
+        m = max(1, ctx.hybrid_replicas)
+        rho = self.effective_share(m, ctx, switch_s=0.0)
+        if rho * self.wait["mean"] / (1.0 + rho) < PROBE_GAIN * self.prior_switch_s:
+            return 0
+        t0 = self.base["level"]
+        worst = PROBE_WORST * self.prior_switch_s + MARGIN * t0  # a switch the wait may not hide
+        return m if worst <= self.probe_budget * t0 * self.run_steps(step, ctx) else 0
+
+    def refresh_after(self) -> int:
+        """Lends before the next pause to re-measure: ``REFRESH_MARGINAL`` for a marginal win,
+        ``REFRESH_EVERY`` for a model's win, up to ``CLEAR_TRUST`` times that for a clear one
+        (``clear_margin``: its pessimistic gain over its bar at the latest lend)."""
+        if self.marginal:
+            return REFRESH_MARGINAL
+        return int(REFRESH_EVERY * (min(CLEAR_TRUST, max(1.0, self.clear_margin)) if self.clear else 1.0))
+
     def model_ratio(self, ctx: DynamicScheduleContext) -> float:
         """Share of the cycle to queue so that the trainer no longer waits after the take-back
         (fluid): all of it but what the standalones make while the last micro-step's turn comes,
@@ -285,7 +389,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             return max(1, ctx.hybrid_replicas)
         if self.pause_left > 0:
             return 0
-        return self.best_lend(step + 1, ctx)
+        return self.clear_lend(step, ctx) or self.best_lend(step + 1, ctx) or self.probe_lend(step, ctx)
 
     # ------------------------------------------------------------------ hooks
 
@@ -322,19 +426,26 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         # what is lent now (the lend after this step's sync is done); a context that does not
         # count its hybrids (hybrid_replicas 0) is taken to have done what this policy answered
         lent = ctx.lent_replicas if ctx.hybrid_replicas > 0 else self._lends_now(global_steps, ctx)
-        if lent:  # is the wait this lend pays for close to what the switches cost?
+        if lent:  # is the wait this lend pays for close to what the switches cost? a clear win?
             realized = self.realized_gain_s(global_steps)
-            self.marginal = (self.wait["mean"] < MARGINAL * self.switch_s(lent)
-                             or (realized is not None and realized < self.switch_s(lent)))
+            rho = lent / max(1, ctx.standalone_replicas)  # the headroom was checked at the question
+            bar = self.clear_gain * self.switch_s(lent)
+            gain = self.clear_gain_s(lent, ctx, rho)
+            self.clear = gain >= bar and (realized is None or realized >= bar)
+            self.clear_margin = min(gain, math.inf if realized is None else realized) / bar if self.clear else 0.0
+            self.marginal = not self.clear and (self.wait["mean"] < MARGINAL * self.switch_s(lent)
+                                                or (realized is not None and realized < self.switch_s(lent)))
+        self.free_waits = self.recent_waits(ctx)  # this cycle's wait, if it was a no-lend one
         if self.last_end_at is not None:
             self._observe(global_steps, ctx, ctx.now - self.last_end_at, self.last_lent, lent)
         if self.pause_left > 0:
             self.pause_left -= 1
-        elif lent and self.realized_gain_s(global_steps) is None and self.streak["lent"]["n"] >= MIN_LENT_CYCLES:
+        elif (lent and not self.clear and self.realized_gain_s(global_steps) is None
+              and self.streak["lent"]["n"] >= MIN_LENT_CYCLES):
             self.pause_left, self.lends_since_refresh = PROBE_PAUSE, 0  # measure what it gave first
         elif lent:
             self.lends_since_refresh += 1
-            if self.lends_since_refresh >= (REFRESH_MARGINAL if self.marginal else REFRESH_EVERY):
+            if self.lends_since_refresh >= self.refresh_after():
                 self.pause_left, self.lends_since_refresh = PROBE_PAUSE, 0
         self.last_end_at, self.last_lent = float(ctx.now), int(lent)
 
@@ -390,6 +501,8 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             shown = ", ".join(f"T[{k}] {t:.1f}±{se:.1f}s" for k, (t, se) in preds.items() if k)
             k = self._lends_now(global_steps, ctx)
             why = ("pause to re-measure T0" if self.pause_left else
+                   "clear win" if k and self.clear_lend(global_steps, ctx) else
+                   "probe the switch seconds" if k and not self.best_lend(global_steps + 1, ctx) else
                    "measuring T0" if min(self.base["n"], self.wait["n"]) < MIN_BASE_CYCLES else
                    "predicted win" if k else f"no win beyond {Z:g} se + {MARGIN:.0%} of T0")
             return (f"T0 {preds[0][0]:.1f}±{preds[0][1]:.1f}s, W {self.wait['mean']:.1f}s, C {self.switch_s():.1f}s, "

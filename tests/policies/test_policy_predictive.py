@@ -312,7 +312,7 @@ def test_the_start_up_cycles_are_not_measured():
 
 def test_a_clear_win_is_lent_from_the_first_step_and_never_paused_to_be_measured():
     # two hybrids against one standalone (ρ_2 = 2) and a 30 s wait from step 1 on: the pessimistic
-    # gain 2/3 × (30 − 6) = 16 s is over 2 × C = 12 s, so it lends at step 1 without measuring T0.
+    # gain 2/3 × (30 − 6) = 16 s is over 1.3 × C = 7.8 s, so it lends at step 1 without measuring T0.
     # Measured switches (2 + 1 s) keep it clear, so no A-B-A pause ever comes
     policy = build_policy("predictive")
 
@@ -322,15 +322,16 @@ def test_a_clear_win_is_lent_from_the_first_step_and_never_paused_to_be_measured
     assert (policy.clear, policy.free_waits, policy.base["n"]) == (True, [30.0], 0)
 
 
-def test_a_win_under_twice_the_switch_seconds_is_measured_first():
-    # wait 20 s: 2/3 × (20 − 6) = 9.3 s < 12 s, not clear: five no-lend cycles are measured first
+def test_a_win_under_1_3_times_the_switch_seconds_is_measured_first():
+    # wait 15 s: 2/3 × (15 − 6) = 6 s < 1.3 × 6 = 7.8 s, not clear: five no-lend cycles are
+    # measured first; then the model (window 3 s of L 7.5 s: ρ 0.8, gain 4 s) lends at step 8
     policy = build_policy("predictive")
 
-    answers, now = drive(policy, [60.0] * 7, hybrids=2, wait=20.0)
-    gain = policy.clear_gain_s(2, replace(CTX, hybrid_replicas=2, step_wait_times=[20.0]))
-    more, _ = drive(policy, [60.0], hybrids=2, wait=20.0, start_step=8, start_now=now)
+    answers, now = drive(policy, [60.0] * 7, hybrids=2, wait=15.0)
+    gain = policy.clear_gain_s(2, replace(CTX, hybrid_replicas=2, step_wait_times=[15.0]))
+    more, _ = drive(policy, [60.0], hybrids=2, wait=15.0, start_step=8, start_now=now)
 
-    assert (answers + more, gain) == ([0] * 7 + [True], pytest.approx(2 / 3 * 14))
+    assert (answers + more, gain) == ([0] * 7 + [True], pytest.approx(6.0))
 
 
 def test_one_hybrid_against_many_standalones_is_never_a_clear_win():
@@ -341,12 +342,13 @@ def test_one_hybrid_against_many_standalones_is_never_a_clear_win():
     assert drive(policy, [60.0] * 3, wait=50.0, ctx=ctx)[0] == [0] * 3
 
 
-@pytest.mark.parametrize(("samples_left", "expected"), [(128, [0] * 12), (1280, [0] * 7 + [True] + [0] * 4)])
-def test_a_probe_measures_the_switches_only_where_the_run_can_afford_switches_twice_the_prior(samples_left, expected):
+@pytest.mark.parametrize(("samples_left", "expected"), [(128, [0] * 12), (1920, [0] * 7 + [True] + [0] * 4)])
+def test_a_probe_measures_the_switches_only_where_the_run_can_afford_a_switch_as_dear_as_the_prior(
+        samples_left, expected):
     # W 8 s against the 6 s prior: no predicted win, but free switches would give ρ W / (1 + ρ) =
-    # 3.3 s ≥ half the prior (two hybrids, window 8 / 3 s of L 7.5 s: ρ 0.71). Switches of 12 s
-    # would cost (12 − 8) + 2 % of T0 = 5.2 s: 0.5 % of 10 steps of 60 s is 3 s (no probe), of 28
-    # steps 8.4 s (probe once at step 8). The probe measures 5 + 3 s: no win, no more lends
+    # 3.3 s ≥ a quarter of the prior (two hybrids, window 8 / 3 s of L 7.5 s: ρ 0.71). A probe
+    # may cost 6 s + 2 % of T0 = 7.2 s: 0.6 % of 10 steps of 60 s is 3.6 s (no probe), of 38 steps
+    # 13.7 s (one probe, at step 8). It measures 5 + 3 s: no win, no more lends
     ctx = replace(CTX, samples_to_start=samples_left)
     policy = build_policy("predictive")
 

@@ -283,8 +283,9 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def markdown(results: dict[str, Any], command: str) -> str:
+    load = f", load average {results['load_average']:.1f} at the start" if "load_average" in results else ""
     lines = ["## vLLM hybrid switch phases, TP 1 and TP 2 (`bench_vllm_tp.py`)", "",
-             f"Command: `{command}` ({results['started_at']}, {results['machine']}; model: Qwen2 "
+             f"Command: `{command}` ({results['started_at']}, {results['machine']}{load}; model: Qwen2 "
              f"{results['model']}, {results['dtype']}). Each TP size's ranks are processes in one gloo group, each an "
              "FSDP2 shard with AdamW and one vLLM worker; rank 0's engine drives them (`vllm_ranks`). Medians over "
              "the rounds after the first; the first round's load and generate include vLLM's compile.", "",
@@ -299,7 +300,11 @@ def markdown(results: dict[str, Any], command: str) -> str:
               "engine's bookkeeping and the abort of what is in flight. The load is each rank's gather of every "
               "parameter (a collective of the training group) and its worker's layerwise reload of its TP slice; "
               "`gpu_check.py --sections vllm_tp` measures the same phases with the device's memory on two GPUs and "
-              "writes them as the calibration's `deactivate_s` / `hybrid_sync_s` (docs/gpu.md)."]
+              "writes them as the calibration's `deactivate_s` / `hybrid_sync_s` (docs/gpu.md), per GB of weights one "
+              "GPU holds: `deactivate_s: {fixed_s: 0.0, per_gb_s: <sleep s / GB>, source: \"measured by "
+              "benchmarks/gpu_check.py on <device>, <day> (gpu_check.json vllm_tp.tp2): ...\"}` and `hybrid_sync_s` "
+              "likewise from wake + load. On 2 cores the TP-2 ranks share the cores with each other and with "
+              "whatever else runs, so TP 2 is slower here than TP 1; on GPUs each rank has its own device."]
     return "\n".join(lines)
 
 
@@ -332,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/bench_vllm_tp.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     results = {"command": command, "started_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                "machine": f"{os.cpu_count()} cores, {platform.machine()}", "dtype": args.dtype,
+               "load_average": os.getloadavg()[0],
                "model": f"hidden {args.hidden}, {args.layers} layers, {args.heads} heads", "runs": []}
     with tempfile.TemporaryDirectory(prefix="tidal-vllm-tp-model-") as tmp:
         folder = make_model(Path(tmp) / "qwen2", args.hidden, args.layers, args.heads)

@@ -165,6 +165,12 @@ def merge() -> dict:
         figures = source(name)
         if figures:
             out[name] = {k: v for k, v in figures.items() if k not in DETAIL and k != "commands"}
+    tp = source("vllm_tp")  # bench_vllm_tp.py --write (the vLLM venv): each TP size's phase medians
+    if tp:
+        out["vllm_tp"] = {**{f"tp{r['tp']}": {"median_s": r["median_s"], "build_s": r["build_s"],
+                                              "equal_to_tp1": r["equal_to_tp1"],
+                                              "weight_bytes_per_rank": r["weight_bytes_per_rank"]}
+                             for r in tp.get("runs", [])}, **meta(tp)}
     for figures in out.get("train_ranks", {}).get("other_configs", {}).values():
         figures.pop("by_ranks", None)
     checks = {}

@@ -8,6 +8,7 @@
     python benchmarks/bench_sim.py ceiling      # how far lending can take the seed preset (free switches)
     python benchmarks/bench_sim.py random [--n 200] [--seed 0] [--steps 16]  # default, predictive vs never
                                                 # lending on scenarios drawn from sim/random_scenarios.py
+    python benchmarks/bench_sim.py admission    # length-aware admission and routing on the seed preset
     python benchmarks/bench_sim.py oracle [--sample 50] [--seed 0]  # the best lend schedule in hindsight
                                                 # (benchmarks/sim_oracle.py): seed preset and a drawn sample
 
@@ -763,6 +764,64 @@ def bench_oracle(args: argparse.Namespace) -> str:
     ])
 
 
+ADMISSION_VARIANTS: dict[str, dict] = {
+    "first come, first started (today)": {},
+    "longest predicted first, exact predictions": dict(admission_lookahead=64),
+    "longest predicted first, predictions ×/÷ e^0.3": dict(admission_lookahead=64, admission_predict_sigma=0.3),
+    "long to standalones, short to lent hybrids (exact)": dict(route_by_length=True),
+    "both, predictions ×/÷ e^0.3": dict(admission_lookahead=64, admission_predict_sigma=0.3, route_by_length=True),
+}
+"""The twin study of issue 45 item 3 (``SimSpec.admission_*``, ``route_by_length``): lookahead
+64 = one step's samples on the seed preset."""
+
+
+def _admission_job(job: tuple[str, tuple[str, ...], str, int]) -> dict[str, float]:
+    variant, overrides, policy, seed = job
+    spec = dataclasses.replace(spec_from_config(with_policy(_load("dynamic", *overrides), policy)),
+                               **ADMISSION_VARIANTS[variant])
+    cfg = with_policy(_load("dynamic", *overrides), policy)
+    r = simulate_spec(spec, policy_from_config(cfg), seed=seed, policy_name=policy)
+    return {"wall_s": r.wall_clock_s, "aborted_tokens": r.waste.aborted_tokens,
+            "reprefill_tokens": r.waste.reprefilled_tokens, "lends": sum(s.activated for s in r.steps)}
+
+
+def bench_admission(workers: int = 2) -> str:
+    """Length-aware admission and routing on the dynamic seed preset (468 steps, seeds 0-4), with
+    `predictive` and the overlapped hybrid sync, and with `static_fully_async` (never lending)."""
+    t0 = time.perf_counter()
+    setups = [("predictive, overlapped hybrid sync", (OVERLAP_KEY,), "predictive"),
+              ("never lending (static_fully_async)", (), NEVER_LEND)]
+    jobs = [(v, o, p, s) for _, o, p in setups for v in ADMISSION_VARIANTS for s in SEEDS]
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        out = iter(pool.map(_admission_job, jobs, chunksize=1))
+    rows, figures = [], {}
+    for label, _, policy in setups:
+        base = None
+        for variant in ADMISSION_VARIANTS:
+            runs = [next(out) for _ in SEEDS]
+            mean = {k: statistics.fmean(r[k] for r in runs) for k in runs[0]}
+            base = base or mean
+            figures[f"{policy}|{variant}"] = mean
+            rows.append(f"| {label} | {variant} | {_h(mean['wall_s'])} | {_pct(mean['wall_s'] / base['wall_s'])} | "
+                        f"{mean['aborted_tokens'] / 1e6:.0f} | {mean['reprefill_tokens'] / 1e6:.0f} | {mean['lends']:.0f} |")
+    took = time.perf_counter() - t0
+    FIGURES["admission"] = {"variants": figures, "seeds": len(SEEDS), "wall_s": took}
+    return "\n".join([
+        "A twin study (issue 45 item 3): the dynamic seed preset (16 + 16, 468 steps), mean over seeds "
+        f"0–{len(SEEDS) - 1}, with the twin's `SimSpec.admission_lookahead` (the rollouter draws one step's 64 "
+        "prompts ahead and starts the one predicted to run longest first), `admission_predict_sigma` (the "
+        "prediction's log-normal error: 0 = exact, an upper bound of what earlier epochs' measurements give) and "
+        "`route_by_length` (while hybrids are lent, samples predicted longer than the length model's mean go to "
+        "standalones, shorter ones to lent hybrids). Predictions are available for every prompt from step 1 "
+        "(the preset runs 1.7 epochs, so a real run would have them for the last 0.7 only): an upper bound. "
+        f"{took:.0f} s on {workers} worker processes, {_machine()}.",
+        "",
+        "| setup | admission / routing | wall clock h | vs first come | aborted M tokens | re-prefilled M tokens | lends |",
+        "|---|---|---:|---:|---:|---:|---:|",
+        *rows,
+    ])
+
+
 # --------------------------------------------------------------------------------------------
 
 SECTIONS: dict[str, tuple[str, Callable[[argparse.Namespace], str]]] = {
@@ -774,6 +833,7 @@ SECTIONS: dict[str, tuple[str, Callable[[argparse.Namespace], str]]] = {
     "random": ("The lending promise on randomly drawn scenarios",
                lambda args: bench_random(args.n, args.seed, args.workers, args.steps)),
     "oracle": ("The best lend schedule in hindsight", lambda args: bench_oracle(args)),
+    "admission": ("Length-aware admission and routing (a twin study)", lambda args: bench_admission(args.workers)),
     "sensitivity": (
         "How much the dynamic prediction depends on the cost model's shape",
         lambda args: bench_sensitivity(),

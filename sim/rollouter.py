@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+import math
 import random
 
 from loop import abort_rules
@@ -94,6 +95,11 @@ class SimRollouter:
         """``aborted_tokens`` by the kind of replica they were aborted on."""
         self.kind_reprefilled_tokens = {False: 0, True: 0}
         """``reprefilled_tokens`` by the kind of replica that prefilled them again."""
+        self._ahead: list[tuple[float, list[int]]] = []
+        """``SimSpec.admission_lookahead``: (predicted mean length, lengths) of prompts drawn ahead."""
+        self._predicted: dict[int, float] = {}
+        """Predicted mean response length per started sample (length-aware admission or routing)."""
+        self._predicted_next = 0.0
 
     # ------------------------------------------------------------------ state
 
@@ -124,8 +130,11 @@ class SimRollouter:
         started = False
         while (self.accepting and self.total_started < s.total_samples
                and gate.allows(self.in_flight + self._cap_deficit(), len(self.queue))):
-            lengths = self.lengths.draw(self._rng, s.n, self.version)
+            lengths = self._next_lengths()
             sample = Sample(self.total_started, lengths, s.prompt_tokens, self.version, now)
+            if s.admission_lookahead > 0 or s.route_by_length:
+                self._predicted[sample.id] = (self._predicted_next if s.admission_lookahead > 0
+                                              else sum(lengths) / len(lengths))
             self.total_started += 1
             gate.started()
             self._route(sample, resubmit=False)
@@ -133,12 +142,42 @@ class SimRollouter:
         if started:
             self._record()
 
+    def _next_lengths(self) -> list[int]:
+        """The next sample's response lengths: drawn now (FIFO), or, with
+        ``SimSpec.admission_lookahead``, the longest predicted of that many drawn ahead."""
+        s = self.spec
+        if s.admission_lookahead <= 0:
+            return self.lengths.draw(self._rng, s.n, self.version)
+        left = s.total_samples - self.total_started
+        while len(self._ahead) < min(s.admission_lookahead, left):
+            lengths = self.lengths.draw(self._rng, s.n, self.version)
+            error = math.exp(self._rng.gauss(0.0, s.admission_predict_sigma)) if s.admission_predict_sigma else 1.0
+            self._ahead.append((sum(lengths) / len(lengths) * error, lengths))
+        best = max(range(len(self._ahead)), key=lambda i: self._ahead[i][0])
+        predicted, lengths = self._ahead.pop(best)
+        self._predicted_next = predicted
+        return lengths
+
     def _route(self, sample: Sample, *, resubmit: bool) -> None:
         if not self.routable:
             self.pending.append(sample)
             return
-        rep = least_loaded(self._guarded(self.routable), _load, _replica_id)
+        candidates = self._guarded(self.routable)
+        if self.spec.route_by_length:
+            candidates = self._by_length(sample, candidates)
+        rep = least_loaded(candidates, _load, _replica_id)
         self._place(sample, rep, resubmit=resubmit)
+
+    def _by_length(self, sample: Sample, candidates: list[Replica]) -> list[Replica]:
+        """``SimSpec.route_by_length``: long samples to standalones, short ones to lent hybrids."""
+        lent = [r for r in candidates if r.hybrid]
+        if not lent or len(lent) == len(candidates):
+            return candidates
+        predicted = self._predicted.get(sample.id, sum(sample.lengths) / len(sample.lengths))
+        side = ([r for r in candidates if not r.hybrid] if predicted > self.lengths.mean(sample.version) else lent)
+        if min(r.samples for r in side) < self.spec.concurrent_samples_per_replica:
+            return side
+        return candidates
 
     def _place(self, sample: Sample, rep: Replica, *, resubmit: bool) -> None:
         now = self._clock()
@@ -201,6 +240,7 @@ class SimRollouter:
                 self._finished_at.append(now)
                 self.delivered_tokens[rep.hybrid] += sample.tokens
                 routed_at = self._routed_at.pop(sample.id, now)
+                self._predicted.pop(sample.id, None)
                 if rep.hybrid:
                     self._hybrid_durations.append(now - routed_at)
                 self._trace("generated", sample.id)

@@ -65,6 +65,19 @@ class _RunShape:
     abort_history: int = 64
     """Recent samples the rules above look at (finish times for the queue's rate, the hybrids'
     durations)."""
+    admission_lookahead: int = 0
+    """Length-aware admission (issue 45 item 3, a twin study; not a config key): the rollouter
+    draws this many upcoming prompts ahead and starts the one predicted to run longest first; 0 =
+    first come, first started (off). The prediction is the sample's true mean response length
+    times a log-normal error of ``admission_predict_sigma`` (what earlier epochs measured of the
+    same prompt; 0 = known exactly, an upper bound)."""
+    admission_predict_sigma: float = 0.0
+    route_by_length: bool = False
+    """Length-aware routing (twin study, not a config key): while hybrids are lent, a sample
+    predicted longer than the length model's mean goes to the least-loaded standalone, a shorter
+    one to the least-loaded lent hybrid (each only while that side holds fewer than
+    ``concurrent_samples_per_replica`` a replica; else least-loaded over all), so a take-back
+    aborts less. Retries keep the same rule."""
 
     @property
     def step_required_samples(self) -> int:

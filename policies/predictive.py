@@ -78,6 +78,13 @@ CLEAR_TRUST = 8
 """A clear win is re-measured after ``REFRESH_EVERY`` × (its pessimistic gain / its bar) lends, at
 most this many times ``REFRESH_EVERY``: the further the wait is above what the lend needs, the
 longer a drift takes to turn the win into a loss."""
+LEND_REF = 2
+"""Lend cycles of a streak whose mean is the reference its later cycles are compared with: W_min
+of a clear win is lowered by (1 + ρ) × how much shorter they have become (a clear win lent for
+long is judged on waits measured before it, and shrinking responses shrink the wait)."""
+DRIFT_FACTOR_MAX = 2.0
+DRIFT_NOISE = 0.05
+"""A streak's lend cycles count as shorter only beyond this share of its first ones (noise)."""
 CLEAR_WINDOW = 3
 """No-lend waits kept for W_min: the last this many cycles that did not begin with a take-back
 (the start-up's included: a wait that is large from step 1 on is what makes a win clear)."""
@@ -228,6 +235,8 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         """The latest lend was a clear win (no A-B-A pause after its first streak)."""
         self.clear_margin = 0.0
         """The latest clear win's pessimistic gain over its bar (``refresh_after``)."""
+        self.lend_ref: float | None = None
+        """Mean of the current streak's first ``LEND_REF`` lend cycles (``lend_drift_s``)."""
         self.marginal = False
         """At the latest lend, W was under ``MARGINAL`` × the switch seconds of what it lent, or the
         last streak gave less than them."""
@@ -279,7 +288,9 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         rho = self.effective_share(k, ctx)
         share = rho / (1.0 + rho)
         se_c = math.hypot(*(self._part_se(p) for p in self.switch_parts(k)))
-        return share * (self.wait["mean"] - self.switch_s(k)), share * math.hypot(_se(self.wait), se_c)
+        # a streak whose lend cycles keep shrinking says W shrank under it: (1 + ρ_k) × as much
+        wait = self.wait["mean"] + self.drift_factor(hybrid_share(k, ctx)) * self.lend_drift_s()
+        return share * (wait - self.switch_s(k)), share * math.hypot(_se(self.wait), se_c)
 
     def predictions(self, step: int, ctx: DynamicScheduleContext) -> dict[int, tuple[float, float]]:
         """k → (predicted seconds of cycle ``step``, uncertainty) for k = 0 (no lend) … m."""
@@ -327,7 +338,34 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         waits = self.recent_waits(ctx) if waits is None else waits
         if not waits or rho < CLEAR_SHARE:
             return 0.0
-        return rho * (min(waits) - self.switch_s(k)) / (1.0 + rho)
+        return rho * (min(waits) + self.drift_factor(rho) * self.lend_drift_s() - self.switch_s(k)) / (1.0 + rho)
+
+    @staticmethod
+    def drift_factor(rho: float) -> float:
+        """1 + ρ (the fluid model's ΔW per second of lend cycle), at most ``DRIFT_FACTOR_MAX``:
+        with many hybrids per standalone a lend cycle's noise would otherwise swamp W."""
+        return min(1.0 + rho, DRIFT_FACTOR_MAX)
+
+    def _lent_share(self, lent: int, ctx: DynamicScheduleContext) -> float:
+        """ρ of a lend just made, from the context after it (``update_after_step``): k / S, bounded
+        by the headroom the standalones' usual load (``load``, once measured) leaves under the cap,
+        as ``hybrid_share`` bounded it at the question (the in-flight count now has the lent
+        hybrids' samples in it)."""
+        s = max(1, ctx.standalone_replicas)
+        rho = lent / s
+        if self.load["n"] and ctx.max_required_samples > 0:
+            held = self.load["mean"] * s
+            rho = min(rho, max(0.0, ctx.max_required_samples - held - ctx.mq_size) / max(held, 1e-9))
+        return rho
+
+    def lend_drift_s(self) -> float:
+        """How much shorter the current streak's lend cycles have become since its first
+        ``LEND_REF``, beyond ``DRIFT_NOISE`` of them (≤ 0): the fluid lend cycle is B + W / (1 + ρ)
+        + …, so a wait that shrank by ΔW (responses getting shorter while the streak runs) shows as
+        ΔW / (1 + ρ) there."""
+        if self.lend_ref is None or self.streak["lent"]["n"] <= LEND_REF or self.streak["after"]["n"]:
+            return 0.0
+        return min(0.0, self.streak["lent"]["mean"] - (1.0 - DRIFT_NOISE) * self.lend_ref)
 
     def clear_lend(self, step: int, ctx: DynamicScheduleContext) -> int:
         """The k with the largest clear-win gain (ties: the larger k) if it is at least
@@ -365,13 +403,17 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         worst = PROBE_WORST * self.prior_switch_s + MARGIN * t0  # a switch the wait may not hide
         return m if worst <= self.probe_budget * t0 * self.run_steps(step, ctx) else 0
 
-    def refresh_after(self) -> int:
-        """Lends before the next pause to re-measure: ``REFRESH_MARGINAL`` for a marginal win,
-        ``REFRESH_EVERY`` for a model's win, up to ``CLEAR_TRUST`` times that for a clear one
-        (``clear_margin``: its pessimistic gain over its bar at the latest lend)."""
+    def refresh_after(self, run_steps: float = math.inf) -> int:
+        """Lends before the next pause to re-measure: ``REFRESH_MARGINAL`` for a marginal win;
+        for a model's win ``REFRESH_EVERY``, but no more than a quarter of the run's steps (a
+        streak measured wrong must not be believed for most of a short run); up to
+        ``CLEAR_TRUST`` × ``REFRESH_EVERY`` for a clear one (``clear_margin``: its pessimistic gain
+        over its bar at the latest lend)."""
         if self.marginal:
             return REFRESH_MARGINAL
-        return int(REFRESH_EVERY * (min(CLEAR_TRUST, max(1.0, self.clear_margin)) if self.clear else 1.0))
+        if self.clear:
+            return int(REFRESH_EVERY * min(CLEAR_TRUST, max(1.0, self.clear_margin)))
+        return int(max(REFRESH_MARGINAL, min(REFRESH_EVERY, run_steps / 8)))
 
     def model_ratio(self, ctx: DynamicScheduleContext) -> float:
         """Share of the cycle to queue so that the trainer no longer waits after the take-back
@@ -428,7 +470,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         lent = ctx.lent_replicas if ctx.hybrid_replicas > 0 else self._lends_now(global_steps, ctx)
         if lent:  # is the wait this lend pays for close to what the switches cost? a clear win?
             realized = self.realized_gain_s(global_steps)
-            rho = lent / max(1, ctx.standalone_replicas)  # the headroom was checked at the question
+            rho = self._lent_share(lent, ctx)
             bar = self.clear_gain * self.switch_s(lent)
             gain = self.clear_gain_s(lent, ctx, rho)
             self.clear = gain >= bar and (realized is None or realized >= bar)
@@ -445,7 +487,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             self.pause_left, self.lends_since_refresh = PROBE_PAUSE, 0  # measure what it gave first
         elif lent:
             self.lends_since_refresh += 1
-            if self.lends_since_refresh >= self.refresh_after():
+            if self.lends_since_refresh >= self.refresh_after(self.run_steps(global_steps, ctx)):
                 self.pause_left, self.lends_since_refresh = PROBE_PAUSE, 0
         self.last_end_at, self.last_lent = float(ctx.now), int(lent)
 
@@ -458,7 +500,10 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         if before and after:
             if not self.streak["lent"]["n"] or self.streak["after"]["n"]:  # a new streak
                 self.streak = _streak(sum(self.recent) / max(1, len(self.recent)))
+                self.lend_ref = None
             self.streak = {**self.streak, "lent": _add(self.streak["lent"], cycle_s)}
+            if self.streak["lent"]["n"] == LEND_REF:
+                self.lend_ref = self.streak["lent"]["mean"]
         if before == 0 and after == 0 and step > START_UP_STEPS:
             self.base = _trend_add(self.base, step, cycle_s)
             self.wait = _add(self.wait, float(sum(ctx.step_wait_times)))

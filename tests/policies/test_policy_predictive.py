@@ -355,3 +355,26 @@ def test_a_probe_measures_the_switches_only_where_the_run_can_afford_a_switch_as
     answers, _ = drive(policy, [60.0] * 12, hybrids=2, wait=8.0, ctx=ctx, switch={2: (5.0, 3.0)})
 
     assert answers == expected
+
+
+def test_a_clear_streak_whose_lend_cycles_shrink_stops_lending_when_the_wait_they_imply_no_longer_pays():
+    # lent from step 1 (30 s wait, ρ_2 = 2); its lend cycles fall from 45 s to 20 s: the wait they
+    # imply, 30 + min(1 + ρ, 2) × (the fall beyond 5 % of 45 s), no longer pays 1.3 × the
+    # switches at step 8. The no-lend cycles after it wait 30 s again (this script's wait never
+    # changes), so at step 10 the win is clear again. A fall to 30 s is not enough to stop it
+    policy, steady = build_policy("predictive"), build_policy("predictive")
+
+    answers, _ = drive(policy, [60.0] + [45.0] * 3 + [20.0] * 6, hybrids=2)
+    kept, _ = drive(steady, [60.0] + [45.0] * 3 + [30.0] * 6, hybrids=2)
+
+    assert (answers, kept) == ([True] * 7 + [0, 0, True], [True] * 10)
+
+
+def test_a_model_win_is_re_measured_after_an_eighth_of_a_short_run_and_a_clear_one_later():
+    policy = build_policy("predictive")
+
+    assert (policy.refresh_after(), policy.refresh_after(64.0), policy.refresh_after(16.0)) == (48, 8, 6)
+    policy.clear, policy.clear_margin = True, 3.0
+    assert (policy.refresh_after(64.0), policy.refresh_after()) == (144, 144)
+    policy.clear_margin = 20.0
+    assert policy.refresh_after() == 8 * 48

@@ -274,3 +274,33 @@ def test_each_hybrid_spans_tp_consecutive_ranks_of_one_node_and_lives_on_the_fir
         hybrid_hosts(ids[:1], world=6, per_node=3, tp=2)  # a replica would straddle two nodes
     with pytest.raises(ValueError, match="need 6 trainer ranks"):
         hybrid_hosts(ids[:3], world=4, per_node=4, tp=2)
+
+
+def test_what_a_trainer_gpu_keeps_while_lent_follows_sharding_and_offload():
+    from cluster.placement import trainer_bytes_while_lent
+
+    def kept(*overrides):
+        return trainer_bytes_while_lent(load_config("tiny-cpu", ["trainer.n_gpus_per_node=4", *overrides]), 1000)
+
+    # FSDP2 shards everything over 4 ranks; AdamW state and gradients offloaded by default
+    assert kept() == {"parameters": 1000.0, "gradients and AdamW state": 0.0}
+    assert kept("actor_rollout_ref.actor.fsdp_config.optimizer_offload=false") == {
+        "parameters": 1000.0, "gradients and AdamW state": 3000.0}
+    assert kept("actor_rollout_ref.actor.fsdp_config.param_offload=true")["parameters"] == 0.0
+    # ZeRO 1-2 keep whole parameters on every rank, ZeRO-3 shards them
+    assert kept("engines.train=deepspeed")["parameters"] == 4000.0
+    assert kept("engines.train=deepspeed", "engines.deepspeed_zero_stage=3")["parameters"] == 1000.0
+
+
+def test_a_hybrid_share_is_checked_only_for_vllm_hybrids_on_a_gpu_of_known_size():
+    from cluster.placement import ClusterTooSmall, check_hybrid_memory
+
+    base = ["engines.rollout=vllm", "model.n_head=2", "actor_rollout_ref.rollout.gpu_memory_utilization=0.9",
+            "actor_rollout_ref.actor.fsdp_config.optimizer_offload=false"]
+    check_hybrid_memory(load_config("tiny-cpu", base))  # no trainer.gpu_memory_gb: nothing to check
+    check_hybrid_memory(load_config("tiny-cpu", [*base[1:], "trainer.gpu_memory_gb=0.004"]))  # torch engine
+    check_hybrid_memory(load_config("tiny-cpu", [*base, "trainer.gpu_memory_gb=1"]))  # fits
+    with pytest.raises(ClusterTooSmall, match="lower it to 0.57 or less"):
+        check_hybrid_memory(load_config("tiny-cpu", [*base, "trainer.gpu_memory_gb=0.004"]))
+    with pytest.raises(ClusterTooSmall, match="the trainer alone keeps"):
+        check_hybrid_memory(load_config("tiny-cpu", [*base, "trainer.gpu_memory_gb=0.001"]))

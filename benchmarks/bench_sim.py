@@ -844,7 +844,13 @@ def write_section(path: Path, name: str, body: str, command: str, date: str, tit
     from results_io import write_section as write_block
 
     title = SECTIONS[name][0] if title is None else title
-    write_block(f"bench_sim:{name}", f"## {title}\n\nCommand: `{command}` ({date})\n\n{body}", path)
+    write_block(f"bench_sim:{name}", f"## {title}\n\nCommand: `{command}` ({date})\n\n{body}", path,
+                after=NEW_SECTION_AFTER.get(name))
+
+
+NEW_SECTION_AFTER = {"random_64": "bench_sim:random", "oracle": "bench_sim:random_64",
+                     "admission": "bench_sim:oracle"}
+"""Where a section goes the first time it is written (beside its kin)."""
 
 
 def _section_name(args: argparse.Namespace) -> tuple[str, str]:

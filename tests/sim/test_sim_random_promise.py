@@ -5,11 +5,11 @@ Draws 60 scenarios (``sim.random_scenarios.draw(60, 0)``, the first 60 of the be
 must stay under a minute on 2 shared cores; ``benchmarks/bench_sim.py random`` checks all 200) and
 fails naming every scenario that breaks the promise, with its parameters.
 
-Of the bench's 200, one breaks it (``benchmarks/RESULTS.md``, *The lending promise on randomly
-drawn scenarios*): #182 (36+4 TP 4, nine hybrids against one standalone, staleness 0.47, 16 steps)
-at +1.3 %: the five no-lend cycles it measures (24.4-30.8 s) put T0 at 29-30 s where the no-lend
-cycles that follow average 24.9 s, so its lend cycles (26.2 s) look like a win they are not; five
-samples cannot resolve a difference below their standard error (1.2 s).
+Of the bench's 200, none breaks it since issue 45's bolder `predictive` (clear wins lent from
+step 1, probes only where a run can afford them; ``benchmarks/RESULTS.md``, *The lending promise
+on randomly drawn scenarios*): the closest is #35 (32+40 TP 8, staleness 0, switches ×3.97) at
++0.8 %, where the first lends measure switches of 13.9 s against a 23.5 s wait. The 64-step draw
+(``bench_sim.py random --steps 64``) is a benchmark, not a test: it takes minutes.
 """
 
 from __future__ import annotations

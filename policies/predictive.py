@@ -62,6 +62,10 @@ Z = 1.0
 MARGIN = 0.02
 """…and a share of ``T0`` it must clear too: what the fluid model leaves out (aborted and
 re-prefilled work at the switches, the long tail of a sample's responses)."""
+SWITCH_MARGIN = 0.1
+"""…and this share of the switch seconds C_k: the switches are partly on the trainer's path where
+the lend window is shorter than a sample's latency (random draw #67 of ``draw(200, 2, 16)``:
+switches of 13.7 s, a predicted win of 1.3 s, a lend that lost)."""
 TREND_BETA = 0.2
 """Share of a no-lend cycle's surprise that goes into the per-step slope."""
 PRIOR_SWITCH_S = 6.0
@@ -186,7 +190,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
 
     def __init__(self, deactivate_ratio: float = 0.0, only_hybrid: bool = False,
                  prior_switch_s: float = PRIOR_SWITCH_S, clear_gain: float = CLEAR_GAIN,
-                 probe_budget: float = PROBE_BUDGET):
+                 probe_budget: float = PROBE_BUDGET, probes: bool = True):
         self.deactivate_ratio = 1.0 if only_hybrid else check_ratio(deactivate_ratio)
         self.only_hybrid = bool(only_hybrid)
         if not prior_switch_s > 0:
@@ -198,7 +202,9 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self.clear_gain = float(clear_gain)
         """``CLEAR_GAIN`` (``math.inf``: no clear wins, every lend is measured first)."""
         self.probe_budget = float(probe_budget)
-        """``PROBE_BUDGET`` (0: never probe; the prior alone decides whether a first lend is tried)."""
+        """``PROBE_BUDGET``: the share of the run a lend with unmeasured switches may risk."""
+        self.probes = bool(probes)
+        """False: never probe (the prior alone decides whether a first lend is tried)."""
         self.last_end_at: float | None = None
         """``ctx.now`` at the previous ``update_after_step`` (a cycle runs from one to the next)."""
         self.last_lent = 0
@@ -321,7 +327,21 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         t0 = preds[0][0]
         k = min(range(1, len(preds)), key=lambda j: (round(preds[j][0], 9), -j))
         gain, se = t0 - preds[k][0], preds[k][1]
-        return k if gain > Z * se + MARGIN * t0 else 0
+        if not gain > Z * se + MARGIN * t0 + SWITCH_MARGIN * self.switch_s(k):
+            return 0
+        # before any switch is measured the first lend risks the prior's switch on the path, as a
+        # probe does: only where the run can afford that, or the win pays it anyway
+        if not self.activate and gain < self.probe_cost_s() and not self.affords_probe(step, ctx):
+            return 0
+        return k
+
+    def probe_cost_s(self) -> float:
+        """What a lend with unmeasured switches may cost: ``PROBE_WORST`` × the prior + ``MARGIN`` of T0."""
+        return PROBE_WORST * self.prior_switch_s + MARGIN * self.base["level"]
+
+    def affords_probe(self, step: int, ctx: DynamicScheduleContext) -> bool:
+        """``probe_cost_s`` is under ``probe_budget`` of the run's predicted no-lend wall clock."""
+        return self.probe_cost_s() <= self.probe_budget * self.base["level"] * self.run_steps(step, ctx)
 
     def recent_waits(self, ctx: DynamicScheduleContext) -> list[float]:
         """The last ``CLEAR_WINDOW`` no-lend waits, this step's among them when it began unlent
@@ -392,16 +412,14 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         model is trusted, lending would win if the switches were free (ρ W / (1 + ρ) ≥ ``PROBE_GAIN``
         × the prior)
         and the run can afford switches of ``PROBE_WORST`` × the prior (``PROBE_BUDGET``); else 0."""
-        if (self.activate or not self.probe_budget or self.base["n"] < MIN_BASE_CYCLES
+        if (self.activate or not self.probes or self.base["n"] < MIN_BASE_CYCLES
                 or self.wait["n"] < MIN_BASE_CYCLES):
             return 0
         m = max(1, ctx.hybrid_replicas)
         rho = self.effective_share(m, ctx, switch_s=0.0)
         if rho * self.wait["mean"] / (1.0 + rho) < PROBE_GAIN * self.prior_switch_s:
             return 0
-        t0 = self.base["level"]
-        worst = PROBE_WORST * self.prior_switch_s + MARGIN * t0  # a switch the wait may not hide
-        return m if worst <= self.probe_budget * t0 * self.run_steps(step, ctx) else 0
+        return m if self.affords_probe(step, ctx) else 0
 
     def refresh_after(self, run_steps: float = math.inf) -> int:
         """Lends before the next pause to re-measure: ``REFRESH_MARGINAL`` for a marginal win;

@@ -29,7 +29,7 @@ CTX = DynamicScheduleContext(required_samples=16, trigger_parameter_sync_step=4,
 
 def measuring(**kw):
     """``predictive`` with neither clear wins nor probes: every lend waits for the cycle model."""
-    return PredictiveDynamicSchedulePolicy(clear_gain=1e9, probe_budget=0.0, **kw)
+    return PredictiveDynamicSchedulePolicy(clear_gain=1e9, probes=False, **kw)
 
 
 SWITCH = {k: (2.0, 1.0) for k in range(1, 5)}
@@ -214,13 +214,13 @@ def test_a_long_lending_run_pauses_three_steps_every_48_lends_to_measure_the_no_
 
 
 def test_a_marginal_win_is_re_measured_after_6_lends():
-    # with switches of 4 + 3 = 7 s, W 12 < 2 × 7: the win is marginal, so after the first streak's
-    # measurement (steps 8-13) the pause comes after 6 lends, not 48. The model: window
-    # (12 − 7) / 2 = 2.5 s against L 7.5 s → ρ 1/3 → gain (1/4) × 5 = 1.25 s > 1.2 s (the streak
-    # measured 2 s, which does not cap it)
+    # with switches of 4 + 3 = 7 s, W 13.5 < 2 × 7: the win is marginal, so after the first
+    # streak's measurement (steps 8-13) the pause comes after 6 lends, not 48. The model: window
+    # (13.5 − 7) / 2 = 3.25 s against L 7.5 s → ρ 0.43 → gain 0.30 × 6.5 = 1.96 s > 1.2 s + 10 %
+    # of C (the streak measured 2 s, which does not cap it)
     policy = measuring(prior_switch_s=2.0)
 
-    answers, _ = drive(policy, [60.0] * 7 + [58.0] * 3 + [60.0] * 3 + [58.0] * 6 + [60.0] * 4, wait=12.0,
+    answers, _ = drive(policy, [60.0] * 7 + [58.0] * 3 + [60.0] * 3 + [58.0] * 6 + [60.0] * 4, wait=13.5,
                        switch={1: (4.0, 3.0)})
 
     assert answers == [0] * 7 + [True] * 3 + [0] * 3 + [True] * 6 + [0] * 3 + [True]

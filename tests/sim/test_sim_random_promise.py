@@ -7,8 +7,8 @@ fails naming every scenario that breaks the promise, with its parameters.
 
 Of the bench's 200, none breaks it since issue 45's bolder `predictive` (clear wins lent from
 step 1, probes only where a run can afford them; ``benchmarks/RESULTS.md``, *The lending promise
-on randomly drawn scenarios*): the closest is #35 (32+40 TP 8, staleness 0, switches ×3.97) at
-+0.8 %, where the first lends measure switches of 13.9 s against a 23.5 s wait. The 64-step draw
+on randomly drawn scenarios*): the closest is #177 (16+24 TP 8, staleness 0, switches ×3.89) at
++0.4 %, where the lends measure switches of 13.6 s against a 54 s wait. The 64-step draw
 (``bench_sim.py random --steps 64``) is a benchmark, not a test: it takes minutes.
 """
 

@@ -360,8 +360,10 @@ class Scenario:
                 f"trigger {self.trigger} lengths {self.drift}")
 
     def config(self, policy: str) -> TidalConfig:
-        """The seed preset resized: 8 nodes of ``total/8`` GPUs, TP 4, mini-batch 16 per 32 GPUs."""
-        per_node, mini = self.total_gpus // 8, 16 * self.total_gpus // 32
+        """The seed preset resized: nodes of 4 GPUs (a TP-4 hybrid spans one node's trainer GPUs,
+        which the config now checks: 8 nodes of ``total/8`` left 2 a node at 16 GPUs), TP 4,
+        mini-batch 16 per 32 GPUs."""
+        per_node, mini = 4, 16 * self.total_gpus // 32
         start, end = DRIFTS[self.drift]
         cfg = _load("dynamic", f"trainer.nnodes={self.trainer_gpus // per_node}",
                     f"rollout.nnodes={(self.total_gpus - self.trainer_gpus) // per_node}",
@@ -420,7 +422,7 @@ def bench_grid(scenarios: list[Scenario] | None = None, seeds: tuple[int, ...] =
         [
             f"{len(scenarios)} scenarios × seeds {', '.join(map(str, seeds))} × {len(policies)} policies, "
             f"{GRID_STEPS} steps each (not the preset's 468, to keep the grid to minutes), on the seed "
-            "preset's fitted costs resized: 8 nodes of total/8 GPUs, TP 4, mini-batch 16 per 32 GPUs. "
+            "preset's fitted costs resized: nodes of 4 GPUs, TP 4, mini-batch 16 per 32 GPUs. "
             f"{took:.0f} s on 2 worker processes, " + _machine() + ". Each figure: wall clock (mean over "
             f"the seeds) against `{NEVER_LEND}` on the same GPUs (hybrids never lent); negative = faster.",
             "",

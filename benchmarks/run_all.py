@@ -160,8 +160,9 @@ def merge() -> dict:
     # the runs RESULTS.md quotes (prefect_stalls, multinode, hf_engine, smollm2, compare_predictive: each
     # with its command there); train_ranks by bench_train.py --write (every rank's detail stays in its
     # file), weight_sync by bench_weight_sync.py --write
-    for name in ("sim_seed", "sim_grid", "sim_random", "gpu", "prefect_stalls", "multinode", "hf_engine", "smollm2",
-                 "compare_predictive", "train_ranks", "weight_sync"):
+    for name in ("sim_seed", "sim_grid", "sim_random", "sim_random_64", "sim_oracle", "sim_admission", "gpu",
+                 "prefect_stalls", "multinode", "hf_engine", "smollm2", "compare_predictive", "train_ranks",
+                 "weight_sync"):
         figures = source(name)
         if figures:
             out[name] = {k: v for k, v in figures.items() if k not in DETAIL and k != "commands"}

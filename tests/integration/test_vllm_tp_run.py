@@ -68,7 +68,10 @@ def test_a_tp2_hybrid_run_lends_three_times_and_resumes_exactly_after_a_sigkill(
     args = [*TP2, "--set", f"storage.url={url}", "--set", f"trainer.default_local_dir={tmp_path}/runs",
             "--set", f"ray.address={ray_address}", "--set", f"trainer.total_training_steps={STEPS}",
             "--set", f"async_training.dynamic_schedule_policy={POLICY}", "--set", "trainer.test_freq=0",
-            "--set", "trainer.val_before_train=false"]
+            "--set", "trainer.val_before_train=false",
+            # take the hybrid back at once, mid-generation, and give it responses long enough to
+            # still be running then: every take-back aborts requests that must resume
+            "--set", "async_training.dynamic_schedule_deactivate_ratio=0", "--set", "data.max_response_length=32"]
     with WorkerWatch() as watch:
         # killed at step 3 while the hybrid lent after step 2 still generates
         code, log = run_tidal(["run", "tiny-hf-vllm", *args], tmp_path, crash="wait_for_samples:3", timeout=600)

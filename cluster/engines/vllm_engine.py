@@ -31,8 +31,8 @@ from typing import Any, TypeVar
 from cluster import weight_sync as ws
 from cluster.model import TinyLMConfig
 from cluster.engines.base import EngineState, build_result, check_request, check_state_dict
-from cluster.engines.vllm_ranks import (EXECUTOR, IDENT_KEY, WORKERS_KEY, no_mtp_completeness_check,
-                                        quiet_expected_reload_warnings, where)
+from cluster.engines.vllm_ranks import (EXECUTOR, IDENT_KEY, WORKERS_KEY, quiet_expected_reload_warnings,
+                                        reload_layerwise, where)
 from cluster.types import FinishReason, GenerationRequest, GenerationResult
 
 log = logging.getLogger(__name__)
@@ -113,11 +113,7 @@ class TidalWorkerExtension:
         ``GroupSpec``'s fields, ``buckets`` the manifest's ``[[name, shape], ...]`` per bucket.
         """
         import torch
-        from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload import (finalize_layerwise_reload,
-                                                             initialize_layerwise_reload)
 
-        quiet_expected_reload_warnings()
         t0 = time.perf_counter()
         group_spec = ws.GroupSpec(**spec)
         manifest = ws.Manifest(tuple(tuple(ws.Entry(str(name), tuple(shape)) for name, shape in bucket)
@@ -130,21 +126,11 @@ class TidalWorkerExtension:
                 receiver.leave()
             receiver = self._tidal_receiver = ws.Receiver(device)
         group = receiver.join(group_spec, rank + self.rank)
-        model = self.model_runner.get_model()
         dropped = frozenset(drop)
-        with set_current_vllm_config(self.vllm_config), no_mtp_completeness_check():
-            initialize_layerwise_reload(model)
-            try:
-                # A layer split across two buckets keeps the first one's views until its last
-                # weight arrives: ws.receive gives every bucket a buffer of its own.
-                for bucket in ws.receive(group, manifest):
-                    model.load_weights(checkpoint_named(bucket, gpt2_names=gpt2_names, drop=dropped))
-            finally:
-                # also after a failure: every layer gets its (old or new) tensors back in place
-                finalize_layerwise_reload(model, self.vllm_config.model_config)
-        self._reprocess_tied_heads()
-        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):  # as reload_weights does
-            getattr(self.model_runner, reset, lambda: None)()
+        # A layer split across two buckets keeps the first one's views until its last weight
+        # arrives: ws.receive gives every bucket a buffer of its own.
+        reload_layerwise(self, (checkpoint_named(bucket, gpt2_names=gpt2_names, drop=dropped)
+                                for bucket in ws.receive(group, manifest)))
         return time.perf_counter() - t0
 
     def _reprocess_tied_heads(self) -> None:

@@ -157,7 +157,9 @@ class RankWorker:
         """Load ``(checkpoint name, full tensor)`` pairs into this worker in place, one at a time
         (vLLM's layerwise reload: each weight loader keeps this worker's TP slice; a layer is
         processed once all its weights are in). Returns seconds."""
-        return self.run(lambda worker: load_named(worker, named))
+        t0 = time.perf_counter()
+        self.run(lambda worker: reload_layerwise(worker, [named]))
+        return time.perf_counter() - t0
 
     def close(self) -> None:
         if self._closed.is_set():
@@ -174,27 +176,29 @@ class RankWorker:
         self._ctx.term()
 
 
-def load_named(worker: Any, named: Iterable[tuple[str, Any]]) -> float:
-    """vLLM 0.32's layerwise reload around one ``model.load_weights`` over ``named`` (lazy: a
-    generator gathers each tensor as the loader asks for it), then the derived state refreshed
-    as ``Worker.reload_weights`` does. Runs on the worker's model in this process."""
+def reload_layerwise(worker: Any, batches: Iterable[Iterable[tuple[str, Any]]]) -> None:
+    """vLLM 0.32's layerwise reload of a worker's model in this process: one reload window, one
+    ``model.load_weights`` per batch of (checkpoint name, full tensor) pairs (lazy: a generator
+    may gather or receive each as the loader asks), then the derived state refreshed as
+    ``Worker.reload_weights`` does. Each weight loader keeps this worker's TP slice; a layer is
+    processed once all its weights are in, whichever batch they came in."""
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
     quiet_expected_reload_warnings()
-    t0 = time.perf_counter()
     runner = worker.model_runner
     model = runner.get_model()
     with set_current_vllm_config(worker.vllm_config), no_mtp_completeness_check():
         initialize_layerwise_reload(model)
         try:
-            model.load_weights(iter(named))
+            for batch in batches:
+                model.load_weights(iter(batch))
         finally:
+            # also after a failure: every layer gets its (old or new) tensors back in place
             finalize_layerwise_reload(model, worker.vllm_config.model_config)
     worker._reprocess_tied_heads()
     for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
         getattr(runner, reset, lambda: None)()
-    return time.perf_counter() - t0
 
 
 def no_mtp_completeness_check() -> Any:

@@ -12,9 +12,12 @@ N), so a lend window D shorter than L delivers only D / L of ρ_k; the run's pro
 what can still start; and what a lending streak measured against the no-lend cycles on both sides
 of it (it pauses after its first streak to measure that) is believed over the model.
 A clear win (the hybrids add at least the standalones' share and even the smallest recent wait
-pays 1.3 × the switches) is lent from the first step, with no measurement first and no pause
-after its first streak; where only the switch-cost prior stands between the model and a lend, one
-probe lend measures the switches if the run is long enough to afford it.
+pays the switches) is lent from the first step, with no measurement first and no pause after its
+first streak, and each re-measurement that confirms it makes the next one ``TRUST_GROWTH`` times
+further away; where only the switch-cost prior stands between the model and a lend, one probe lend
+measures the switches (after two no-lend cycles) if the run is long enough to afford it. Before
+the load of a filled replica is measured, the headroom the rollouter left unstarted says whether
+the lent hybrids are full (no rebalance).
 It lends the k with the largest predicted gain when that gain clears its uncertainty and a margin,
 and re-measures ``T0`` and ``W`` sooner when the win it lends on is marginal. The samples to queue
 before taking the hybrids back start from the same model and adapt to the trainer's waits after
@@ -35,6 +38,9 @@ EMA_ALPHA = 0.3
 """Weight of a new cycle in the running means (after the first 1/alpha cycles, a plain mean)."""
 MIN_BASE_CYCLES = 5
 """No-lend cycles to measure before the model is trusted."""
+MIN_PROBE_CYCLES = 2
+"""…but a probe of the switch seconds needs only this many: it asks whether free switches would
+win, and what it measures (C) is what the first lends' answers turn on most."""
 START_UP_STEPS = 2
 """Cycles ending at these first steps are not measured: the rollouter started every sample at
 once, so their waits are the start-up's, not the run's."""
@@ -51,9 +57,16 @@ around it…"""
 AROUND = 2
 """…the last this many before the streak and the first this many after it (an A-B-A comparison:
 a drift of T0 shows on both sides and cancels, where a trend extrapolated over the streak does not)."""
+ABA_MAX = 6
+"""A streak of more lend cycles than this is compared with the no-lend cycles after it only: its
+lend cycles' mean follows the latest (``EMA_ALPHA``), and what was measured before it may lie a
+long drift ago (the seed preset's cycles grow from 35 s to 65 s over a streak of 350 steps)."""
 PROBE_PAUSE = AROUND + 1
 """Steps without lending after the first measured streak: the take-back cycle and ``AROUND``
 no-lend cycles, so what lending gave is measured before lending goes on."""
+LONG_PAUSE = 3
+"""…after a streak of more than ``ABA_MAX`` lends: the take-back cycle and one no-lend cycle, all
+its after-only comparison needs (the pause is the price of trust, paid at the longest cycles)."""
 REALIZED_FOR = 8
 """What a streak gave caps the model until this many no-lend cycles were measured after it (then
 the model may try again, and the next streak is measured anew)."""
@@ -71,7 +84,7 @@ TREND_BETA = 0.2
 PRIOR_SWITCH_S = 6.0
 """Switch seconds per lend cycle (sync + activate + rebalance + deactivate) before one is measured
 (``prior_switch_s``, config key ``async_training.dynamic_schedule_prior_switch_s``)."""
-CLEAR_GAIN = 1.3
+CLEAR_GAIN = 1.0
 """A lend is a clear win, lent without measuring ``T0`` first and without the pause that measures
 its streak, when the fluid gain from the most pessimistic recent wait, ρ_k (W_min − C_k) / (1 + ρ_k),
 is at least this many times the switch seconds C_k…"""
@@ -82,6 +95,10 @@ CLEAR_TRUST = 8
 """A clear win is re-measured after ``REFRESH_EVERY`` × (its pessimistic gain / its bar) lends, at
 most this many times ``REFRESH_EVERY``: the further the wait is above what the lend needs, the
 longer a drift takes to turn the win into a loss."""
+TRUST_GROWTH = 16
+"""Each measured streak in a row that confirms a clear win (it gave at least the clear bar) makes
+the lends before the next re-measuring this many times as many: a win measured again and again
+is trusted for longer (the lend cycles still watch for a shrinking wait, ``lend_drift_s``)."""
 LEND_REF = 2
 """Lend cycles of a streak whose mean is the reference its later cycles are compared with: W_min
 of a clear win is lowered by (1 + ρ) × how much shorter they have become (a clear win lent for
@@ -102,9 +119,15 @@ hidden in the wait: a lend window shorter than a sample's latency hides little (
 PROBE_BUDGET = 0.006
 """…which must be under this share of the run's predicted no-lend wall clock (T0 × its steps):
 the promise is 1 %, and a short run cannot afford a probe at all."""
-RATIO_UP_MIN, RATIO_UP_MAX, RATIO_DOWN = 0.02, 0.1, 0.02
-"""Queue-share adaptation after a lend cycle: up by the waited-for share of the cycle (clipped),
-down by a fixed step when the trainer did not wait after the take-back (as `default` adapts)."""
+RATIO_GAIN, RATIO_UP_MIN, RATIO_UP_MAX, RATIO_DOWN = 0.5, 0.01, 0.25, 0.02
+"""Queue-share adaptation after a lend cycle: up by ``RATIO_GAIN`` × the waited-for share of the
+cycle (clipped), down by a fixed step when the trainer did not wait after the take-back. A wait
+says how far below the point where waiting starts the share is, but that point moves from cycle
+to cycle: going all the way (gain 1) overshoots. On the seed preset with the overlapped sync
+(seeds 0-4) gain 1 took 5.432 h capped at 0.1 and 5.473 h capped at 0.5, gain 0.5 5.416 h (a
+fixed share of 0.42, known in hindsight, 5.386 h); the cap of 0.25 lets a layout far below the
+point (26 hybrids beside one standalone, random draw #98 of ``draw(200, 0, 16)``) climb in a few
+cycles (``docs/policies.md``)."""
 
 
 def _stat() -> dict[str, float]:
@@ -162,6 +185,14 @@ def _trend_add(trend: dict[str, float], step: int, x: float) -> dict[str, float]
     }
 
 
+def unstarted_headroom(ctx: DynamicScheduleContext) -> int:
+    """Samples the rollouter could still start under the staleness cap (cap − in flight − queued),
+    no more than the prompts left to start. Right after a lend the rollouter has started all it
+    may, so headroom left over means the replicas' concurrency, not the cap, stopped it."""
+    headroom = max(0, ctx.max_required_samples - ctx.in_flight_samples - ctx.mq_size)
+    return headroom if ctx.samples_to_start is None else min(headroom, ctx.samples_to_start)
+
+
 def hybrid_share(k: int, ctx: DynamicScheduleContext) -> float:
     """ρ_k: what k lent hybrids add to the standalones' generation, as a share of it.
 
@@ -174,10 +205,7 @@ def hybrid_share(k: int, ctx: DynamicScheduleContext) -> float:
     s = max(1, ctx.standalone_replicas)
     if ctx.max_required_samples <= 0 or ctx.in_flight_samples <= 0:
         return k / s  # nothing to bound it with (a bare context)
-    headroom = max(0, ctx.max_required_samples - ctx.in_flight_samples - ctx.mq_size)
-    if ctx.samples_to_start is not None:  # near the data's end, what is left to start bounds it
-        headroom = min(headroom, ctx.samples_to_start)
-    return min(k / s, headroom / ctx.in_flight_samples)
+    return min(k / s, unstarted_headroom(ctx) / ctx.in_flight_samples)
 
 
 @register_policy("predictive")
@@ -231,9 +259,9 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         """The lending streak being measured: the no-lend cycles before it (mean), the cycles lent
         at both ends, and the no-lend cycles after its take-back."""
         self.realized: dict[str, float] | None = None
-        """Seconds the last measured streak's cycles were shorter than the no-lend cycles around
-        them, clipped to [−C, W] (``gain``), and the no-lend samples there were then (``base_n``):
-        what lending really gave."""
+        """Seconds the measured streaks' cycles were shorter than the no-lend cycles around them,
+        each clipped to [−C, W], as a running mean (``gain``, over ``n`` streaks), and the no-lend
+        samples there were at the latest (``base_n``): what lending really gave."""
         self.free_waits: list[float] = []
         """The trainer's wait in the last ``CLEAR_WINDOW`` cycles that did not begin with a take-back
         (from step 1 on): W_min of the clear-win test."""
@@ -241,6 +269,8 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         """The latest lend was a clear win (no A-B-A pause after its first streak)."""
         self.clear_margin = 0.0
         """The latest clear win's pessimistic gain over its bar (``refresh_after``)."""
+        self.confirmed = 0
+        """Measured streaks in a row that gave a clear win's bar or more (``TRUST_GROWTH``)."""
         self.lend_ref: float | None = None
         """Mean of the current streak's first ``LEND_REF`` lend cycles (``lend_drift_s``)."""
         self.marginal = False
@@ -327,13 +357,19 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         t0 = preds[0][0]
         k = min(range(1, len(preds)), key=lambda j: (round(preds[j][0], 9), -j))
         gain, se = t0 - preds[k][0], preds[k][1]
-        if not gain > Z * se + MARGIN * t0 + SWITCH_MARGIN * self.switch_s(k):
+        if not gain > Z * se + MARGIN * t0 + SWITCH_MARGIN * self.switch_s(k):  # t0: at this step
             return 0
         # before any switch is measured the first lend risks the prior's switch on the path, as a
         # probe does: only where the run can afford that, or the win pays it anyway
         if not self.activate and gain < self.probe_cost_s() and not self.affords_probe(step, ctx):
             return 0
         return k
+
+    def win_bar_s(self, k: int | None = None) -> float:
+        """What a lend of k must shorten a cycle by beyond its uncertainty to count as a win:
+        ``MARGIN`` of T0 and ``SWITCH_MARGIN`` of C_k (``best_lend``'s bar; a measured streak that
+        gave less is marginal, one that gave it confirms the win)."""
+        return MARGIN * self.base["level"] + SWITCH_MARGIN * self.switch_s(k)
 
     def probe_cost_s(self) -> float:
         """What a lend with unmeasured switches may cost: ``PROBE_WORST`` × the prior + ``MARGIN`` of T0."""
@@ -412,8 +448,8 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         model is trusted, lending would win if the switches were free (ρ W / (1 + ρ) ≥ ``PROBE_GAIN``
         × the prior)
         and the run can afford switches of ``PROBE_WORST`` × the prior (``PROBE_BUDGET``); else 0."""
-        if (self.activate or not self.probes or self.base["n"] < MIN_BASE_CYCLES
-                or self.wait["n"] < MIN_BASE_CYCLES):
+        if (self.activate or not self.probes or self.base["n"] < MIN_PROBE_CYCLES
+                or self.wait["n"] < MIN_PROBE_CYCLES):
             return 0
         m = max(1, ctx.hybrid_replicas)
         rho = self.effective_share(m, ctx, switch_s=0.0)
@@ -426,11 +462,14 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         for a model's win ``REFRESH_EVERY``, but no more than a quarter of the run's steps (a
         streak measured wrong must not be believed for most of a short run); up to
         ``CLEAR_TRUST`` × ``REFRESH_EVERY`` for a clear one (``clear_margin``: its pessimistic gain
-        over its bar at the latest lend)."""
+        over its bar at the latest lend), times ``TRUST_GROWTH`` for each measured streak in a row
+        that confirmed it (a model's win is not trusted longer: its streaks are not clear enough
+        to tell a shrinking wait from noise within a short run)."""
         if self.marginal:
             return REFRESH_MARGINAL
         if self.clear:
-            return int(REFRESH_EVERY * min(CLEAR_TRUST, max(1.0, self.clear_margin)))
+            trust = TRUST_GROWTH ** min(self.confirmed, 4)
+            return int(REFRESH_EVERY * min(CLEAR_TRUST, max(1.0, self.clear_margin)) * trust)
         return int(max(REFRESH_MARGINAL, min(REFRESH_EVERY, run_steps / 8)))
 
     def model_ratio(self, ctx: DynamicScheduleContext) -> float:
@@ -474,9 +513,14 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     def request_rebalance(self, global_steps: int, ctx: DynamicScheduleContext) -> bool:
         """Only when the lent hybrids hold less than a standalone does: a rebalance aborts and
         re-prefills every in-flight request, which pays only where the headroom could not fill
-        the hybrids (or the load per replica is not known yet)."""
-        if self.load["n"] == 0 or ctx.in_flight_samples <= 0:
+        the hybrids. Before the load of a filled replica is measured (a clear win lends from the
+        first step), the headroom tells: samples the staleness cap and the prompts still let start
+        that the rollouter did not start mean every routable replica is at its concurrency, the
+        lent ones too (``unstarted_headroom``)."""
+        if ctx.in_flight_samples <= 0:
             return True
+        if self.load["n"] == 0:
+            return ctx.max_required_samples <= 0 or unstarted_headroom(ctx) <= 0
         replicas = max(1, ctx.standalone_replicas) + max(1, ctx.lent_replicas)
         return ctx.in_flight_samples < replicas * self.load["mean"] - 0.5
 
@@ -494,7 +538,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             self.clear = gain >= bar and (realized is None or realized >= bar)
             self.clear_margin = min(gain, math.inf if realized is None else realized) / bar if self.clear else 0.0
             self.marginal = not self.clear and (self.wait["mean"] < MARGINAL * self.switch_s(lent)
-                                                or (realized is not None and realized < self.switch_s(lent)))
+                                                or (realized is not None and realized < self.win_bar_s(lent)))
         self.free_waits = self.recent_waits(ctx)  # this cycle's wait, if it was a no-lend one
         if self.last_end_at is not None:
             self._observe(global_steps, ctx, ctx.now - self.last_end_at, self.last_lent, lent)
@@ -506,7 +550,8 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         elif lent:
             self.lends_since_refresh += 1
             if self.lends_since_refresh >= self.refresh_after(self.run_steps(global_steps, ctx)):
-                self.pause_left, self.lends_since_refresh = PROBE_PAUSE, 0
+                long = self.streak["lent"]["n"] > ABA_MAX
+                self.pause_left, self.lends_since_refresh = (LONG_PAUSE if long else PROBE_PAUSE), 0
         self.last_end_at, self.last_lent = float(ctx.now), int(lent)
 
     def _observe(self, step: int, ctx: DynamicScheduleContext, cycle_s: float, before: int, after: int) -> None:
@@ -533,7 +578,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             ratio = self.model_ratio(ctx) if self.ratio is None else self.ratio
             waited = int(sum(ctx.step_wait_samples))
             cycle = max(1, ctx.step_required_samples)
-            delta = min(RATIO_UP_MAX, max(RATIO_UP_MIN, waited / cycle)) if waited > 0 else -RATIO_DOWN
+            delta = min(RATIO_UP_MAX, max(RATIO_UP_MIN, RATIO_GAIN * waited / cycle)) if waited > 0 else -RATIO_DOWN
             self.ratio = round(min(1.0, max(0.0, ratio + delta)), 12)
 
     def _close_streak(self, cycle_s: float) -> None:
@@ -546,12 +591,21 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             self.streak = _streak()
             return
         after = _add(self.streak["after"], cycle_s)
-        if after["n"] < AROUND:
+        if after["n"] < (AROUND if lent["n"] <= ABA_MAX else LONG_PAUSE - 1):
             self.streak = {**self.streak, "after": after}
             return
-        around = (self.streak["before"] + after["mean"]) / 2 if self.streak["before"] > 0 else after["mean"]
+        # A-B-A for a short streak; a long one's lend cycles are a running mean of its latest
+        # ones, and the cycles before it drifted away: the cycles after it are the reference
+        aba = self.streak["before"] > 0 and lent["n"] <= ABA_MAX
+        around = (self.streak["before"] + after["mean"]) / 2 if aba else after["mean"]
         gain = min(self.wait["mean"], max(-self.switch_s(), around - lent["mean"]))
-        self.realized = {"gain": gain, "base_n": self.base["n"]}
+        # one A-B-A measurement is noisy (two cycles each side): what lending gave is the running
+        # mean over the measured streaks, so one bad measurement after many good ones re-measures
+        # sooner (trust starts over) rather than stopping a win that held for the whole run
+        n = int((self.realized or {}).get("n", 0)) + 1
+        mean = gain if n == 1 else self.realized["gain"] + max(EMA_ALPHA, 1.0 / n) * (gain - self.realized["gain"])
+        self.realized = {"gain": mean, "n": n, "base_n": self.base["n"]}
+        self.confirmed = self.confirmed + 1 if self.clear and gain >= self.clear_gain * self.switch_s() else 0
         self.streak = _streak()
 
     # ------------------------------------------------------------------ reasons

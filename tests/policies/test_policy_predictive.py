@@ -21,6 +21,7 @@ from dataclasses import replace
 import pytest
 
 from policies import DynamicScheduleContext, PredictiveDynamicSchedulePolicy, build_policy
+from policies import predictive
 from policies.predictive import hybrid_share
 
 CTX = DynamicScheduleContext(required_samples=16, trigger_parameter_sync_step=4, standalone_replicas=1,
@@ -165,16 +166,17 @@ def test_the_deactivation_queue_starts_from_the_model_and_adapts_to_the_waits_af
     drive(policy, [60.0] * 7)
     assert policy.deactivate_wait_samples(CTX) == 37
 
-    # a lend cycle after which the trainer still waited for 4 samples: + max(0.02, 4/64) → 0.6375;
-    # C is 3 s by then, so the model's start is 1 − (1.5 + 22.5)/60 = 0.6, +0.0625 = 0.6625
-    # (steps 8 and 9 lend; step 9's cycle began with a take-back)
+    # a lend cycle after which the trainer still waited for 4 samples: up by half the waited share
+    # (clipped to [0.01, 0.25]), 0.5 × 4/64 = 0.03125; C is 3 s by then, so the model's start is
+    # 1 − (1.5 + 22.5)/60 = 0.6, + 0.03125 = 0.63125 (steps 8 and 9 lend; step 9's cycle began
+    # with a take-back)
     drive(policy, [60.0] * 2, waited=4, start_step=8, start_now=420.0)
-    assert (policy.ratio, policy.deactivate_wait_samples(CTX)) == (0.6625, 42)
+    assert (policy.ratio, policy.deactivate_wait_samples(CTX)) == (0.63125, 40)
 
     # two more cycles that began with a take-back and saw no wait: − 0.02 each (step 11 no longer
     # lends: two lend cycles measured 60 s, no win); never above the staleness cap
     drive(policy, [60.0] * 2, start_step=10, start_now=540.0, lent_before=1)
-    assert policy.ratio == 0.6225
+    assert policy.ratio == 0.59125
     assert policy.deactivate_wait_samples(replace(CTX, max_required_samples=24)) == 24
 
 
@@ -229,15 +231,20 @@ def test_a_marginal_win_is_re_measured_after_6_lends():
 
 def test_it_rebalances_only_when_the_lent_hybrids_hold_less_than_a_filled_standalone():
     # after the measured no-lend cycles a standalone holds 8 samples; with one hybrid lent, 16 in
-    # flight means the headroom filled it: no rebalance; 12 in flight means it holds 4: rebalance
+    # flight means the headroom filled it: no rebalance; 12 in flight means it holds 4: rebalance.
+    # Before the load is measured (a clear win lends at step 1) the headroom tells: 12 in flight
+    # of a cap of 96 with nothing queued means the rollouter could start more and did not, so
+    # every replica is at its concurrency (no rebalance); 12 in flight + 84 queued leave none, so
+    # the hybrid may hold less than the standalone (rebalance)
     policy = measuring()
-    fresh = policy.request_rebalance(1, replace(CTX, lent_replicas=1, in_flight_samples=12))
+    fresh = [policy.request_rebalance(1, replace(CTX, lent_replicas=1, in_flight_samples=12, mq_size=q))
+             for q in (0, 84)]
     drive(policy, [60.0] * 7)
     lent = replace(CTX, hybrid_replicas=1, lent_replicas=1)
 
     answers = [policy.request_rebalance(8, replace(lent, in_flight_samples=n)) for n in (16, 12)]
 
-    assert (fresh, answers) == (True, [False, True])
+    assert (fresh, answers) == ([False, True], [False, True])
 
 
 def test_the_switch_cost_prior_decides_whether_the_first_lend_is_tried():
@@ -312,7 +319,7 @@ def test_the_start_up_cycles_are_not_measured():
 
 def test_a_clear_win_is_lent_from_the_first_step_and_never_paused_to_be_measured():
     # two hybrids against one standalone (ρ_2 = 2) and a 30 s wait from step 1 on: the pessimistic
-    # gain 2/3 × (30 − 6) = 16 s is over 1.3 × C = 7.8 s, so it lends at step 1 without measuring T0.
+    # gain 2/3 × (30 − 6) = 16 s is over the bar (C = 6 s), so it lends at step 1 without measuring T0.
     # Measured switches (2 + 1 s) keep it clear, so no A-B-A pause ever comes
     policy = build_policy("predictive")
 
@@ -322,10 +329,12 @@ def test_a_clear_win_is_lent_from_the_first_step_and_never_paused_to_be_measured
     assert (policy.clear, policy.free_waits, policy.base["n"]) == (True, [30.0], 0)
 
 
-def test_a_win_under_1_3_times_the_switch_seconds_is_measured_first():
-    # wait 15 s: 2/3 × (15 − 6) = 6 s < 1.3 × 6 = 7.8 s, not clear: five no-lend cycles are
-    # measured first; then the model (window 3 s of L 7.5 s: ρ 0.8, gain 4 s) lends at step 8
-    policy = build_policy("predictive")
+def test_a_win_under_the_clear_bar_is_measured_first():
+    # with a bar of 1.3 × the switch seconds, wait 15 s: 2/3 × (15 − 6) = 6 s < 1.3 × 6 = 7.8 s,
+    # not clear: five no-lend cycles are measured first; then the model (window 3 s of L 7.5 s:
+    # ρ 0.8, gain 4 s) lends at step 8 (at the default bar, 1 × C, the same wait is a clear win)
+    policy = PredictiveDynamicSchedulePolicy(clear_gain=1.3, probes=False)
+    assert build_policy("predictive").clear_gain_s(2, replace(CTX, hybrid_replicas=2, step_wait_times=[15.0])) >= 6.0
 
     answers, now = drive(policy, [60.0] * 7, hybrids=2, wait=15.0)
     gain = policy.clear_gain_s(2, replace(CTX, hybrid_replicas=2, step_wait_times=[15.0]))
@@ -342,13 +351,14 @@ def test_one_hybrid_against_many_standalones_is_never_a_clear_win():
     assert drive(policy, [60.0] * 3, wait=50.0, ctx=ctx)[0] == [0] * 3
 
 
-@pytest.mark.parametrize(("samples_left", "expected"), [(128, [0] * 12), (1920, [0] * 7 + [True] + [0] * 4)])
+@pytest.mark.parametrize(("samples_left", "expected"), [(128, [0] * 12), (1920, [0] * 4 + [True] + [0] * 7)])
 def test_a_probe_measures_the_switches_only_where_the_run_can_afford_a_switch_as_dear_as_the_prior(
         samples_left, expected):
     # W 8 s against the 6 s prior: no predicted win, but free switches would give ρ W / (1 + ρ) =
     # 3.3 s ≥ a quarter of the prior (two hybrids, window 8 / 3 s of L 7.5 s: ρ 0.71). A probe
     # may cost 6 s + 2 % of T0 = 7.2 s: 0.6 % of 10 steps of 60 s is 3.6 s (no probe), of 38 steps
-    # 13.7 s (one probe, at step 8). It measures 5 + 3 s: no win, no more lends
+    # 13.7 s (one probe, at step 5: a probe needs only two measured no-lend cycles). It measures
+    # 5 + 3 s: no win, no more lends
     ctx = replace(CTX, samples_to_start=samples_left)
     policy = build_policy("predictive")
 
@@ -359,7 +369,7 @@ def test_a_probe_measures_the_switches_only_where_the_run_can_afford_a_switch_as
 
 def test_a_clear_streak_whose_lend_cycles_shrink_stops_lending_when_the_wait_they_imply_no_longer_pays():
     # lent from step 1 (30 s wait, ρ_2 = 2); its lend cycles fall from 45 s to 20 s: the wait they
-    # imply, 30 + min(1 + ρ, 2) × (the fall beyond 5 % of 45 s), no longer pays 1.3 × the
+    # imply, 30 + min(1 + ρ, 2) × (the fall beyond 5 % of 45 s), no longer pays the
     # switches at step 8. The no-lend cycles after it wait 30 s again (this script's wait never
     # changes), so at step 10 the win is clear again. A fall to 30 s is not enough to stop it
     policy, steady = build_policy("predictive"), build_policy("predictive")
@@ -378,3 +388,43 @@ def test_a_model_win_is_re_measured_after_an_eighth_of_a_short_run_and_a_clear_o
     assert (policy.refresh_after(64.0), policy.refresh_after()) == (144, 144)
     policy.clear_margin = 20.0
     assert policy.refresh_after() == 8 * 48
+
+
+def test_a_clear_win_its_streaks_confirm_is_trusted_longer_each_time():
+    policy = build_policy("predictive")
+    policy.clear, policy.clear_margin = True, 2.0
+
+    intervals = []
+    for confirmed in range(3):
+        policy.confirmed = confirmed
+        intervals.append(policy.refresh_after())
+
+    growth = predictive.TRUST_GROWTH
+    assert intervals == [96, 96 * growth, 96 * growth ** 2]
+    policy.clear = False
+    assert policy.refresh_after(64.0) == 8  # a model's win is not trusted longer
+
+
+def _long_streak(policy, lend_s: float, before_s: float, cycles: int):
+    policy.streak = {"before": before_s, "lent": {"n": 0, "mean": 0.0, "var": 0.0},
+                     "after": {"n": 0, "mean": 0.0, "var": 0.0}}
+    for _ in range(cycles):
+        policy.streak["lent"] = predictive._add(policy.streak["lent"], lend_s)
+
+
+def test_a_long_streak_is_measured_against_the_cycles_after_it_and_the_measurements_are_averaged():
+    # the cycles grew from 30 s (before a 10-cycle streak) to 50 s (after it) while the streak ran
+    # at 45 s: an A-B-A would say the streak lost 5 s a cycle; the cycles after it say it gave 5 s.
+    # A second streak that measures a 1 s loss moves the running mean by 30 %, not to −1 s
+    policy = build_policy("predictive")
+    policy.wait = {"n": 5, "mean": 20.0, "var": 0.0}
+    _long_streak(policy, 45.0, 30.0, 10)
+    policy._close_streak(50.0)
+    policy._close_streak(50.0)
+    first = policy.realized["gain"]
+    _long_streak(policy, 51.0, 30.0, 10)
+    policy._close_streak(50.0)
+    policy._close_streak(50.0)
+
+    assert (first, policy.realized["n"]) == (pytest.approx(5.0), 2)
+    assert policy.realized["gain"] == pytest.approx(5.0 + 0.5 * (-1.0 - 5.0))

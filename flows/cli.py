@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
 from cluster.reward import RewardFailed
 from config import ConfigError, list_presets, load_config, to_plain
 from flows.configs import load_checked, summarize_config
-from flows.errors import EXIT_BAD_INPUT, RunError, RunStopped
+from flows.errors import EXIT_BAD_INPUT, RunError, RunStopped, full_disk
 from policies import UnknownPolicyError
 from storage import StoreError, StoreUnavailable, redact_url
 
@@ -413,13 +413,15 @@ def _one_line(text: str) -> str:
 def _explained(exc_info: object) -> bool:
     """Whether a log record's exception is (or was caused by) a failure the CLI explains in its
     own last line: the store becoming unreachable, a reward function that failed, a Ray actor that
-    died, or any other ``RunError``."""
+    died, a full disk, or any other ``RunError``."""
     exc = exc_info[1] if isinstance(exc_info, tuple) else None
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         if isinstance(exc, (StoreUnavailable, RunError, RewardFailed)):
             return True
         if any(c.__name__ == "RayActorError" for c in type(exc).__mro__):  # a dead actor: ActorLost says so
+            return True
+        if full_disk(exc) is not None:  # DiskFull says so
             return True
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__

@@ -5,6 +5,7 @@ Kept free of Ray, torch and Prefect so that ``flows.cli`` can catch these withou
 
 from __future__ import annotations
 
+import errno
 import re
 from collections.abc import Iterator
 
@@ -16,6 +17,10 @@ EXIT_STORE_LOST = 3
 EXIT_REWARD_FAILED = 4
 """A reward function raised, hung past ``custom_reward_function.timeout_s`` or returned no score;
 the line names the function and the sample. Every committed step is intact."""
+EXIT_DISK_FULL = 5
+"""The disk filled while a checkpoint was written; the line names the path. The checkpoints before
+it are intact, a half-written one is never taken for one, and ``tidal resume`` continues once
+there is room."""
 
 
 class RunError(RuntimeError):
@@ -111,3 +116,27 @@ class RunStopped(RunError):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class DiskFull(RunError):
+    """No space was left to write a checkpoint (exit 5)."""
+
+    exit_code = EXIT_DISK_FULL
+
+
+def disk_full(exc: BaseException, *, uid: str, storage_arg: str) -> DiskFull | None:
+    """The ``DiskFull`` for a run that stopped because a write found the disk (or the quota) full:
+    an ``OSError`` ENOSPC or EDQUOT anywhere in ``exc``'s chain; the line names its path.
+    ``storage_arg`` must have its password hidden already."""
+    if (e := full_disk(exc)) is not None:
+        where = f" writing {e.filename}" if e.filename else ""
+        return DiskFull(f"the disk is full (no space left on device{where}); the run stopped, every "
+                        f"checkpoint before it is intact and nothing half-written is kept; free some space "
+                        f"there, then resume with: tidal resume {uid} --storage '{storage_arg}'")
+    return None
+
+
+def full_disk(exc: BaseException) -> OSError | None:
+    """The ``OSError`` ENOSPC or EDQUOT anywhere in ``exc``'s chain (the disk or the quota full)."""
+    return next((e for e in _chain(exc) if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)),
+                None)

@@ -18,7 +18,7 @@ from cluster.ray_cluster import init_ray
 from config import TidalConfig, to_plain, write_resolved
 from flows import lifecycle
 from flows.configs import load_checked  # the same validation as the CLI
-from flows.errors import CheckpointRefused, StoreLost, actor_lost, reward_failure, store_lost_message
+from flows.errors import CheckpointRefused, StoreLost, actor_lost, disk_full, reward_failure, store_lost_message
 from flows.progress import current, step_line
 from flows.report import write_report
 from flows.runners import on_data_plane_phase, step_flow_client, step_flow_settings, task_runner_for
@@ -291,9 +291,9 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
         if interrupted:
             lifecycle.note_stop(signum)
         _mark_failed(cfg, uid, RunStatus.INTERRUPTED if interrupted else RunStatus.FAILED)
-        failure = reward_failure(exc) or actor_lost(exc, uid=uid, last_step=committed,
-                                                     storage_arg=redact_url(cfg.storage.url))
-        if failure is not None and not interrupted:  # a reward function or an actor failed: one line
+        failure = (reward_failure(exc) or disk_full(exc, uid=uid, storage_arg=redact_url(cfg.storage.url))
+                   or actor_lost(exc, uid=uid, last_step=committed, storage_arg=redact_url(cfg.storage.url)))
+        if failure is not None and not interrupted:  # a reward function, the disk or an actor failed: one line
             raise failure from exc
         raise
     finally:

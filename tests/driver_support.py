@@ -154,6 +154,20 @@ def final_state(url: str) -> tuple[Any, Any, list[dict[str, Any]], list[tuple[in
     return summary, state, rows, prompts
 
 
+def assert_resumed_exactly(straight_url: str, url: str, steps: int) -> tuple[int, int]:
+    """Assert that the interrupted run at ``url`` ended as the uninterrupted one at ``straight_url``:
+    finished, steps 1..``steps`` committed once each, the same policy state, the same trained
+    prompts with none twice. Returns (samples lost, samples duplicated), 0 and 0 once it passed."""
+    want_summary, want_state, want_rows, want_prompts = final_state(straight_url)
+    got_summary, got_state, got_rows, got_prompts = final_state(url)
+    assert got_summary.status == want_summary.status == "finished"
+    assert [r["step"] for r in got_rows] == [r["step"] for r in want_rows] == list(range(1, steps + 1))
+    assert got_state.policy_state == want_state.policy_state
+    assert sorted(got_prompts) == sorted(want_prompts)
+    assert len(got_prompts) == len(set(got_prompts))
+    return len(set(want_prompts) - set(got_prompts)), len(got_prompts) - len(set(got_prompts))
+
+
 def switch_kinds(url: str) -> dict[int, list[str]]:
     """The kinds of the switches the store at ``url`` recorded, per step, in start order."""
     import sqlalchemy as sa

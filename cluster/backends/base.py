@@ -22,6 +22,7 @@ A backend training a Hugging Face model also writes ``huggingface/`` beside the 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import pickle
@@ -123,6 +124,24 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+"""What a write fails with when the disk (or the user's quota) is full."""
+
+
+def as_disk_full(exc: BaseException, path: str | os.PathLike[str]) -> OSError | None:
+    """A plain ``OSError(ENOSPC, ..., path)`` when ``exc`` or what it was raised from is a full
+    disk, else None. ``torch.save`` reports one as ``RuntimeError: ... unexpected pos`` with the
+    ``OSError`` only as its context, which a Ray task error does not carry back; this one does."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in DISK_FULL:
+            return OSError(e.errno, os.strerror(e.errno), str(path))
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def write_atomically(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> Path:
     """``write`` into a temp file beside ``path``, fsync, rename over ``path`` (and fsync the folder):
     a reader sees either the old file or the complete new one, never a partial one."""
@@ -135,8 +154,10 @@ def write_atomically(path: str | os.PathLike[str], write: Callable[[IO[bytes]], 
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if (full := as_disk_full(exc, target)) is not None:
+            raise full from exc
         raise
     try:  # make the rename itself durable
         dir_fd = os.open(target.parent, os.O_RDONLY)
@@ -200,8 +221,10 @@ def write_hf_folder(model: Any, tokenizer: Any, directory: str | os.PathLike[str
         os.replace(tmp, target)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if (full := as_disk_full(exc, target)) is not None:
+            raise full from exc
         raise
     return target
 

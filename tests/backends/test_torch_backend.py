@@ -348,6 +348,26 @@ def test_a_save_that_fails_midway_leaves_the_previous_checkpoint_intact(tmp_path
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
 
 
+def test_a_full_disk_under_torch_save_comes_out_as_enospc_naming_the_checkpoint(tmp_path, monkeypatch):
+    import errno
+
+    backend = make_backend()
+    info = backend.save_checkpoint(tmp_path / "ckpt.pt")
+
+    def save_on_a_full_disk(obj, fh):  # what torch.save raises when a write hits ENOSPC
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 768 vs 662") from None
+
+    monkeypatch.setattr(backend_base.torch, "save", save_on_a_full_disk)
+    with pytest.raises(OSError) as raised:
+        backend.save_checkpoint(tmp_path / "ckpt.pt")
+    assert (raised.value.errno, raised.value.filename) == (errno.ENOSPC, str(tmp_path / "ckpt.pt"))
+    assert hashlib.sha256(Path(info.path).read_bytes()).hexdigest() == info.sha256
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
+
+
 class _Payload:
     """Pickles to a call that creates a marker file: proof that unpickling ran code."""
 

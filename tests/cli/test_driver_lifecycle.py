@@ -197,3 +197,22 @@ def test_a_dead_actor_anywhere_in_the_chain_becomes_one_line_with_the_resume_com
         "an actor of the run died (ActorDiedError: ray::TrainerActor The actor died unexpectedly); the run stopped "
         "after step 3 and every committed step is intact; resume with: tidal resume r1 --storage 'sqlite:///t.db'"))
     assert actor_lost(ValueError("no"), uid="r1", last_step=0, storage_arg="x") is None
+
+
+def test_a_full_disk_behind_a_task_error_becomes_one_line_with_the_path_and_exit_5():
+    import errno
+
+    from flows.errors import DiskFull, disk_full
+
+    class RayTaskError(Exception):  # like Ray's: the remote exception rides in ``cause``
+        def __init__(self, cause):
+            super().__init__("ray::TrainerActor.save_checkpoint() failed")
+            self.cause = cause
+
+    exc = RayTaskError(OSError(errno.ENOSPC, "No space left on device", "/r/checkpoints/global_step_2/actor.pt"))
+    full = disk_full(exc, uid="r1", storage_arg="sqlite:///t.db")
+    assert (type(full), full.exit_code, str(full)) == (DiskFull, 5, (
+        "the disk is full (no space left on device writing /r/checkpoints/global_step_2/actor.pt); the run "
+        "stopped, every checkpoint before it is intact and nothing half-written is kept; free some space there, "
+        "then resume with: tidal resume r1 --storage 'sqlite:///t.db'"))
+    assert disk_full(OSError(errno.EACCES, "denied", "/r"), uid="r1", storage_arg="x") is None

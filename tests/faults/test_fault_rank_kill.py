@@ -12,7 +12,8 @@ import signal
 from pathlib import Path
 
 import pytest
-from driver_support import config_args, final_state, pythonpath, ray_head, run_tidal, store_url
+from driver_support import (assert_resumed_exactly, config_args, final_state, pythonpath, ray_head, run_tidal,
+                            store_url)
 from fault_report import record
 
 from tasks.faults import KILL_RANK_ENV
@@ -66,15 +67,7 @@ def test_killed_drivers_cut_off_writes_and_lost_ranks_resume_to_the_uninterrupte
     code, log = run_tidal(["resume", uid, *store], tmp_path)
     assert code == 0, log[-3000:]
 
-    want_summary, want_state, want_rows, want_prompts = final_state(store_url(tmp_path, "straight"))
-    got_summary, got_state, got_rows, got_prompts = final_state(crashed)
-    assert got_summary.status == want_summary.status == "finished"
-    assert [r["step"] for r in got_rows] == [r["step"] for r in want_rows] == list(range(1, STEPS + 1))
-    assert got_state.policy_state == want_state.policy_state
-    assert sorted(got_prompts) == sorted(want_prompts)
-    assert len(got_prompts) == len(set(got_prompts))
-    lost = len(set(want_prompts) - set(got_prompts))
-    duplicated = len(got_prompts) - len(set(got_prompts))
+    lost, duplicated = assert_resumed_exactly(store_url(tmp_path, "straight"), crashed, STEPS)
     record("rank_death", injected=2, survived=2, samples_lost=lost, samples_duplicated=duplicated,
            points=["train:4", "commit:4"])
     record("checkpoint_cut_off", injected=1, survived=1, samples_lost=lost, samples_duplicated=duplicated)

@@ -116,6 +116,12 @@ PROBE_WORST = 1.0
 assumes it may cost this many times ``prior_switch_s`` (plus ``MARGIN`` of T0), with none of it
 hidden in the wait: a lend window shorter than a sample's latency hides little (random draw #9 of
 ``draw(200, 1)``: switches of 12.3 s under a 14 s wait lengthened the probe's cycle by 7.6 s)…"""
+FIRST_LEND_TRUST = 2.0
+"""Before any switch is measured, a lend the model predicts is made outside the probe budget only
+if its predicted gain is this many times what a probe may cost: with the switches unknown the
+model's gain is least known (random draw #147 of ``draw(200, 5, 16)``, 28 hybrids beside two
+standalones at staleness 0 with switches ×2.7: a predicted 10 s against a 6.8 s probe cost, a
+measured 9.6 s of switches and no gain, +2.4 % against never lending over 16 steps)."""
 PROBE_BUDGET = 0.006
 """…which must be under this share of the run's predicted no-lend wall clock (T0 × its steps):
 the promise is 1 %, and a short run cannot afford a probe at all."""
@@ -336,7 +342,9 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         realized = self.realized_gain_s(step)
         for k in range(1, max(1, ctx.hybrid_replicas) + 1):
             gain, se = self.gain_s(k, ctx)
-            out[k] = (base - (gain if realized is None else min(gain, realized)), se)
+            if realized is not None and realized < gain:  # the measurement is believed, with its error
+                gain, se = realized, self.realized.get("se", 0.0)
+            out[k] = (base - gain, se)
         return out
 
     def realized_gain_s(self, step: int) -> float | None:
@@ -361,7 +369,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             return 0
         # before any switch is measured the first lend risks the prior's switch on the path, as a
         # probe does: only where the run can afford that, or the win pays it anyway
-        if not self.activate and gain < self.probe_cost_s() and not self.affords_probe(step, ctx):
+        if not self.activate and gain < FIRST_LEND_TRUST * self.probe_cost_s() and not self.affords_probe(step, ctx):
             return 0
         return k
 
@@ -604,7 +612,13 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         # sooner (trust starts over) rather than stopping a win that held for the whole run
         n = int((self.realized or {}).get("n", 0)) + 1
         mean = gain if n == 1 else self.realized["gain"] + max(EMA_ALPHA, 1.0 / n) * (gain - self.realized["gain"])
-        self.realized = {"gain": mean, "n": n, "base_n": self.base["n"]}
+        # its standard error: a no-lend cycle's spread (the trend's residuals) over the cycles
+        # compared, the measurements averaged counted as that many
+        var = max(self.base["var"], 0.0)
+        spread = var / min(lent["n"], 2.0 / EMA_ALPHA - 1.0) + (
+            var / 4.0 * (1.0 / AROUND + 1.0 / after["n"]) if aba else var / after["n"])
+        se = math.sqrt(spread / min(n, 2.0 / EMA_ALPHA - 1.0))
+        self.realized = {"gain": mean, "n": n, "base_n": self.base["n"], "se": se}
         self.confirmed = self.confirmed + 1 if self.clear and gain >= self.clear_gain * self.switch_s() else 0
         self.streak = _streak()
 

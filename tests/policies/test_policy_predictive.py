@@ -428,3 +428,31 @@ def test_a_long_streak_is_measured_against_the_cycles_after_it_and_the_measureme
 
     assert (first, policy.realized["n"]) == (pytest.approx(5.0), 2)
     assert policy.realized["gain"] == pytest.approx(5.0 + 0.5 * (-1.0 - 5.0))
+
+
+def test_a_streak_gain_within_its_noise_is_not_a_win():
+    # no-lend cycles of 60 ± 5 s: the streak's 4 s gain is under one standard error of a
+    # two-cycle A-B-A measurement (5 × √(1/2 + 1/4 × (1/2 + 1/2)) ≈ 4.3 s) plus 2 % of T0 and 10 %
+    # of C, so the model's bigger win is not lent on; with steady 60 s cycles the same 4 s is
+    noisy, steady = measuring(), measuring()
+    cycles = [60.0, 60.0, 55.0, 65.0, 55.0, 65.0, 55.0, 65.0, 56.0, 56.0, 55.0, 65.0, 55.0]
+    drive(noisy, cycles)
+    drive(steady, [60.0] * 8 + [56.0] * 2 + [60.0] * 3)
+    ctx = replace(CTX, hybrid_replicas=1)
+
+    assert noisy.realized["se"] > 4.0 and steady.realized["se"] == 0.0
+    assert (noisy.best_lend(14, ctx), steady.best_lend(14, ctx)) == (0, 1)
+
+
+def test_a_first_lend_with_unmeasured_switches_needs_twice_the_probe_cost_or_the_probe_budget():
+    # T0 60 s, W 40 s, one hybrid, a 16-step run: the probe budget (0.6 % × 60 s × 16 steps =
+    # 5.8 s) affords no lend with unmeasured switches, so the model's first lend must gain twice
+    # what a probe may cost (the prior + 2 % of T0). With the 6 s prior: ρ (W − 6) / (1 + ρ) =
+    # 17 s ≥ 2 × 7.2 s, it lends; with a 10 s prior: 15 s < 2 × 11.2 s, it does not
+    short = replace(CTX, hybrid_replicas=1, samples_to_start=64 * 8)
+    lends, dear = measuring(), measuring(prior_switch_s=10.0)
+    drive(lends, [60.0] * 7, ctx=short, wait=40.0)
+    drive(dear, [60.0] * 7, ctx=short, wait=40.0)
+    asked = replace(short, step_wait_times=[40.0])
+
+    assert (lends.best_lend(8, asked), dear.best_lend(8, asked)) == (1, 0)

@@ -599,6 +599,64 @@ def bench_random(n: int = 200, seed: int = 0, workers: int = 2, steps: int | Non
     ])
 
 
+DRAWS = "200:5:16,200:9:16,200:13:16,100:3:64,100:7:64"
+"""``bench_sim.py draws``' default: draws other than the benchmark's (``random`` uses seed 0)."""
+
+
+def bench_draws(spec: str = DRAWS, workers: int = 2) -> str:
+    """The lending promise and the regret on other draws of the same distribution: ``spec`` is
+    ``N:SEED:STEPS`` comma-separated; per draw, `predictive`'s mean, worst and count over +1 %
+    against never lending, its mean and largest regret and count over 3 %, and `default`'s mean."""
+    from sim import random_scenarios
+
+    try:
+        draws = [tuple(int(x) for x in item.split(":")) for item in spec.split(",")]
+        if any(len(d) != 3 or min(d[0], d[2]) < 1 or d[1] < 0 for d in draws):
+            raise ValueError
+    except ValueError:
+        print(f"bench_sim.py draws: --draws wants N:SEED:STEPS[,...] with N, STEPS >= 1 (got {spec!r})", file=sys.stderr)
+        raise SystemExit(2) from None
+    t0, rows, figures = time.perf_counter(), [], {}
+    for n, seed, steps in draws:
+        scenarios = random_scenarios.draw(n, seed, steps)
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            found = pool.map(_random_job, scenarios, chunksize=4)
+        ratio = {p: [f["walls"][p] / f["walls"][NEVER_LEND] - 1 for f in found] for p in ("default", "predictive")}
+        regret = [f["walls"]["predictive"] / min(f["walls"][NEVER_LEND], f["walls"]["default"]) - 1 for f in found]
+        worst = max(range(n), key=lambda i: ratio["predictive"][i])
+        key = f"draw_{n}_{seed}_{steps}"
+        figures[key] = {"predictive_mean_vs_never_lend": statistics.fmean(ratio["predictive"]),
+                        "predictive_worst_vs_never_lend": ratio["predictive"][worst],
+                        "predictive_over_1pct": sum(r > 0.01 for r in ratio["predictive"]),
+                        "predictive_mean_regret": statistics.fmean(regret),
+                        "predictive_regret_over_3pct": sum(r > REGRET_OVER for r in regret),
+                        "predictive_largest_regret": max(regret),
+                        "default_mean_vs_never_lend": statistics.fmean(ratio["default"]),
+                        "worst_scenario": scenarios[worst].label}
+        f = figures[key]
+        rows.append(f"| `draw({n}, {seed}, {steps})` | {_pct(1 + f['predictive_mean_vs_never_lend'])} | "
+                    f"{_pct(1 + f['predictive_worst_vs_never_lend'])} ({scenarios[worst].label}) | "
+                    f"{f['predictive_over_1pct']} | {_pct(1 + f['predictive_mean_regret'])} | "
+                    f"{f['predictive_regret_over_3pct']} | {_pct(1 + f['predictive_largest_regret'])} | "
+                    f"{_pct(1 + f['default_mean_vs_never_lend'])} |")
+        print(rows[-1], flush=True)
+    took = time.perf_counter() - t0
+    FIGURES["draws"] = {"draws": spec, "wall_s": took, **figures,
+                        "predictive_worst_vs_never_lend": max(v["predictive_worst_vs_never_lend"] for v in figures.values()),
+                        "scenarios": sum(d[0] for d in draws)}
+    return "\n".join([
+        f"The promise and the regret on draws other than the benchmark's (`random` draws with seed 0): "
+        f"{sum(d[0] for d in draws)} scenarios, each at its drawn simulation seed; `{NEVER_LEND}` is never "
+        f"lending; regret against the better of never lending and `default`. {took:.0f} s on {workers} worker "
+        f"processes, {_machine()}.",
+        "",
+        "| draw | `predictive` mean vs never | worst (scenario) | over +1 % | mean regret | regret > 3 % | "
+        "largest regret | `default` mean vs never |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+        *rows,
+    ])
+
+
 ORACLE_SAMPLE_STEPS = 16
 ORACLE_SAMPLE_MOVES = (4, 1)
 """The sample's search moves: blocks of 4 steps, then single steps, over lend steps 0-15."""
@@ -835,6 +893,8 @@ SECTIONS: dict[str, tuple[str, Callable[[argparse.Namespace], str]]] = {
     "random": ("The lending promise on randomly drawn scenarios",
                lambda args: bench_random(args.n, args.seed, args.workers, args.steps)),
     "oracle": ("The best lend schedule in hindsight", lambda args: bench_oracle(args)),
+    "draws": ("The lending promise on draws other than the benchmark's",
+              lambda args: bench_draws(args.draws, args.workers)),
     "admission": ("Length-aware admission and routing (a twin study)", lambda args: bench_admission(args.workers)),
     "sensitivity": (
         "How much the dynamic prediction depends on the cost model's shape",
@@ -850,7 +910,7 @@ def write_section(path: Path, name: str, body: str, command: str, date: str, tit
                 after=NEW_SECTION_AFTER.get(name))
 
 
-NEW_SECTION_AFTER = {"random_64": "bench_sim:random", "oracle": "bench_sim:random_64",
+NEW_SECTION_AFTER = {"random_64": "bench_sim:random", "draws": "bench_sim:random_64", "oracle": "bench_sim:random_64",
                      "admission": "bench_sim:oracle"}
 """Where a section goes the first time it is written (beside its kin)."""
 
@@ -874,6 +934,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="`random`, `oracle`: worker processes")
     parser.add_argument("--steps", type=int, default=None, help="`random`: steps per run (default 16)")
     parser.add_argument("--sample", type=int, default=50, help="`oracle`: drawn scenarios to search")
+    parser.add_argument("--draws", default=DRAWS, help="`draws`: N:SEED:STEPS[,...] draws to check")
     parser.add_argument("--preset-seeds", type=int, default=5, help="`oracle`: seed preset seeds 0..N-1")
     parser.add_argument("--results", default=str(Path(__file__).resolve().parent / "results.json"),
                         help="the merged results file whose sim_SECTION key --write replaces")

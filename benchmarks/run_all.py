@@ -160,7 +160,7 @@ def merge() -> dict:
     # the runs RESULTS.md quotes (prefect_stalls, multinode, hf_engine, smollm2, compare_predictive: each
     # with its command there); train_ranks by bench_train.py --write (every rank's detail stays in its
     # file), weight_sync by bench_weight_sync.py --write
-    for name in ("sim_seed", "sim_grid", "sim_random", "sim_random_64", "sim_oracle", "sim_admission", "gpu",
+    for name in ("sim_seed", "sim_grid", "sim_random", "sim_random_64", "sim_draws", "sim_oracle", "sim_admission", "gpu",
                  "prefect_stalls", "multinode", "hf_engine", "smollm2", "compare_predictive", "train_ranks",
                  "weight_sync"):
         figures = source(name)
@@ -172,6 +172,14 @@ def merge() -> dict:
                                               "equal_to_tp1": r["equal_to_tp1"],
                                               "weight_bytes_per_rank": r["weight_bytes_per_rank"]}
                              for r in tp.get("runs", [])}, **meta(tp)}
+    learning = source("learning")  # learning.py: per preset and policy, the reward against never lending's band
+    if learning:
+        out["learning"] = {**{preset: {policy: {k: v.get(k) for k in ("final_reward", "inside", "n_outside", "n_below",
+                                                                      "n_above", "max_excursion", "lent_steps_per_seed")
+                                                if k in v}
+                                       for policy, v in entry["policies"].items()}
+                              for preset, entry in learning["presets"].items()},
+                           "git_commit": learning.get("git_commit"), **meta(learning)}
     for figures in out.get("train_ranks", {}).get("other_configs", {}).values():
         figures.pop("by_ranks", None)
     checks = {}

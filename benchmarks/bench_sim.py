@@ -525,6 +525,16 @@ REGRET_OVER = 0.03
 """A scenario's regret counts as large above this (issue 45's table)."""
 
 
+def _vs_never_and_regret(found: list[dict]) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Per policy (``default``, ``predictive``) and scenario of ``_random_job`` results: the wall
+    clock against never lending, and the regret (against the better of never lending and ``default``)."""
+    policies = ("default", "predictive")
+    ratios = {p: [f["walls"][p] / f["walls"][NEVER_LEND] - 1 for f in found] for p in policies}
+    regrets = {p: [f["walls"][p] / min(f["walls"][NEVER_LEND], f["walls"]["default"]) - 1 for f in found]
+               for p in policies}
+    return ratios, regrets
+
+
 def bench_random(n: int = 200, seed: int = 0, workers: int = 2, steps: int | None = None) -> str:
     """``default`` and ``predictive`` against never lending on ``n`` scenarios drawn from
     ``sim.random_scenarios``' distribution (its docstring states it), ``steps`` steps each; and
@@ -540,9 +550,7 @@ def bench_random(n: int = 200, seed: int = 0, workers: int = 2, steps: int | Non
         with multiprocessing.get_context("fork").Pool(workers) as pool:
             found = pool.map(_random_job, scenarios, chunksize=4)
     took = time.perf_counter() - t0
-    ratios = {p: [f["walls"][p] / f["walls"][NEVER_LEND] - 1 for f in found] for p in ("default", "predictive")}
-    regrets = {p: [f["walls"][p] / min(f["walls"][NEVER_LEND], f["walls"]["default"]) - 1 for f in found]
-               for p in ("default", "predictive")}
+    ratios, regrets = _vs_never_and_regret(found)
     order = sorted(range(n), key=lambda i: ratios["predictive"][i], reverse=True)
     closest = [{"label": scenarios[i].label, "predictive_vs_never_lend": ratios["predictive"][i],
                 "default_vs_never_lend": ratios["default"][i], "params": scenarios[i].params(),
@@ -621,8 +629,8 @@ def bench_draws(spec: str = DRAWS, workers: int = 2) -> str:
         scenarios = random_scenarios.draw(n, seed, steps)
         with multiprocessing.get_context("fork").Pool(workers) as pool:
             found = pool.map(_random_job, scenarios, chunksize=4)
-        ratio = {p: [f["walls"][p] / f["walls"][NEVER_LEND] - 1 for f in found] for p in ("default", "predictive")}
-        regret = [f["walls"]["predictive"] / min(f["walls"][NEVER_LEND], f["walls"]["default"]) - 1 for f in found]
+        ratio, regrets = _vs_never_and_regret(found)
+        regret = regrets["predictive"]
         worst = max(range(n), key=lambda i: ratio["predictive"][i])
         key = f"draw_{n}_{seed}_{steps}"
         figures[key] = {"predictive_mean_vs_never_lend": statistics.fmean(ratio["predictive"]),

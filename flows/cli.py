@@ -415,13 +415,13 @@ def _explained(exc_info: object) -> bool:
     own last line: the store becoming unreachable, a reward function that failed, a Ray actor that
     died, a full disk, or any other ``RunError``."""
     exc = exc_info[1] if isinstance(exc_info, tuple) else None
+    if exc is not None and full_disk(exc) is not None:  # DiskFull says so (full_disk walks the chain)
+        return True
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         if isinstance(exc, (StoreUnavailable, RunError, RewardFailed)):
             return True
         if any(c.__name__ == "RayActorError" for c in type(exc).__mro__):  # a dead actor: ActorLost says so
-            return True
-        if full_disk(exc) is not None:  # DiskFull says so
             return True
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__

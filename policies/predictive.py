@@ -64,9 +64,6 @@ long drift ago (the seed preset's cycles grow from 35 s to 65 s over a streak of
 PROBE_PAUSE = AROUND + 1
 """Steps without lending after the first measured streak: the take-back cycle and ``AROUND``
 no-lend cycles, so what lending gave is measured before lending goes on."""
-LONG_PAUSE = 3
-"""…after a streak of more than ``ABA_MAX`` lends: the take-back cycle and one no-lend cycle, all
-its after-only comparison needs (the pause is the price of trust, paid at the longest cycles)."""
 REALIZED_FOR = 8
 """What a streak gave caps the model until this many no-lend cycles were measured after it (then
 the model may try again, and the next streak is measured anew)."""
@@ -136,6 +133,16 @@ point (26 hybrids beside one standalone, random draw #98 of ``draw(200, 0, 16)``
 cycles (``docs/policies.md``)."""
 
 
+def _weight(n: int) -> float:
+    """Weight of the n-th value in a running mean: 1 / n, exponential (``EMA_ALPHA``) after 1/alpha."""
+    return max(EMA_ALPHA, 1.0 / n)
+
+
+def _effective_n(n: float) -> float:
+    """How many values a running mean of n is worth (the exponential window caps it)."""
+    return min(n, 2.0 / EMA_ALPHA - 1.0)
+
+
 def _stat() -> dict[str, float]:
     return {"n": 0, "mean": 0.0, "var": 0.0}
 
@@ -143,7 +150,7 @@ def _stat() -> dict[str, float]:
 def _add(stat: dict[str, float], x: float) -> dict[str, float]:
     """A new stat with ``x`` folded in: running mean and variance, exponential after 1/alpha."""
     n = stat["n"] + 1
-    w = max(EMA_ALPHA, 1.0 / n)
+    w = _weight(n)
     delta = x - stat["mean"]
     return {"n": n, "mean": stat["mean"] + w * delta, "var": (1.0 - w) * (stat["var"] + w * delta * delta)}
 
@@ -152,7 +159,7 @@ def _se(stat: dict[str, float]) -> float:
     """Standard error of a stat's mean (its effective sample size is capped by the EMA window)."""
     if stat["n"] <= 0:
         return math.inf
-    return math.sqrt(max(stat["var"], 0.0) / min(stat["n"], 2.0 / EMA_ALPHA - 1.0))
+    return math.sqrt(max(stat["var"], 0.0) / _effective_n(stat["n"]))
 
 
 def _book(book: dict[str, dict[str, float]], k: int, seconds: float) -> dict[str, dict[str, float]]:
@@ -181,7 +188,7 @@ def _trend_add(trend: dict[str, float], step: int, x: float) -> dict[str, float]
         return {"n": 1, "level": x, "slope": 0.0, "step": step, "var": 0.0}
     gap = max(1, step - trend["step"])
     err = x - _trend_at(trend, step)
-    w = max(EMA_ALPHA, 1.0 / (trend["n"] + 1))
+    w = _weight(trend["n"] + 1)
     return {
         "n": trend["n"] + 1,
         "level": _trend_at(trend, step) + w * err,
@@ -337,7 +344,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     def predictions(self, step: int, ctx: DynamicScheduleContext) -> dict[int, tuple[float, float]]:
         """k → (predicted seconds of cycle ``step``, uncertainty) for k = 0 (no lend) … m."""
         base = _trend_at(self.base, step)
-        base_se = math.sqrt(max(self.base["var"], 0.0) / max(1.0, min(self.base["n"], 2.0 / EMA_ALPHA - 1.0)))
+        base_se = math.sqrt(max(self.base["var"], 0.0) / max(1.0, _effective_n(self.base["n"])))
         out = {0: (base, base_se)}
         realized = self.realized_gain_s(step)
         for k in range(1, max(1, ctx.hybrid_replicas) + 1):
@@ -365,7 +372,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         t0 = preds[0][0]
         k = min(range(1, len(preds)), key=lambda j: (round(preds[j][0], 9), -j))
         gain, se = t0 - preds[k][0], preds[k][1]
-        if not gain > Z * se + MARGIN * t0 + SWITCH_MARGIN * self.switch_s(k):  # t0: at this step
+        if not gain > Z * se + MARGIN * t0 + SWITCH_MARGIN * self.switch_s(k):
             return 0
         # before any switch is measured the first lend risks the prior's switch on the path, as a
         # probe does: only where the run can afford that, or the win pays it anyway
@@ -558,8 +565,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         elif lent:
             self.lends_since_refresh += 1
             if self.lends_since_refresh >= self.refresh_after(self.run_steps(global_steps, ctx)):
-                long = self.streak["lent"]["n"] > ABA_MAX
-                self.pause_left, self.lends_since_refresh = (LONG_PAUSE if long else PROBE_PAUSE), 0
+                self.pause_left, self.lends_since_refresh = PROBE_PAUSE, 0
         self.last_end_at, self.last_lent = float(ctx.now), int(lent)
 
     def _observe(self, step: int, ctx: DynamicScheduleContext, cycle_s: float, before: int, after: int) -> None:
@@ -599,7 +605,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             self.streak = _streak()
             return
         after = _add(self.streak["after"], cycle_s)
-        if after["n"] < (AROUND if lent["n"] <= ABA_MAX else LONG_PAUSE - 1):
+        if after["n"] < AROUND:
             self.streak = {**self.streak, "after": after}
             return
         # A-B-A for a short streak; a long one's lend cycles are a running mean of its latest
@@ -611,13 +617,13 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         # mean over the measured streaks, so one bad measurement after many good ones re-measures
         # sooner (trust starts over) rather than stopping a win that held for the whole run
         n = int((self.realized or {}).get("n", 0)) + 1
-        mean = gain if n == 1 else self.realized["gain"] + max(EMA_ALPHA, 1.0 / n) * (gain - self.realized["gain"])
+        mean = gain if n == 1 else self.realized["gain"] + _weight(n) * (gain - self.realized["gain"])
         # its standard error: a no-lend cycle's spread (the trend's residuals) over the cycles
         # compared, the measurements averaged counted as that many
         var = max(self.base["var"], 0.0)
-        spread = var / min(lent["n"], 2.0 / EMA_ALPHA - 1.0) + (
+        spread = var / _effective_n(lent["n"]) + (
             var / 4.0 * (1.0 / AROUND + 1.0 / after["n"]) if aba else var / after["n"])
-        se = math.sqrt(spread / min(n, 2.0 / EMA_ALPHA - 1.0))
+        se = math.sqrt(spread / _effective_n(n))
         self.realized = {"gain": mean, "n": n, "base_n": self.base["n"], "se": se}
         self.confirmed = self.confirmed + 1 if self.clear and gain >= self.clear_gain * self.switch_s() else 0
         self.streak = _streak()

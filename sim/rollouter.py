@@ -3,9 +3,7 @@
 Owns the simulated samples' life: start (under ``loop.staleness.StalenessGate``, DESIGN §5), route
 (``loop.balance.least_loaded``, sticky per sample), abort, retry and queue; and the
 ``(t, in flight, capacity)`` history (``loop.staleness.record_change``). The rules are the loop
-package's, shared with ``cluster.rollouter``; docs/simulator.md says what is modelled. The abort
-guards (``SimSpec.abort_*``, ``loop.abort_rules``) spare a lent hybrid work its take-back would
-abort; they see only what production's rollouter sees (queue, plan, finish times).
+package's, shared with ``cluster.rollouter``; docs/simulator.md says what is modelled.
 Must not decide anything of the control plane (the simulator calls the verbs below).
 """
 
@@ -17,7 +15,6 @@ from collections.abc import Callable
 import math
 import random
 
-from loop import abort_rules
 from loop.balance import least_loaded
 from loop.staleness import StalenessGate, record_change
 from loop.workload import LengthModel, replica_costs
@@ -84,9 +81,6 @@ class SimRollouter:
         self._dirty: dict[int, Replica] = {}
         self.takeback_samples: int | None = None
         """The latest plan's ``wait_samples``: the lent hybrids go when the queue holds them."""
-        self._finished_at: deque[float] = deque(maxlen=spec.abort_history)
-        self._hybrid_durations: deque[float] = deque(maxlen=spec.abort_history)
-        self._routed_at: dict[int, float] = {}
         self.attempts = {False: 0, True: 0}
         """Routings (first or retry) to standalones (False) and hybrids (True)."""
         self.delivered_tokens = {False: 0, True: 0}
@@ -129,7 +123,7 @@ class SimRollouter:
         s, now, gate = self.spec, self._clock(), self.gate
         started = False
         while (self.accepting and self.total_started < s.total_samples
-               and gate.allows(self.in_flight + self._cap_deficit(), len(self.queue))):
+               and gate.allows(self.in_flight, len(self.queue))):
             lengths = self._next_lengths()
             sample = Sample(self.total_started, lengths, s.prompt_tokens, self.version, now)
             if s.admission_lookahead > 0 or s.route_by_length:
@@ -162,7 +156,7 @@ class SimRollouter:
         if not self.routable:
             self.pending.append(sample)
             return
-        candidates = self._guarded(self.routable)
+        candidates = self.routable
         if self.spec.route_by_length:
             candidates = self._by_length(sample, candidates)
         rep = least_loaded(candidates, _load, _replica_id)
@@ -185,44 +179,8 @@ class SimRollouter:
         self.reprefilled_tokens += prefilled
         self.kind_reprefilled_tokens[rep.hybrid] += prefilled
         self.attempts[rep.hybrid] += 1
-        self._routed_at[sample.id] = now
         self._dirty[rep.index] = rep
         self._trace("route", sample.id, rep.name)
-
-    # ------------------------------------------------------------ abort guards
-
-    def finish_share(self) -> float:
-        """How likely a sample routed to a lent hybrid now finishes before its take-back
-        (``loop.abort_rules.finish_share``; 1 without a plan or evidence)."""
-        rate = abort_rules.completion_rate(self._finished_at)
-        eta = abort_rules.takeback_eta_s(self.takeback_samples, len(self.queue), rate)
-        return abort_rules.finish_share(eta, self._hybrid_durations)
-
-    def hybrid_cap(self) -> int:
-        """A lent hybrid's concurrency cap now (``concurrent_samples_per_replica`` unless
-        ``SimSpec.abort_cap``)."""
-        per = self.spec.concurrent_samples_per_replica
-        return abort_rules.shrunk_cap(per, self.finish_share()) if self.spec.abort_cap else per
-
-    def _guarded(self, routable: list[Replica]) -> list[Replica]:
-        """The replicas a sample may go to: a lent hybrid only while the guards allow (never
-        none: with only hybrids left, all of them)."""
-        s = self.spec
-        if not (s.abort_cap or s.abort_route_min_share > 0.0) or not any(r.hybrid for r in routable):
-            return routable
-        share = self.finish_share()
-        cap = abort_rules.shrunk_cap(s.concurrent_samples_per_replica, share) if s.abort_cap else None
-        routed = abort_rules.may_route(share, s.abort_route_min_share)
-        allowed = [r for r in routable if not r.hybrid or (routed and (cap is None or r.samples < cap))]
-        return allowed or routable
-
-    def _cap_deficit(self) -> int:
-        """Slots the routable hybrids give up under ``SimSpec.abort_cap`` (the gate counts every
-        routable replica at ``concurrent_samples_per_replica``)."""
-        if not self.spec.abort_cap:
-            return 0
-        lent = sum(1 for r in self.routable if r.hybrid)
-        return lent * (self.spec.concurrent_samples_per_replica - self.hybrid_cap()) if lent else 0
 
     # -------------------------------------------------------------- handlers
 
@@ -234,15 +192,10 @@ class SimRollouter:
         self._dirty[rep.index] = rep
         events: list[Event] = []
         if finished:
-            now = self._clock()
             for sample in finished:
                 self.queue.append(sample)
-                self._finished_at.append(now)
                 self.delivered_tokens[rep.hybrid] += sample.tokens
-                routed_at = self._routed_at.pop(sample.id, now)
                 self._predicted.pop(sample.id, None)
-                if rep.hybrid:
-                    self._hybrid_durations.append(now - routed_at)
                 self._trace("generated", sample.id)
             self.total_generated += len(finished)
             self.step_generated += len(finished)
@@ -304,7 +257,8 @@ class SimRollouter:
         self.try_start()
 
     def unroute(self, reps: list[Replica]) -> None:
-        """Take ``reps`` out of the balancer; they keep generating what they have (a drain)."""
+        """Take ``reps`` out of the balancer; they keep generating what they have (a drain). Only
+        ``SimSpec.abort_drain_s`` uses it; removed with issue 46 once the simulator stops reading that."""
         self._set_routable([r for r in self.routable if r not in reps])
         self._record()
 

@@ -52,19 +52,12 @@ class _RunShape:
     after every sync). Not a config key: scenarios set it with ``dataclasses.replace``. A run
     whose last standalone dies while the hybrids sleep and the trainer waits refills as production
     does (``loop.guards.stranded_refill``, asked after each ``STRANDED_POLL_S`` slice of the wait)."""
-    abort_route_min_share: float = 0.0
-    """Route a sample to a lent hybrid only while at least this share of the hybrids' recent
-    samples finished within the expected time to the take-back (``loop.abort_rules``); 0 = always
-    (off). Not a config key (issue 38 item 6, measured in benchmarks/results/sim_abort_waste.json)."""
+    # removed with issue 46: the simulator's take-back stops reading it (then this field goes).
     abort_drain_s: float = 0.0
     """At the take-back, leave the balancer first and let the hybrids generate this many seconds
-    before aborting what is left (what finishes meanwhile is queued); 0 = abort at once (off)."""
-    abort_cap: bool = False
-    """Shrink a lent hybrid's concurrency to ``concurrent_samples_per_replica`` × the share of its
-    recent samples that finished within the expected time to the take-back (off by default)."""
-    abort_history: int = 64
-    """Recent samples the rules above look at (finish times for the queue's rate, the hybrids'
-    durations)."""
+    before aborting what is left; 0 = abort at once (off). The last of the twin-only abort guards
+    (the others, ``abort_route_min_share`` and ``abort_cap``, went with issue 46: none paid,
+    docs/simulator.md "Abort waste")."""
     admission_lookahead: int = 0
     """Length-aware admission (issue 45 item 3, a twin study; not a config key): the rollouter
     draws this many upcoming prompts ahead and starts the one predicted to run longest first; 0 =

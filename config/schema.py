@@ -312,6 +312,11 @@ class StorageSection(_Section):
     busy_timeout_ms: int = Field(30_000, ge=0, le=3_600_000)
     """SQLite busy timeout."""
 
+    reconnect_timeout_s: float = Field(20.0, ge=0, le=3_600)
+    """PostgreSQL: how long a run waits for its store's server to come back (a restart) before it
+    stops in one line with the resume command (0 = not at all); the step commit is then written
+    again, never twice."""
+
     @field_validator("url")
     @classmethod
     def _known_dialect(cls, url: str) -> str:

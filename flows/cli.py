@@ -189,7 +189,8 @@ def run(
 
         # A malformed or unreachable store fails here, in one line, before any flow run starts; so
         # does a Ray cluster (ray.address) too small for the config.
-        open_store(cfg.storage.url, busy_timeout_ms=cfg.storage.busy_timeout_ms)
+        open_store(cfg.storage.url, busy_timeout_ms=cfg.storage.busy_timeout_ms,
+                   reconnect_timeout_s=cfg.storage.reconnect_timeout_s)
         check_cluster(cfg)
         uid = new_uid(cfg)
         # Prefect records the flow's parameters: the overrides go with any password hidden, the store
@@ -239,8 +240,10 @@ def resume(
             typer.echo(f"run {run_id} is already finished ({steps} steps committed); nothing to resume")
             return
         try:  # the lease first of all: a second driver of a live run leaves at once, having done nothing
+            stored_store = (stored or {}).get("storage") or {}
             lifecycle.claim(_store_url(storage), run_id, (stored or {}).get("lifecycle") or {},
-                            busy_timeout_ms=((stored or {}).get("storage") or {}).get("busy_timeout_ms", 30_000))
+                            busy_timeout_ms=stored_store.get("busy_timeout_ms", 30_000),
+                            reconnect_timeout_s=stored_store.get("reconnect_timeout_s"))
             config_path = _run_config_path(run_id, storage)
             cfg = load_checked(str(config_path), [f"storage.url={storage}"] if storage else [])
             _drive(cfg, run_id, config_path.parent, signals, resume=True, storage=storage,

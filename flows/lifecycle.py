@@ -125,7 +125,11 @@ def holds(uid: str) -> bool:
 
 
 def keep_alive(cfg: Any, uid: str) -> Heartbeat:
-    """Start renewing the lease just taken on ``uid`` (once per run and process)."""
+    """Start renewing the lease just taken on ``uid`` (once per run and process). Sets the store's
+    reconnect bound in this process (``storage.reconnect_timeout_s``: every store call of the
+    driver, the in-process step commit among them, shares the engine)."""
+    open_store(cfg.storage.url, busy_timeout_ms=cfg.storage.busy_timeout_ms,
+               reconnect_timeout_s=cfg.storage.reconnect_timeout_s)
     return _beat(cfg.storage.url, cfg.storage.busy_timeout_ms, uid, cfg.lifecycle.heartbeat_interval_s)
 
 
@@ -135,14 +139,17 @@ def _beat(url: str, busy_timeout_ms: int, uid: str, interval_s: float) -> Heartb
     return _HEARTBEATS[uid]
 
 
-def claim(url: str, uid: str, lifecycle: dict[str, Any], busy_timeout_ms: int = 30_000) -> None:
+def claim(url: str, uid: str, lifecycle: dict[str, Any], busy_timeout_ms: int = 30_000,
+          reconnect_timeout_s: float | None = None) -> None:
     """Take ``uid``'s lease and keep it alive, before anything else of a resume happens (the
     run's config is not even loaded: ``lifecycle`` is its stored ``lifecycle`` section, maybe
-    empty). ``storage.LeaseHeld`` when a live driver holds it."""
+    empty; ``reconnect_timeout_s`` its stored ``storage.reconnect_timeout_s``, None: the
+    default). ``storage.LeaseHeld`` when a live driver holds it."""
     from config.lifecycle_keys import LifecycleSection
 
     keys = LifecycleSection(**lifecycle)
-    with session_scope(open_store(url, busy_timeout_ms=busy_timeout_ms), immediate=True) as session:
+    engine = open_store(url, busy_timeout_ms=busy_timeout_ms, reconnect_timeout_s=reconnect_timeout_s)
+    with session_scope(engine, immediate=True) as session:
         take_lease(session, uid, keys.lease_timeout_s)
     _beat(url, busy_timeout_ms, uid, keys.heartbeat_interval_s)
 

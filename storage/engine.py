@@ -4,28 +4,46 @@ SQLite is the default (one file, WAL journal, a busy timeout so that several wri
 each other instead of failing, foreign keys on). PostgreSQL is used when the URL says so, through
 psycopg 3. Either way the caller owns the transaction: ``session_scope`` commits on success and
 rolls back on any error, so a block of store calls is all or nothing.
+
+A PostgreSQL server that goes away after the engine first reached it (a restart, a fail-over) is
+waited for, once per outage, up to the engine's reconnect bound (``storage.reconnect_timeout_s``):
+new connections are retried, a transaction whose connection died inside a replayable write
+(``replayable``: the step commit) is written again on a new one, and a COMMIT whose answer was
+lost is checked first (a write that landed is not applied twice). Past the bound the store is
+``StoreUnavailable`` as before, and later calls fail at once until the server answers again.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
+import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-__all__ = ["StoreError", "StoreUnavailable", "make_engine", "open_store", "redact_url", "session_scope", "sqlite_url",
-           "store_file"]
+__all__ = ["RECONNECT_TIMEOUT_S", "ReplayableWrite", "StoreError", "StoreUnavailable", "make_engine", "open_store",
+           "reconnect_timeout_s", "redact_url", "replayable", "session_scope", "sqlite_url", "store_file"]
+
+log = logging.getLogger("tidal.storage")
 
 # Connection execution option that makes the SQLite "begin" hook emit BEGIN IMMEDIATE.
 _BEGIN_IMMEDIATE = "tidal_begin_immediate"
 # Seconds a PostgreSQL connection attempt may take before the store counts as unreachable.
 PG_CONNECT_TIMEOUT_S = 10
+# Seconds a PostgreSQL store that answered once is waited for when it stops answering (a restart):
+# the default of `storage.reconnect_timeout_s`. Below 30 s: a store that stays away is still a
+# clear error within half a minute.
+RECONNECT_TIMEOUT_S = 20.0
+# Pause between two connection attempts while the server is away.
+RECONNECT_POLL_S = 0.5
 # open_store's engines: one per (URL, busy timeout) per process.
 _OPEN: dict[tuple[str, int], sa.Engine] = {}
 # The busy timeout each SQLite engine was made with, for error messages.
@@ -54,6 +72,79 @@ class StoreUnavailable(StoreError):
 
 def _rebuild_unavailable(message: str, url: str, reason: str) -> StoreUnavailable:
     return StoreUnavailable(message, url=url, reason=reason)
+
+
+class _Outage:
+    """One PostgreSQL engine's view of its server's absences: the window (``bound_s`` from the
+    first failure) within which a lost server is waited for, shared by every caller of the engine,
+    so an outage costs at most ``bound_s`` in all, not per call."""
+
+    def __init__(self, shown: str, bound_s: float) -> None:
+        self.shown, self.bound_s = shown, float(bound_s)
+        self.reached = False  # a store never reached is bad input, not an outage: no waiting
+        self.since: float | None = None
+        self._lock = threading.Lock()
+
+    def begin(self, reason: str) -> None:
+        with self._lock:
+            if self.since is None and self.reached:
+                self.since = time.monotonic()
+                log.warning("the store at %s is unreachable (%s); waiting up to %.0f s for it to come back "
+                            "(storage.reconnect_timeout_s)", self.shown, reason, self.bound_s)
+
+    def wait(self, reason: str) -> bool:
+        """Pause before the next attempt; False once the window is over (or there is none)."""
+        if not self.reached or self.bound_s <= 0:
+            return False
+        self.begin(reason)
+        since = self.since
+        left = (since if since is not None else time.monotonic()) + self.bound_s - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(RECONNECT_POLL_S, left))
+        return True
+
+    def end(self) -> None:
+        with self._lock:
+            self.reached = True
+            if self.since is not None:
+                log.warning("the store at %s answers again after %.1f s", self.shown, time.monotonic() - self.since)
+                self.since = None
+
+
+_OUTAGES: weakref.WeakKeyDictionary[sa.Engine, _Outage] = weakref.WeakKeyDictionary()
+
+
+def reconnect_timeout_s(engine: sa.Engine) -> float:
+    """How long ``engine`` waits for its PostgreSQL server to come back (0 for SQLite)."""
+    outage = _OUTAGES.get(engine)
+    return 0.0 if outage is None else outage.bound_s
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a failed connection attempt means the server is away (refused, starting up, shutting
+    down) rather than that the request is wrong (a bad password, a missing database)."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate is not None:
+        return sqlstate.startswith(_UNREACHABLE_SQLSTATES)
+    text = str(exc).lower()
+    return not any(word in text for word in ("password", "authentication", "does not exist", "no pg_hba"))
+
+
+def _wait_for_server(engine: sa.Engine, outage: _Outage) -> None:
+    """Connection attempts of ``engine`` retry while its server is away, within the outage window."""
+
+    @event.listens_for(engine, "do_connect")
+    def _connect(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+        while True:
+            try:
+                connection = dialect.connect(*cargs, **cparams)
+            except dialect.loaded_dbapi.OperationalError as exc:
+                if _refused(exc) and outage.wait(first_line(exc)):
+                    continue
+                raise
+            outage.end()
+            return connection
 
 
 # SQLSTATEs of a server that went away or is not accepting connections: class 08 (connection
@@ -175,12 +266,15 @@ def _make_sqlite_engine(url: sa.URL, busy_timeout_ms: int) -> sa.Engine:
     return engine
 
 
-def make_engine(url: str | sa.URL, *, busy_timeout_ms: int = 30_000) -> sa.Engine:
+def make_engine(url: str | sa.URL, *, busy_timeout_ms: int = 30_000,
+                reconnect_timeout_s: float = RECONNECT_TIMEOUT_S) -> sa.Engine:
     """Open the store at ``url`` and check that it answers.
 
     ``sqlite:///PATH`` creates PATH's folder and sets WAL, ``busy_timeout_ms`` and foreign keys
-    on every connection. ``postgresql://`` (or ``postgres://``) is served by psycopg 3.
-    Raises ``StoreError`` with a one-line reason for a malformed, unsupported or unreachable URL.
+    on every connection. ``postgresql://`` (or ``postgres://``) is served by psycopg 3; once it
+    answered, a server that goes away is waited for up to ``reconnect_timeout_s`` (0: not at all).
+    Raises ``StoreError`` with a one-line reason for a malformed, unsupported or unreachable URL
+    (a store that does not answer now is not waited for).
     """
     parsed = _parse_url(url)
     try:
@@ -190,6 +284,8 @@ def make_engine(url: str | sa.URL, *, busy_timeout_ms: int = 30_000) -> sa.Engin
             engine = sa.create_engine(
                 parsed, pool_pre_ping=True, connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S}
             )
+            _OUTAGES[engine] = outage = _Outage(_shown(parsed), reconnect_timeout_s)
+            _wait_for_server(engine, outage)
     except (ImportError, sa.exc.NoSuchModuleError) as exc:
         raise StoreError(
             f"no driver for {_shown(parsed)} ({first_line(exc)}); install tidal[postgres]"
@@ -203,14 +299,125 @@ def make_engine(url: str | sa.URL, *, busy_timeout_ms: int = 30_000) -> sa.Engin
     return engine
 
 
-def open_store(url: str, *, busy_timeout_ms: int = 30_000) -> sa.Engine:
+def open_store(url: str, *, busy_timeout_ms: int = 30_000, reconnect_timeout_s: float | None = None) -> sa.Engine:
     """``make_engine(url)``, once per URL and busy timeout in this process (later calls, e.g. from
     each task on a worker, reuse it). A malformed or unreachable store raises ``StoreError`` and
-    is tried again on the next call."""
+    is tried again on the next call. ``reconnect_timeout_s`` sets the engine's reconnect bound
+    (a later call without it keeps the bound; a new engine without it gets the default)."""
     key = (str(url), int(busy_timeout_ms))
     if key not in _OPEN:
-        _OPEN[key] = make_engine(url, busy_timeout_ms=busy_timeout_ms)
+        _OPEN[key] = make_engine(url, busy_timeout_ms=busy_timeout_ms,
+                                 reconnect_timeout_s=RECONNECT_TIMEOUT_S if reconnect_timeout_s is None
+                                 else reconnect_timeout_s)
+    elif reconnect_timeout_s is not None and _OUTAGES.get(_OPEN[key]) is not None:
+        _OUTAGES[_OPEN[key]].bound_s = float(reconnect_timeout_s)
     return _OPEN[key]
+
+
+# ------------------------------------------------------------------------------- transactions
+
+# session.info keys: the replayable writes of the transaction; whether anything else wrote; whether
+# a replayable write is being applied (its own statements do not count as "anything else").
+_REPLAYS, _OTHER_WRITES, _REPLAYING = "tidal_replays", "tidal_other_writes", "tidal_replaying"
+
+
+class ReplayableWrite(Protocol):
+    """A write that can be applied again on a new transaction after its connection died, and
+    told apart once applied: ``landed`` says whether the store already holds it (after a COMMIT
+    whose answer was lost) and raises ``StoreError`` when it holds something else in its place."""
+
+    def apply(self, session: Session) -> Any: ...
+
+    def landed(self, session: Session) -> bool: ...
+
+
+class _StoreSession(Session):
+    """A Session that notes in ``info`` whether anything but a replayable write changed rows."""
+
+
+@event.listens_for(_StoreSession, "before_flush")
+def _note_flush(session: Session, _context: Any, _instances: Any) -> None:
+    if not session.info.get(_REPLAYING) and (session.new or session.dirty or session.deleted):
+        session.info[_OTHER_WRITES] = True
+
+
+@event.listens_for(_StoreSession, "do_orm_execute")
+def _note_execute(state: Any) -> None:
+    statement = state.statement
+    reads = state.is_select or (isinstance(statement, sa.TextClause)
+                                and statement.text.lstrip().upper().startswith("SELECT"))
+    if not reads and not state.session.info.get(_REPLAYING):
+        state.session.info[_OTHER_WRITES] = True
+
+
+@contextmanager
+def _replaying(session: Session) -> Iterator[None]:
+    session.info[_REPLAYING] = True
+    try:
+        yield
+    finally:
+        session.info[_REPLAYING] = False
+
+
+def _lost(engine: sa.Engine, exc: BaseException) -> bool:
+    """Whether ``exc`` means ``engine``'s PostgreSQL server went away."""
+    return (engine.dialect.name != "sqlite" and isinstance(exc, sa.exc.DBAPIError)
+            and (isinstance(exc, sa.exc.OperationalError) or exc.connection_invalidated) and _unreachable(exc))
+
+
+def replayable(session: Session, write: ReplayableWrite) -> Any:
+    """Apply ``write`` in ``session``'s transaction (a store function's writes, e.g. one step's
+    rows) so that a PostgreSQL server lost meanwhile does not lose it: the transaction is rolled
+    back, and once the server answers again (within the engine's reconnect bound) the session's
+    replayable writes are applied again on a new transaction. ``session_scope`` does the same for
+    a lost COMMIT. Only when nothing else in the transaction wrote: a block with other writes fails
+    as ``StoreUnavailable`` (its caller cannot be replayed)."""
+    if session.new or session.dirty or session.deleted:  # pending rows of the caller's own: not replayable
+        session.info[_OTHER_WRITES] = True
+    writes = session.info.setdefault(_REPLAYS, [])
+    writes.append(write)
+    engine = session.get_bind()
+    again = False
+    while True:
+        try:
+            with _replaying(session):
+                if again:  # a new transaction: what the lost one had written before this write, first
+                    for earlier in writes[:-1]:
+                        earlier.apply(session)
+                return write.apply(session)
+        except sa.exc.DBAPIError as exc:
+            outage = _OUTAGES.get(engine)
+            if outage is None or not _lost(engine, exc) or session.info.get(_OTHER_WRITES):
+                raise
+            _rollback_quietly(session)
+            if not outage.wait(first_line(exc)):
+                raise
+            again = True
+
+
+def _replay_commit(engine: sa.Engine, writes: list[ReplayableWrite], first: BaseException) -> None:
+    """Commit ``writes`` again after a COMMIT whose answer was lost: on a new transaction, each
+    write that has not landed is applied (one that has is not: no write twice). Waits for the
+    server within the outage window; past it, the original error."""
+    outage = _OUTAGES[engine]
+    exc: BaseException = first
+    while outage.wait(first_line(exc)):
+        session = _StoreSession(engine, expire_on_commit=False)
+        try:
+            with _replaying(session):
+                for write in writes:
+                    if not write.landed(session):
+                        write.apply(session)
+            session.commit()
+            return
+        except sa.exc.DBAPIError as again:
+            _rollback_quietly(session)
+            if not _lost(engine, again):
+                raise
+            exc = again
+        finally:
+            session.close()
+    raise exc
 
 
 @contextmanager
@@ -221,18 +428,37 @@ def session_scope(engine: sa.Engine, *, immediate: bool = False) -> Iterator[Ses
     busy timeout for other writers; use it for read-modify-write blocks, where a plain BEGIN can
     fail when the read lock cannot be upgraded. On PostgreSQL it changes nothing (row locks and
     unique keys already keep concurrent writers apart). A lock that stays busy past the timeout
-    surfaces as ``StoreError``, a PostgreSQL server that cannot be reached as ``StoreUnavailable``;
-    other errors propagate unchanged after the rollback.
+    surfaces as ``StoreError``, a PostgreSQL server that cannot be reached (past the engine's
+    reconnect bound) as ``StoreUnavailable``; other errors propagate unchanged after the rollback.
+
+    On PostgreSQL a COMMIT whose connection died is not given up at once: a block that only read
+    has nothing to commit (its answers stand), and a block whose writes are all replayable
+    (``replayable``: the step commit) is committed again once the server answers, each write
+    checked first so that one that landed is not applied twice.
     """
-    session = Session(engine, expire_on_commit=False)
+    session = _StoreSession(engine, expire_on_commit=False)
+    committing = False
     try:
         if immediate and engine.dialect.name == "sqlite":
             session.connection(execution_options={_BEGIN_IMMEDIATE: True})
         yield session
+        committing = True
         session.commit()
     except sa.exc.OperationalError as exc:
         _rollback_quietly(session)
         if engine.dialect.name != "sqlite" and _unreachable(exc):
+            if committing and _OUTAGES.get(engine) is not None:
+                writes = session.info.get(_REPLAYS) or []
+                if not writes and not session.info.get(_OTHER_WRITES):
+                    return  # the block only read: its answers stand, there is nothing to commit
+                if writes and not session.info.get(_OTHER_WRITES):
+                    try:
+                        _replay_commit(engine, writes, exc)
+                        return
+                    except sa.exc.OperationalError as last:
+                        if not _unreachable(last):
+                            raise StoreError(_operational_message(engine, last)) from last
+                        exc = last
             shown, reason = _shown(engine.url), first_line(exc)
             raise StoreUnavailable(f"the store at {shown} is unreachable: {reason}", url=shown,
                                    reason=reason) from exc

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from storage.engine import StoreError, first_line
+from storage.engine import StoreError, first_line, replayable
 from storage.models import (
     Checkpoint,
     ConsumedPrompt,
@@ -221,7 +221,38 @@ def latest_step(session: Session, run_id: int) -> Step | None:
 
 def record_step(session: Session, run_id: int, record: StoredStep) -> Step:
     """Write one step: its row, policy state, metrics, switch events, decisions, checkpoint and
-    consumed prompts. Flushes; the caller commits (one transaction per step)."""
+    consumed prompts. Flushes; the caller commits (one transaction per step).
+
+    On PostgreSQL the step is a replayable write (``storage.engine.replayable``): a server lost
+    while the rows are written, or while they are committed, is waited for within the engine's
+    reconnect bound and the step written again; a step found already committed with the same
+    identity (param version, start and finish times) counts as written, so a COMMIT whose answer
+    was lost never records the step twice."""
+    return replayable(session, _StepWrite(run_id, record))
+
+
+@dataclass(frozen=True)
+class _StepWrite:
+    """One step's rows as a replayable write, keyed by (run, step) like the ``steps`` table."""
+
+    run_id: int
+    record: StoredStep
+
+    def landed(self, session: Session) -> bool:
+        row = session.scalars(sa.select(Step).where(Step.run_id == self.run_id, Step.step == self.record.step)).first()
+        if row is None:
+            return False
+        if (row.param_version, row.started_at, row.finished_at) != (
+                self.record.param_version, float(self.record.started_at), float(self.record.finished_at)):
+            raise StoreError(f"cannot record step {self.record.step} of run id {self.run_id}: the step is already "
+                             f"recorded (by another writer)")
+        return True
+
+    def apply(self, session: Session) -> Step:
+        return _write_step(session, self.run_id, self.record)
+
+
+def _write_step(session: Session, run_id: int, record: StoredStep) -> Step:
     where = f"step {record.step} of run id {run_id}"
     if session.get(Run, run_id) is None:
         raise StoreError(f"cannot record {where}: no such run")

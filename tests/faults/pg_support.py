@@ -1,6 +1,6 @@
 """A real PostgreSQL that fault tests stop and start again on the same port (``pg_ctl``).
 
-``StoppablePostgres`` wraps one throwaway cluster: ``initdb`` into a temporary folder, loopback
+``StoppablePostgres`` wraps one throwaway cluster (``stop``, ``start``, ``restart``): ``initdb`` into a temporary folder, loopback
 TCP on a free port, unix socket in that folder, durability off for speed. Under root the server
 runs as an unprivileged account (PostgreSQL refuses root), found or made by the storage tests'
 helpers (``tests/storage/conftest.py``, loaded here by path). With ``password`` set, TCP clients
@@ -76,6 +76,17 @@ class StoppablePostgres:
     def stop(self, mode: str = "immediate") -> None:
         """``immediate`` is a crash as far as clients are concerned: connections just drop."""
         self.pg("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def restart(self, down_s: float = 0.0, mode: str = "immediate") -> float:
+        """Stop (``mode``), stay down ``down_s`` seconds, start again on the same port: a restart
+        as clients see it. Returns the seconds the server did not accept connections."""
+        import time
+
+        self.stop(mode)
+        down = time.monotonic()
+        time.sleep(down_s)
+        self.start()
+        return time.monotonic() - down
 
     def running(self) -> bool:
         return (self.data / "postmaster.pid").exists()

@@ -27,6 +27,7 @@ that owns the balancer (the Ray actor that wraps it runs all calls on that loop)
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
 
@@ -59,6 +60,7 @@ class LoadBalancer:
         self._keys_of: dict[str, set[str]] = {}  # replica id -> its sticky keys
         self._listeners: list[ChangeListener] = []
         self._routable = Wakeup()  # wakes wait_routable
+        self._released = Wakeup()  # wakes wait_drained
         self._acquired = 0
         self._ignored_releases = 0
         self._held = False  # routing held (a rebalance drains): acquire answers None
@@ -172,6 +174,7 @@ class LoadBalancer:
             del self._load[replica_id]  # a removed replica has drained
         else:
             self._load[replica_id] = count
+        self._released.notify()
 
     def forget(self, request_key: str) -> bool:
         """Drop ``request_key``'s sticky entry (its request is done); True when there was one."""
@@ -203,6 +206,15 @@ class LoadBalancer:
         if ids is None:
             return sum(self._load.values())
         return sum(self._load.get(rid, 0) for rid in _unique(ids))
+
+    async def wait_drained(self, ids: Sequence[str], timeout_s: float) -> int:
+        """Return 0 once nothing is in flight on ``ids``, or what still is after ``timeout_s``;
+        woken by each ``release``, never by polling."""
+        try:
+            await asyncio.wait_for(self._released.wait_until(lambda: self.in_flight(ids) == 0), timeout_s)
+        except TimeoutError:
+            pass
+        return self.in_flight(ids)
 
     def loads(self) -> dict[str, int]:
         """In-flight count per replica: every routable one, plus removed ones still draining."""

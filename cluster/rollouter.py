@@ -82,7 +82,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from cluster.message_queue import QueueClosed
-from cluster.readonly import ReadOnly
+from loop.readonly import ReadOnly
 from cluster.reward import RewardFailed
 from cluster.types import GenerationRequest, GenerationResult, Response, Sample, SamplingSpec
 from cluster.wakeups import Wakeup

@@ -107,16 +107,3 @@ class Sample:
     @property
     def generated_tokens(self) -> int:
         return sum(len(r.tokens) for r in self.responses)
-
-
-@dataclass(frozen=True)
-class RolloutCounters:
-    """The numbers of the rollout service a policy context needs, read together.
-
-    ``generated_total``: samples finished by this process's rollouter; ``queue_size``: samples
-    queued for the trainer now; ``in_flight``: samples being generated now.
-    """
-
-    generated_total: int = 0
-    queue_size: int = 0
-    in_flight: int = 0

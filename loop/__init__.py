@@ -3,10 +3,13 @@
 Owns: the step as a sequence of phase intents (``loop.step``), the typed plans and reports that
 pass between a step's phases (``loop.plans``), the switches no policy asks for (the guarded
 starts and the stranded refill, ``loop.guards``), and the policy questions of a step with their
-decision records and the per-cycle switch durations (``loop.decisions``).
+decision records and the per-cycle switch durations (``loop.decisions``), the switches as
+operations with the hybrids' state machine (``loop.switches``), and the controller that executes
+them through its protocols (``loop.controller``, with the standalone membership it acts on).
 
-Must not: import Ray, torch, Prefect or a clock, do I/O, or know how a phase is carried out.
-Production executes the intents against its actors; the simulator against its event heap.
+Must not: import Ray, torch, Prefect or a clock, do I/O but through the protocols the controller is
+given, or know what an operation costs. Production executes the intents and operations against
+its actors; the simulator against its event heap.
 """
 
 from loop.context import Snapshot, micro_summaries, policy_context

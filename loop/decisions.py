@@ -183,27 +183,31 @@ class Decider:
         if not active:
             return DeactivatePlan(step=step, hybrid_active=False)
         with self._all_or_nothing():
-            yes = self._ask(step, "should_deactivate", active, ctx, bool)
-            wait = self._ask(step, "deactivate_wait_samples", active, ctx, lambda a: max(0, int(a))) if yes else 0
+            yes = self._ask(step, "should_deactivate", active, ctx, bool,
+                            lambda p: p.should_deactivate(step, active, ctx))
+            wait = self._ask(step, "deactivate_wait_samples", active, ctx, lambda a: max(0, int(a)),
+                             lambda p: p.deactivate_wait_samples(ctx)) if yes else 0
         return DeactivatePlan(step=step, deactivate=yes, wait_samples=wait, hybrid_active=True)
 
     def should_activate(self, step: int, active: bool, ctx: DynamicScheduleContext, of: int) -> LendPlan:
-        count = self._ask(step, "should_activate_after_step", active, ctx, lambda a: lend_count(a, of))
+        count = self._ask(step, "should_activate_after_step", active, ctx, lambda a: lend_count(a, of),
+                          lambda p: p.should_activate_after_step(step, active, ctx))
         return LendPlan(step=step, count=0 if active else count, of=of)
 
     def warm_up(self, ctx: DynamicScheduleContext, of: int) -> LendPlan:
         if not self.asks_warm_up:
             return LendPlan(step=0, of=of)
-        count = self._ask(0, "should_activate_after_step", False, ctx, lambda a: lend_count(a, of))
+        count = self._ask(0, "should_activate_after_step", False, ctx, lambda a: lend_count(a, of),
+                          lambda p: p.should_activate_after_step(0, False, ctx))
         return LendPlan(step=0, count=count, of=of)
 
     def wants_rebalance(self, step: int, ctx: DynamicScheduleContext) -> bool:
         if not self._enable_rebalance:
             return False
-        return self._ask(step, "request_rebalance", True, ctx, bool)
+        return self._ask(step, "request_rebalance", True, ctx, bool, lambda p: p.request_rebalance(step, ctx))
 
     def update_after_step(self, step: int, active: bool, ctx: DynamicScheduleContext) -> None:
-        self._ask(step, "update_after_step", active, ctx, lambda _: None)
+        self._ask(step, "update_after_step", active, ctx, lambda _: None, lambda p: p.update_after_step(step, ctx))
 
     def record_guard(self, step: int, guard: str, answer: Any, reason: str, active: bool,
                      ctx: DynamicScheduleContext) -> None:
@@ -223,23 +227,17 @@ class Decider:
             raise
 
     def _ask(self, step: int, hook: str, active: bool, ctx: DynamicScheduleContext,
-             convert: Callable[[Any], Any]) -> Any:
-        """Call ``hook`` on the guarded policy, timed; record and return its converted answer.
+             convert: Callable[[Any], Any], call: Callable[[LostStandaloneGuard], Any]) -> Any:
+        """``call`` the guarded policy's hook (named ``hook`` in the record), timed; record and
+        return its converted answer.
 
         The reason comes from ``explain``, called first with the same inputs so that it sees the
         policy state the hook sees.
         """
         p = self._guarded
         reason = str(p.explain(hook, step, active, ctx))
-        args: tuple[Any, ...]
-        if hook in ("should_deactivate", "should_activate_after_step"):
-            args = (step, active, ctx)
-        elif hook == "deactivate_wait_samples":
-            args = (ctx,)
-        else:
-            args = (step, ctx)
         begin = self._timer()
-        raw = getattr(p, hook)(*args)
+        raw = call(p)
         duration_s = self._timer() - begin
         answer = convert(raw)
         self._records.append(DecisionRecord(step, hook, answer, reason, summarise(ctx, active), duration_s))

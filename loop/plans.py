@@ -34,6 +34,8 @@ class SwitchReport:
     phases: dict[str, float] = field(default_factory=dict)
     aborted: int = 0
     replicas: tuple[str, ...] = ()
+    ops: tuple[str, ...] = ()
+    """The operations the executor ran, in order (``loop.switches``: each one's name)."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,19 @@ class WaitReport:
     mq_size: int
     exhausted: bool = False
     deactivate: SwitchReport | None = None
+
+
+@dataclass(frozen=True)
+class RolloutCounters:
+    """The numbers of the rollout service a policy context needs, read together.
+
+    ``generated_total``: samples finished by this process's rollouter; ``queue_size``: samples
+    queued for the trainer now; ``in_flight``: samples being generated now.
+    """
+
+    generated_total: int = 0
+    queue_size: int = 0
+    in_flight: int = 0
 
 
 @dataclass(frozen=True)

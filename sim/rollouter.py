@@ -262,6 +262,12 @@ class SimRollouter:
         self._set_routable([r for r in self.routable if r not in reps])
         self._record()
 
+    def retry(self, aborted: list[tuple[Sample, Replica]]) -> None:
+        """Route ``aborted`` again, least-loaded over what is routable (a take-back's abort)."""
+        for sample, _ in aborted:
+            self._route(sample, resubmit=True)
+        self._record()
+
     def remove(self, reps: list[Replica]) -> None:
         """Deactivate: remove from the balancer → abort (retries go elsewhere) → sleep."""
         self._set_routable([r for r in self.routable if r not in reps])

@@ -43,7 +43,6 @@ from loop import (
     ShouldActivate,
     ShouldDeactivate,
     Snapshot,
-    SwitchBook,
     STRANDED_POLL_S,
     SwitchReport,
     Train,
@@ -61,6 +60,21 @@ from loop import (
     step_sequence,
     step_switch_seconds,
     stranded_refill,
+)
+from loop.switches import (
+    Abort,
+    ClearSticky,
+    ControllerState,
+    Drain,
+    Hold,
+    Operation,
+    PhaseLog,
+    Resume,
+    Route,
+    Switch,
+    SwitchMachine,
+    Unhold,
+    Unroute,
 )
 from loop.workload import LengthModel
 
@@ -172,11 +186,15 @@ class Simulator:
         )
         self.rollouter = SimRollouter(spec, lengths, self.rng, clock=lambda: self.loop.now, trace=self._record_trace)
         self.rollouter.on_generated = self._check_wake
-        self.hybrid_active = False
+        self._replica = {rep.name: rep for rep in self.rollouter.replicas}
+        self.machine = SwitchMachine([rep.name for rep in self.rollouter.hybrids])
+        """The hybrids' state machine and switch book, production's (``loop.switches``)."""
+        self._held: list[tuple[Sample, Replica]] | None = None
+        """The requests aborted while routing is held (``Hold``): retried at ``Resume``/``Unhold``."""
+        self._unstick = False
+        """``ClearSticky`` ran: the next ``Resume`` retries least-loaded, not on the same replica."""
         self.records: list[SimStep] = []
         self.decider = Decider(policy, enable_rebalance=spec.enable_rebalance)
-        self.book = SwitchBook()
-        """Switch durations of the cycle, count and last end, booked as the controller books them."""
         self.transitions: list[Transition] = []
         self.broadcasts = 0
         self.trained_ids: list[int] = []
@@ -211,7 +229,7 @@ class Simulator:
         spec = self.spec
         if self.rollouter.hybrids and spec.initial_hybrid_active and not spec.only_hybrid:
             self.rollouter.add(self.rollouter.hybrids)
-            self.hybrid_active = True
+            self.machine = SwitchMachine(self.machine.hybrids, ControllerState.HYBRID_ACTIVE)
             self._record_trace("activate")
         self.rollouter.try_start()
         for t, number in spec.standalone_deaths:
@@ -280,7 +298,7 @@ class Simulator:
             self._wait_sums = ([], [])
             yield from self._drive(step_sequence(step, micro_steps=spec.trigger_parameter_sync_step,
                                                  final=step == spec.steps, has_hybrids=bool(r.hybrids),
-                                                 overlap_sync=spec.overlap_hybrid_sync, lent=self.hybrid_active))
+                                                 overlap_sync=spec.overlap_hybrid_sync, lent=self.machine.active))
             if step == self.resume_after and step < spec.steps:
                 yield from self._restart()
 
@@ -295,10 +313,10 @@ class Simulator:
         elif r.hybrids and self.spec.only_hybrid:
             guard = only_hybrid_start(version, len(r.hybrids))
         else:
-            yield from self._drive(run_start(version, has_hybrids=bool(r.hybrids) and not self.hybrid_active,
+            yield from self._drive(run_start(version, has_hybrids=bool(r.hybrids) and not self.machine.active,
                                              asks_warm_up=self.decider.asks_warm_up))
             return
-        self.decider.record_guard(0, guard.hook, guard.answer, guard.reason, self.hybrid_active, self.context())
+        self.decider.record_guard(0, guard.hook, guard.answer, guard.reason, self.machine.active, self.context())
         yield from self._drive(guarded_start(guard, version))
 
     def _restart(self) -> Iterator[Wait]:
@@ -312,18 +330,17 @@ class Simulator:
         kept (production generates those prompts again) and the hybrids' in-flight ones retried
         elsewhere; a standalone replica that died stays dead (production builds all anew)."""
         r = self.rollouter
-        stored = json.loads(json.dumps({"policy": self.policy.state_dict(), "book": self.book.state_dict()}))
-        lent = sum(1 for rep in r.hybrids if rep in r.routable)
+        stored = json.loads(json.dumps({"policy": self.policy.state_dict(), "machine": self.machine.state_dict()}))
+        lent = len(self.machine.lent)
         self._decided_before += self.decider.drain()
         self.policy = copy.deepcopy(self._policy_at_start)
         self.policy.load_state_dict(stored["policy"])
         self.decider = Decider(self.policy, enable_rebalance=self.spec.enable_rebalance)
-        self.book = SwitchBook()
-        self.book.load_state_dict(stored["book"])
         self._record_trace("resume")
-        if self.hybrid_active:
+        if self.machine.active:
             r.remove(r.hybrids)
-            self.hybrid_active = False
+        self.machine = SwitchMachine(self.machine.hybrids)
+        self.machine.load_state_dict({**stored["machine"], "state": ControllerState.STANDALONE_ONLY.name})
         self._log = _StepLog(step=0, start=self.loop.now, waste0=self._waste())  # the restart's (never committed)
         self._wait_sums = ([], [])
         yield from self._start(r.version, relend=lent)
@@ -358,7 +375,7 @@ class Simulator:
         return self.decider.warm_up(self.context(), of=len(self.rollouter.hybrids))
 
     def _should_deactivate(self, intent: ShouldDeactivate) -> DeactivatePlan:
-        return self.decider.should_deactivate(intent.step, self.hybrid_active, self.context())
+        return self.decider.should_deactivate(intent.step, self.machine.active, self.context())
 
     def _wait_for_samples(self, intent: WaitForSamples) -> Iterator[Wait]:
         """Let the hybrids generate until enough is queued (a threshold above the queue's capacity
@@ -372,17 +389,9 @@ class Simulator:
         return WaitReport(waited_s=log.wait_for_samples_s, mq_size=len(r.queue), deactivate=report)
 
     def _take_back(self, step: int) -> Generator[Wait, None, SwitchReport]:
-        """Deactivate the lent hybrids: (drain,) remove → abort → sleep."""
-        r, t = self.rollouter, self.loop.now
+        """Take the lent hybrids back (``loop.switches.take_back``)."""
         self._record_trace("deactivate")
-        lent = [rep for rep in r.hybrids if rep in r.routable]
-        if self.spec.abort_drain_s > 0.0 and lent:
-            r.unroute(lent)  # SimSpec.abort_drain_s: what finishes meanwhile is queued, not aborted
-            yield Delay(self.spec.abort_drain_s)
-        r.remove(r.hybrids)
-        yield Delay(self.spec.deactivate_s)
-        self.hybrid_active = False
-        return self._switched(step, "deactivate", t, lent)
+        return (yield from self._switch(step, self.machine.take_back()))
 
     def _train(self, intent: Train) -> Iterator[Wait]:
         spec, r, log, t = self.spec, self.rollouter, self._log, self.loop.now
@@ -425,7 +434,7 @@ class Simulator:
 
     def _stranded(self) -> bool:
         r = self.rollouter
-        return bool(r.dead) and bool(r.hybrids) and not self.hybrid_active and r.standalone_lost
+        return bool(r.dead) and bool(r.hybrids) and not self.machine.active and r.standalone_lost
 
     def _refill(self, step: int) -> Generator[Wait, None, bool]:
         """``loop.guards.stranded_refill``: when it fires, its guard decision, then its switches
@@ -433,16 +442,14 @@ class Simulator:
         whether it fired."""
         r = self.rollouter
         ctx = self.context(micro=False)  # production's train task carries no micro-step summaries
-        guard = stranded_refill(step, ctx, hybrids=len(r.hybrids), active=self.hybrid_active, version=r.version)
+        guard = stranded_refill(step, ctx, hybrids=len(r.hybrids), active=self.machine.active, version=r.version)
         if guard is None:
             return False
-        self.decider.record_guard(step, guard.hook, guard.answer, guard.reason, self.hybrid_active, ctx)
+        self.decider.record_guard(step, guard.hook, guard.answer, guard.reason, self.machine.active, ctx)
         for op in refill_sequence(guard, r.version, self.spec.required_samples):
             match op:
-                case HybridSync(plan=plan):
-                    t = self.loop.now
-                    yield Delay(self.spec.hybrid_sync_s)
-                    self._hybrid_synced(plan, t)
+                case HybridSync(plan=plan, version=version):
+                    yield from self._switch(step, self.machine.hybrid_sync(version, plan.count))
                 case Activate(plan=plan):
                     yield from self._lend(step, plan.count)
                 case WaitForSamples(plan=plan):
@@ -466,10 +473,12 @@ class Simulator:
         else:
             paused_reps, aborted = [], []
             r.stall([rep for rep in r.routable if not rep.hybrid], spec.broadcast_sync_s)
-        began, hybrid_s = self.loop.now, spec.hybrid_sync_s if intent.lend else 0.0
-        if intent.lend and hybrid_s <= spec.broadcast_sync_s:
-            yield Delay(hybrid_s)
-            self._hybrid_synced(intent.lend, began)
+        began, lend = self.loop.now, intent.lend
+        hybrid = self.machine.hybrid_sync(intent.version, lend.count) if lend else None
+        hybrid_s = sum(spec.operation_s.get(op.name, 0.0) for op in hybrid.preview()) if hybrid else 0.0
+        if hybrid and hybrid_s <= spec.broadcast_sync_s:
+            yield from self._switch(lend.step, hybrid)
+            hybrid = None
         yield Delay(spec.broadcast_sync_s - (self.loop.now - began))
         r.accepting = True
         log.step_generated, log.window_end = r.step_generated, self.loop.now
@@ -477,21 +486,15 @@ class Simulator:
         r.resume(paused_reps, aborted, sticky=True)
         r.reset_staleness()
         self._record_trace("sync", r.version)
-        if intent.lend and hybrid_s > spec.broadcast_sync_s:
-            yield Delay(hybrid_s - (self.loop.now - began))
-            self._hybrid_synced(intent.lend, began)
+        if hybrid:  # it outlasts the broadcast: what it ran meanwhile is already paid
+            yield from self._switch(lend.step, hybrid, began=began, paid_s=self.loop.now - began)
 
     def _should_activate(self, intent: ShouldActivate) -> LendPlan:
-        return self.decider.should_activate(intent.step, self.hybrid_active, self.context(),
+        return self.decider.should_activate(intent.step, self.machine.active, self.context(),
                                        of=len(self.rollouter.hybrids))
 
     def _hybrid_sync(self, intent: HybridSync) -> Iterator[Wait]:
-        t = self.loop.now
-        yield Delay(self.spec.hybrid_sync_s)
-        return self._hybrid_synced(intent.plan, t)
-
-    def _hybrid_synced(self, plan: LendPlan, began: float) -> SwitchReport:
-        return self._switched(plan.step, "hybrid_sync", began, self.rollouter.hybrids[: plan.count])
+        return (yield from self._switch(intent.plan.step, self.machine.hybrid_sync(intent.version, intent.plan.count)))
 
     def _activate(self, intent: Activate) -> Iterator[Wait]:
         """Activate the synced hybrids, then rebalance if the policy asks (and it is enabled)."""
@@ -499,24 +502,17 @@ class Simulator:
         reports = [(yield from self._lend(step, intent.plan.count))]
         log.activated = True
         if intent.rebalance and self.decider.wants_rebalance(step, self.context()):
-            t = self.loop.now
-            aborted = r.pause(list(r.routable))
-            yield Delay(self.spec.rebalance_s)
-            r.resume(list(r.routable), aborted, sticky=False)
+            active = tuple(rep.name for rep in r.routable)
+            reports.append((yield from self._switch(step, self.machine.rebalance(active, math.inf))))
             log.rebalanced = True
             self._record_trace("rebalance")
-            reports.append(self._switched(step, "rebalance", t, r.routable))
         return reports
 
     def _lend(self, step: int, count: int) -> Generator[Wait, None, SwitchReport]:
-        """Activate the first ``count`` (synced) hybrids: add to the balancer → resume."""
-        r, t = self.rollouter, self.loop.now
-        lent = r.hybrids[:count]
-        yield Delay(self.spec.activate_s)
-        r.add(lent)
-        self.hybrid_active = True
+        """Activate the first ``count`` (synced) hybrids (``loop.switches.activate``)."""
+        report = yield from self._switch(step, self.machine.activate(count=count))
         self._record_trace("activate")
-        return self._switched(step, "activate", t, lent)
+        return report
 
     def _update_after_step(self, intent: UpdateAfterStep) -> None:
         """The last micro-step's allocation runs on to here (the syncs, the lend), less the tasks
@@ -524,9 +520,9 @@ class Simulator:
         log = self._log
         log.micro[-1][TRAIN_ALLOCATED_TIME_S] += (
             self.loop.now - log.train_end - log.tasks_since_train * self.spec.task_overhead_s)
-        self.decider.update_after_step(intent.step, self.hybrid_active, self.context())
-        self.book.durations.reset()
-        self.book.drain()  # the transitions keep every switch
+        self.decider.update_after_step(intent.step, self.machine.active, self.context())
+        self.machine.book.durations.reset()
+        self.machine.book.drain()  # the transitions keep every switch
         self.consumed += len(self._wait_sums[0]) * self.spec.required_samples
 
     def _waste(self) -> WastedWork:
@@ -575,7 +571,7 @@ class Simulator:
             deactivated=log.deactivated,
             activated=log.activated,
             rebalanced=log.rebalanced,
-            hybrid_active=self.hybrid_active,
+            hybrid_active=self.machine.active,
             deactivate_ratio=None if ratio is None else float(ratio),
             train_util=metrics[TRAIN_RESOURCE_UTILIZATION],
             rollout_util=metrics[ROLLOUT_RESOURCE_UTILIZATION],
@@ -589,18 +585,66 @@ class Simulator:
         tokens = sum(sample.tokens for sample in batch)
         return s.train_step_overhead_s + tokens / (s.trainer_gpus * s.train_tokens_per_gpu_s)
 
-    def _switched(self, step: int, kind: str, began: float, replicas: list[Replica]) -> SwitchReport:
-        """Book a finished switch: its transition, then ``loop.SwitchBook`` (the policy's switch
-        durations, the activate/deactivate count and the last one's end, as the controller books
-        them); ``switch_s`` sums every switch's seconds (not the tasks between a hybrid sync and its
-        activation)."""
-        now = self.loop.now
-        report = SwitchReport(kind, began, now - began, replicas=tuple(rep.name for rep in replicas))
+    # ------------------------------------------------------------------ switches
+
+    def _switch(self, step: int, switch: Switch, *, began: float | None = None,
+                paid_s: float = 0.0) -> Generator[Wait, None, SwitchReport]:
+        """Carry out ``switch`` (``loop.switches``, production's operations in production's order)
+        in virtual time: each operation waits its cost (``SimSpec.operation_s``), then acts on
+        the rollouter (``_operate``). ``paid_s``: seconds of it that already ran (a hybrid sync
+        that outlasts the broadcast it overlaps; its operations touch no replica that generates).
+        Then it is booked as the controller books it: the machine's switch book and the run's
+        transitions; ``switch_s`` sums every switch's seconds."""
+        log = PhaseLog(self.loop.now if began is None else began)
+        ops, result, costs = switch.ops, None, self.spec.operation_s
+        while True:
+            try:
+                op = ops.send(result)
+            except StopIteration as done:
+                aborted = done.value or 0
+                break
+            t, cost = self.loop.now, costs.get(op.name, 0.0)
+            wait, paid_s = max(0.0, cost - paid_s), max(0.0, paid_s - cost)
+            if wait > 0:
+                yield Delay(wait)
+            result = self._operate(op)
+            log.ran(op, self.loop.now - t, result)
+        report = switch.done(log.report(switch, self.loop.now, aborted))
         self.transitions.append(Transition(step, report))
         self._log.switches.append(report)
-        self.book.book(report)
         self.switch_s += report.duration_s
         return report
+
+    def _operate(self, op: Operation) -> Any:
+        """One operation on the twin's data plane (the same effects production's calls have)."""
+        r = self.rollouter
+        reps = [self._replica[name] for name in op.ids]
+        match op:
+            case Route():
+                r.add(reps)
+            case Unroute():
+                r.unroute(reps)
+            case ClearSticky():
+                self._unstick = True
+            case Hold():
+                self._held = []
+            case Abort():
+                aborted = r.pause(reps)
+                if self._held is not None:  # the retries wait for routing
+                    self._held.extend(aborted)
+                else:  # retried at once on whatever is routable
+                    r.retry(aborted)
+                return len(aborted)
+            case Resume():
+                held, self._held = self._held or [], None if self._held is None else []
+                r.resume(reps, held, sticky=not self._unstick)
+                self._unstick = False
+            case Unhold():
+                held, self._held = self._held or [], None
+                r.retry(held)
+            case Drain():
+                return 0  # paused replicas run nothing: what was in flight was aborted
+        return None  # Sleep, Wake, Load, Offload, Reload: the twin charges only their cost
 
     # ------------------------------------------------------------------ policy
 
@@ -616,8 +660,8 @@ class Simulator:
             generated_total=r.total_generated, queue_size=len(r.queue), in_flight=r.in_flight,
             consumed=self.consumed,
             micro=micro_summaries(sums[0], sums[1], self.spec.required_samples),
-            activate_s=self.book.durations.activate_s, deactivate_s=self.book.durations.deactivate_s,
-            now=self.loop.now, last_switch_at=self.book.last_switch_at, standalone_lost=r.standalone_lost,
+            activate_s=self.machine.book.durations.activate_s, deactivate_s=self.machine.book.durations.deactivate_s,
+            now=self.loop.now, last_switch_at=self.machine.book.last_switch_at, standalone_lost=r.standalone_lost,
             lent_replicas=sum(1 for rep in r.hybrids if rep in r.routable)))
 
     # ------------------------------------------------------------------ result
@@ -646,7 +690,7 @@ class Simulator:
             trained_tokens=list(self.trained_tokens),
             queued_ids=[sample.id for sample in r.queue],
             in_flight_ids=in_flight,
-            switches=self.book.count,
+            switches=self.machine.book.count,
             waste=self._waste(),
             decisions=self._decided_before + self.decider.records,
             transitions=list(self.transitions),

@@ -52,12 +52,6 @@ class _RunShape:
     after every sync). Not a config key: scenarios set it with ``dataclasses.replace``. A run
     whose last standalone dies while the hybrids sleep and the trainer waits refills as production
     does (``loop.guards.stranded_refill``, asked after each ``STRANDED_POLL_S`` slice of the wait)."""
-    # removed with issue 46: the simulator's take-back stops reading it (then this field goes).
-    abort_drain_s: float = 0.0
-    """At the take-back, leave the balancer first and let the hybrids generate this many seconds
-    before aborting what is left; 0 = abort at once (off). The last of the twin-only abort guards
-    (the others, ``abort_route_min_share`` and ``abort_cap``, went with issue 46: none paid,
-    docs/simulator.md "Abort waste")."""
     admission_lookahead: int = 0
     """Length-aware admission (issue 45 item 3, a twin study; not a config key): the rollouter
     draws this many upcoming prompts ahead and starts the one predicted to run longest first; 0 =
@@ -71,6 +65,15 @@ class _RunShape:
     one to the least-loaded lent hybrid (each only while that side holds fewer than
     ``concurrent_samples_per_replica`` a replica; else least-loaded over all), so a take-back
     aborts less. Retries keep the same rule."""
+
+    @property
+    def operation_s(self) -> dict[str, float]:
+        """What each switch operation (``loop.switches``, by name) costs the twin: the calibrated
+        switch seconds (config ``sim.deactivate_s``, ``hybrid_sync_s``, ``activate_s``,
+        ``rebalance_s``) are a take-back's sleep, a hybrid sync's load, a lend's route and a
+        rebalance's drain; every other operation is free."""
+        return {"sleep": self.deactivate_s, "load_weights": self.hybrid_sync_s, "add": self.activate_s,
+                "drain": self.rebalance_s}
 
     @property
     def step_required_samples(self) -> int:

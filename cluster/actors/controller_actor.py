@@ -5,7 +5,7 @@ Each step phase is one method returning a frozen plan or report of ``loop.plans`
 ``BroadcastReport`` (with the hybrid sync, when it overlaps), ``should_activate`` → ``LendPlan``,
 ``hybrid_sync`` → ``SwitchReport``, ``lend`` → its ``SwitchReport``s, ``update_after_step`` →
 ``StepOutcome``), so a Prefect task is one call. It owns the
-run's standalone membership (``cluster.membership``): the rollout service reports deaths and
+run's standalone membership (``loop.membership``): the rollout service reports deaths and
 replacements to it, and a failed call or ping of its own counts too.
 
 Must not: hold policy logic (the controller asks ``loop.Decider``), or be called by name strings:
@@ -24,9 +24,9 @@ import ray
 from cluster import weight_sync as ws
 from cluster.actors.names import ROLLOUT_SERVICE, TRAINER, replica_name
 from cluster.actors.remote_engine import actor_is_dead, kill_actor
-from cluster.controller import DynamicResourceController
-from cluster.membership import Membership
-from cluster.types import RolloutCounters
+from loop.controller import DynamicResourceController
+from loop.membership import Membership
+from loop.plans import RolloutCounters
 from loop.plans import (
     BroadcastReport,
     DeactivatePlan,
@@ -56,8 +56,8 @@ class _BalancerAdapter:
     def clear_sticky(self) -> int:
         return ray.get(self.service.lb_clear_sticky.remote())
 
-    def in_flight(self, ids: Sequence[str] | None = None) -> int:
-        return ray.get(self.service.lb_in_flight.remote(None if ids is None else list(ids)))
+    def wait_drained(self, ids: Sequence[str], timeout_s: float) -> int:
+        return ray.get(self.service.lb_wait_drained.remote(list(ids), timeout_s))
 
     def hold(self) -> None:
         ray.get(self.service.lb_hold.remote())

@@ -2,7 +2,7 @@
 
 They call each other synchronously; with replica starters the service also starts replacements
 for dead standalone replicas. Every death, replacement start, join and failure is reported to the
-controller actor, which owns the run's membership (``cluster.membership``). Must not: decide
+controller actor, which owns the run's membership (``loop.membership``). Must not: decide
 anything about the hybrids (the controller drives them through ``lb_*``).
 """
 
@@ -22,7 +22,8 @@ from cluster.load_balancer import LoadBalancer
 from cluster.message_queue import MessageQueue
 from cluster.replacement import ReplicaReplacer
 from cluster.rollouter import Rollouter
-from cluster.types import RolloutCounters, SamplingSpec
+from cluster.types import SamplingSpec
+from loop.plans import RolloutCounters
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +156,11 @@ class RolloutService:
         return self.lb.clear_sticky()
 
     def lb_in_flight(self, ids: Sequence[str] | None = None) -> int:
+        """Requests in flight (for observers: the control plane waits with ``lb_wait_drained``)."""
         return self.lb.in_flight(None if ids is None else list(ids))
+
+    async def lb_wait_drained(self, ids: Sequence[str], timeout_s: float) -> int:
+        return await self.lb.wait_drained(list(ids), timeout_s)
 
     def lb_hold(self) -> None:
         self.lb.hold()

@@ -147,29 +147,25 @@ class TrainerActor(HybridHost):
 
     # -- room for the hybrids ------------------------------------------------------------------
 
-    def _move(self, name: str) -> Callable[[], Mapping[str, float]] | None:
-        """The backend's ``offload``/``reload``; None when it has nothing to move (no such method,
-        or a rank group none of whose backends has one): then a switch neither waits for the
-        train lock (a broadcast may hold it) nor calls the ranks."""
-        if not getattr(self.backend, "moves", True):
-            return None
-        return getattr(self.backend, name, None)
+    def _has_moves(self) -> bool:
+        """Whether the backend moves anything out of the hybrids' way (not when it has no
+        ``offload``, or is a rank group none of whose backends has one): otherwise a switch neither
+        waits for the train lock (a broadcast may hold it) nor calls the ranks."""
+        return bool(getattr(self.backend, "moves", True)) and callable(getattr(self.backend, "offload", None))
 
     async def offload(self) -> dict[str, float]:
         """Move the trainer's state out of the hybrids' way (seconds and GB of each move)."""
-        move = self._move("offload")
-        if move is None:
+        if not self._has_moves():
             return {}
         async with self._train_lock:
-            return dict(await asyncio.to_thread(move))
+            return dict(await asyncio.to_thread(self.backend.offload))
 
     async def reload(self) -> dict[str, float]:
         """Bring it back for the next update."""
-        move = self._move("reload")
-        if move is None:
+        if not self._has_moves():
             return {}
         async with self._train_lock:
-            return dict(await asyncio.to_thread(move))
+            return dict(await asyncio.to_thread(self.backend.reload))
 
     # -- hybrid engines: here, or on the ranks that host them ----------------------------------
 

@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from cluster.readonly import ReadOnly
+from loop.readonly import ReadOnly
 from cluster.types import FinishReason, GenerationRequest, GenerationResult
 
 

@@ -7,7 +7,7 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster.controller import LoadBalancer as LoadBalancerProtocol
+from loop.controller import LoadBalancer as LoadBalancerProtocol
 from cluster.load_balancer import LoadBalancer
 
 

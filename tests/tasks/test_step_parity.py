@@ -37,7 +37,7 @@ import tasks.commit
 import tasks.phases as phases
 from cluster.actors import CONTROLLER, ROLLOUT_SERVICE, TRAINER, ControllerHost
 from cluster.builders import hybrid_ids, run_sizes, standalone_ids
-from cluster.types import RolloutCounters
+from loop.plans import RolloutCounters
 from flows.training_step import training_step
 from loop import STRANDED_REFILL, DecisionRecord
 from metrics import ROLLOUT_RESOURCE_UTILIZATION, STEP_GENERATED_SAMPLES, WASTE_SWITCH_S
@@ -102,6 +102,8 @@ class FakeDataPlane:
         self.now = 0.0
         self.short_slices: int | None = None  # of the micro-step being pulled
         self.pull: tuple[float, int, int] = (0.1, 0, 0)
+        self.operations: list[str] = []
+        """The switch operations production carried out (``record_switch_operations``), in order."""
 
     def clock(self) -> float:
         return self.now
@@ -146,7 +148,7 @@ class FakeDataPlane:
             "on_weight_sync": dict,
             "replacement_state": dict,
             "lb_clear_sticky": lambda: 0,
-            "lb_in_flight": lambda: 0,
+            "lb_wait_drained": lambda: 0,
         }.get(method, lambda: None)()
 
     def trainer(self, method: str, args: tuple) -> Any:
@@ -197,6 +199,8 @@ class Recorded:
 
     decisions: list[DecisionRecord]
     transitions: list[tuple[int, str]]
+    operations: list[str]
+    """Every switch operation production's protocols received, in order."""
     metrics: list[dict[str, float]]
     switch_s: list[float]
     """Each switch event's seconds, in the order of ``transitions``."""
@@ -221,6 +225,7 @@ def run_production(monkeypatch, tmp_path, overlap, plane_class=None, policy_clas
     monkeypatch.setattr(controller_actor, "time", types.SimpleNamespace(time=plane.clock,
                                                                          perf_counter=time.perf_counter))
     monkeypatch.setattr("tasks.artifact.publish_step", lambda *args, **kwargs: None)
+    record_switch_operations(monkeypatch, plane.operations)
     actors: dict[str, Any] = {ROLLOUT_SERVICE: plane.handle(ROLLOUT_SERVICE), TRAINER: plane.handle(TRAINER)}
     actors.update({f"replica:{rid}": plane.handle(f"replica:{rid}") for rid in standalone_ids(cfg)})
 
@@ -271,7 +276,31 @@ def run_production(monkeypatch, tmp_path, overlap, plane_class=None, policy_clas
                      for d in rows]
         events = list(session.scalars(sa.select(SwitchEvent).where(SwitchEvent.run_id == run_id)
                                       .order_by(SwitchEvent.id)))
-    return Recorded(decisions, [(e.step, e.kind) for e in events], metrics, [e.duration_s for e in events])
+    return Recorded(decisions, [(e.step, e.kind) for e in events], plane.operations, metrics,
+                    [e.duration_s for e in events])
+
+
+OPERATION_OF = {"add_replicas": "add", "remove_replicas": "remove", "clear_sticky": "clear_sticky", "hold": "hold",
+                "unhold": "unhold", "wait_drained": "drain", "abort": "abort", "sleep": "sleep", "wake_up": "wake_up",
+                "load_weights": "load_weights", "offload": "offload", "reload": "reload", "resume": "resume"}
+"""Each call of the controller's ``LoadBalancer`` and ``ReplicaPool`` protocols, by the name of the
+operation it carries out (``loop.switches``: ``Operation.name``)."""
+
+
+def record_switch_operations(monkeypatch, operations: list[str]) -> None:
+    """Production's balancer and pool adapters (what the controller actor calls) log each protocol
+    call they receive, as the operation it is, before making it: what production really did."""
+
+    def recording(cls: type) -> type:
+        def wrap(method: str) -> Any:
+            def call(self, *args):
+                operations.append(OPERATION_OF[method])
+                return getattr(cls, method)(self, *args)
+            return call
+        return type(cls.__name__, (cls,), {m: wrap(m) for m in OPERATION_OF if hasattr(cls, m)})
+
+    for name in ("_BalancerAdapter", "_PoolAdapter"):
+        monkeypatch.setattr(controller_actor, name, recording(getattr(controller_actor, name)))
 
 
 def committed(twin: SimResult) -> tuple[list[DecisionRecord], list[tuple[int, str]]]:
@@ -310,6 +339,19 @@ def test_production_and_the_simulator_record_the_same_decisions_inputs_and_trans
     assert production.decisions == decisions  # whole records: every input, the policy's seconds
     assert twin.transition_kinds() == EXPECTED_TRANSITIONS
     assert production.transitions == transitions
+
+
+def test_production_and_the_simulator_carry_out_every_switch_by_the_same_operations_in_order(monkeypatch, tmp_path,
+                                                                                         overlap):
+    """Inside the switches: the operations production's balancer and replica pool received, in
+    order, are the ones the twin's executor ran (``SwitchReport.ops``), switch after switch, over
+    the whole scenario (lends, a skipped lend, a rebalance, a resume's relend, the refills)."""
+    twin = run_scenario(overlap)
+    production = run_production(monkeypatch, tmp_path, overlap, replay=Replay(twin))
+
+    per_switch = [(t.step, t.kind, t.report.ops) for t in twin.transitions]
+    assert all(ops for _, _, ops in per_switch)
+    assert production.operations == [op for _, _, ops in per_switch for op in ops], per_switch
 
 
 def test_production_and_the_simulator_name_the_same_step_metrics(monkeypatch, tmp_path, overlap):

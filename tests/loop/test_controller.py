@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from cluster.controller import ControllerState, DynamicResourceController, IllegalTransition
-from cluster.membership import Membership
-from cluster.types import RolloutCounters
+from loop.controller import ControllerState, DynamicResourceController, IllegalTransition
+from loop.membership import Membership
+from loop.plans import RolloutCounters
 from loop import STRANDED_REFILL, DecisionRecord, DeactivatePlan, LendPlan, MicroSummary, RunSizes, SwitchReport
 from policies import DynamicSchedulePolicyBase
 
@@ -61,10 +61,10 @@ class FakeClock:
 
 
 class FakeLoadBalancer:
-    def __init__(self, events: list[tuple], clock: FakeClock, in_flight: list[int]) -> None:
+    def __init__(self, events: list[tuple], clock: FakeClock, drain: tuple[float, int]) -> None:
         self.events = events
         self.clock = clock
-        self.scripted_in_flight = list(in_flight)
+        self.drain_s, self.left = drain
 
     def add_replicas(self, ids):
         self.events.append(("lb.add_replicas", tuple(ids)))
@@ -85,11 +85,11 @@ class FakeLoadBalancer:
     def unhold(self):
         self.events.append(("lb.unhold",))
 
-    def in_flight(self, ids=None):
-        self.events.append(("lb.in_flight", None if ids is None else tuple(ids)))
-        if len(self.scripted_in_flight) > 1:
-            return self.scripted_in_flight.pop(0)
-        return self.scripted_in_flight[0] if self.scripted_in_flight else 0
+    def wait_drained(self, ids, timeout_s):
+        """Drained after ``drain_s`` (``left`` = 0), or ``left`` still in flight at the timeout."""
+        self.events.append(("lb.wait_drained", tuple(ids)))
+        self.clock.advance(timeout_s if self.left else self.drain_s)
+        return self.left
 
 
 class FakePool:
@@ -179,7 +179,7 @@ def make_rig(
     *,
     hybrid_ids=HYBRIDS,
     standalone_ids=STANDALONES,
-    in_flight=(0,),
+    drain=(0.0, 0),
     policy_cls=ExplainingPolicy,
     answers=None,
     counters=COUNTERS,
@@ -187,7 +187,7 @@ def make_rig(
 ) -> Rig:
     events: list[tuple] = []
     clock = FakeClock(events)
-    lb = FakeLoadBalancer(events, clock, list(in_flight))
+    lb = FakeLoadBalancer(events, clock, drain)
     pool = FakePool(events, clock)
     policy = policy_cls(events, clock, answers)
 
@@ -204,7 +204,6 @@ def make_rig(
         sizes=kwargs.pop("sizes", SIZES),
         counters=read_counters,
         clock=clock,
-        sleep=clock.sleep,
         **kwargs,
     )
     return Rig(events, clock, lb, pool, policy, controller)
@@ -230,6 +229,7 @@ def test_deactivate_removes_routing_then_aborts_then_sleeps_the_hybrids():
         phases={"remove": 1.0, "abort": 2.0, "sleep": 4.0},
         aborted=ABORTED,
         replicas=HYBRIDS,
+        ops=("remove", "abort", "sleep"),
     )
     assert rig.controller.state is ControllerState.STANDALONE_ONLY
     assert rig.controller.is_hybrid_active is False
@@ -256,6 +256,7 @@ def test_hybrid_sync_then_activate_wakes_loads_then_adds_and_resumes_the_hybrids
         phases={"wake_up": 8.0, "load_weights": 16.0},
         aborted=0,
         replicas=HYBRIDS,
+        ops=("wake_up", "load_weights"),
     )
     assert activate == SwitchReport(
         kind="activate",
@@ -264,6 +265,7 @@ def test_hybrid_sync_then_activate_wakes_loads_then_adds_and_resumes_the_hybrids
         phases={"add": 0.5, "resume": 0.25},
         aborted=0,
         replicas=HYBRIDS,
+        ops=("add", "resume"),
     )
     assert rig.controller.state is ControllerState.HYBRID_ACTIVE
     assert rig.controller.synced_version == 3
@@ -272,7 +274,7 @@ def test_hybrid_sync_then_activate_wakes_loads_then_adds_and_resumes_the_hybrids
 
 
 def test_rebalance_clears_sticky_aborts_every_active_replica_and_waits_for_the_drain():
-    rig = make_rig(in_flight=[3, 1, 0])
+    rig = make_rig(drain=(0.02, 0))
     rig.controller.hybrid_sync(1)
     rig.controller.activate()
     del rig.events[:]
@@ -284,11 +286,7 @@ def test_rebalance_clears_sticky_aborts_every_active_replica_and_waits_for_the_d
         ("lb.clear_sticky",),
         ("lb.hold",),  # the aborted requests' retries wait instead of bouncing off paused replicas
         ("pool.abort", ALL),
-        ("lb.in_flight", ALL),
-        ("wait", 0.01),
-        ("lb.in_flight", ALL),
-        ("wait", 0.01),
-        ("lb.in_flight", ALL),
+        ("lb.wait_drained", ALL),  # woken by the completions: no poll
         ("pool.resume", ALL),
         ("lb.unhold",),
     ]
@@ -320,12 +318,12 @@ def test_a_replaced_standalone_takes_the_dead_ones_place_in_every_later_switch()
     rig.controller.rebalance()
 
     ids = (f"{dead}.r1", *STANDALONES[1:], *HYBRIDS)
-    assert rig.events == [("lb.clear_sticky",), ("lb.hold",), ("pool.abort", ids), ("lb.in_flight", ids),
+    assert rig.events == [("lb.clear_sticky",), ("lb.hold",), ("pool.abort", ids), ("lb.wait_drained", ids),
                           ("pool.resume", ids), ("lb.unhold",)]
 
 
 def test_rebalance_that_times_out_resumes_the_replicas_before_raising():
-    rig = make_rig(in_flight=[2], rebalance_timeout_s=0.025)
+    rig = make_rig(drain=(0.0, 2), rebalance_timeout_s=0.025)
     rig.controller.hybrid_sync(1)
     rig.controller.activate()
     log_before = rig.controller.switch_log
@@ -342,13 +340,7 @@ def test_rebalance_that_times_out_resumes_the_replicas_before_raising():
         ("lb.clear_sticky",),
         ("lb.hold",),
         ("pool.abort", ALL),
-        ("lb.in_flight", ALL),
-        ("wait", 0.01),
-        ("lb.in_flight", ALL),
-        ("wait", 0.01),
-        ("lb.in_flight", ALL),
-        ("wait", 0.01),
-        ("lb.in_flight", ALL),
+        ("lb.wait_drained", ALL),
         ("pool.resume", ALL),
         ("lb.unhold",),
     ]
@@ -408,7 +400,7 @@ def test_lending_two_of_three_hybrids_wakes_adds_rebalances_and_takes_back_only_
         ("lb.clear_sticky",),
         ("lb.hold",),
         ("pool.abort", STANDALONES + lent),
-        ("lb.in_flight", STANDALONES + lent),
+        ("lb.wait_drained", STANDALONES + lent),
         ("pool.resume", STANDALONES + lent),
         ("lb.unhold",),
         ("lb.remove_replicas", lent),
@@ -642,7 +634,7 @@ def test_a_lending_step_asks_the_policy_in_the_deciders_order_and_records_every_
         ("pool.wake_up", HYBRIDS), ("pool.load_weights", HYBRIDS, 7),
         ("lb.add_replicas", HYBRIDS), ("pool.resume", HYBRIDS),
         ("rollout.counters",), ("policy.request_rebalance", 7),
-        ("lb.clear_sticky",), ("lb.hold",), ("pool.abort", ALL), ("lb.in_flight", ALL), ("pool.resume", ALL),
+        ("lb.clear_sticky",), ("lb.hold",), ("pool.abort", ALL), ("lb.wait_drained", ALL), ("pool.resume", ALL),
         ("lb.unhold",),
         ("rollout.counters",), ("policy.update_after_step", 7),
     ]

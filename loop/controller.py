@@ -1,23 +1,18 @@
 """The dynamic resource controller: lends hybrid replicas to rollout and takes them back.
 
-Owns the STANDALONE_ONLY <-> HYBRID_ACTIVE state machine of the hybrid replicas (the rollout
-engines that live on trainer GPUs), the policy context of each question (built here, from the
-run's static sizes, one read of the rollout counters, the step's micro-step summaries, the
-membership and the cycle's switch durations), the order in which a switch drives the load
-balancer and the replica pool, the timing of every switch, and the small memory a resumed run
+Owns the policy context of each question (built here, from the run's static sizes, one read of
+the rollout counters, the step's micro-step summaries, the membership and the cycle's switch
+durations), production's executor of the switches (``loop.switches``: each operation a typed call
+on the ``LoadBalancer`` or ``ReplicaPool`` protocol, timed), the state machine of the hybrid
+replicas (``loop.switches.SwitchMachine``, the twin's too), and the small memory a resumed run
 needs to continue exactly (``state_dict``).
 
-Must not: import Ray (the Ray actor wraps this class), do any I/O other than calling the
-``LoadBalancer`` and ``ReplicaPool`` protocols and the counters callable, or hold policy logic:
-every policy question goes through ``loop.Decider`` (asked in its order, recorded).
+Must not: import Ray (the Ray actor wraps this class) or a clock (the caller gives one), do any I/O
+other than calling the ``LoadBalancer`` and ``ReplicaPool`` protocols and the counters callable,
+order a switch's operations (``loop.switches`` does, for both sides), or hold policy logic: every
+policy question goes through ``loop.Decider`` (asked in its order, recorded).
 
-Switch orders (each one timed per phase):
-
-1. ``deactivate``:  remove from load balancer -> abort in-flight -> sleep (the lent hybrids)
-2. ``hybrid_sync``: wake up -> load weights at the new version (the first k of the m hybrids)
-3. ``activate``:    add to load balancer -> resume generation (the synced hybrids)
-4. ``rebalance``:   clear sticky sessions -> abort all active replicas -> wait until nothing is in
-   flight -> resume all active replicas
+Switch orders: see ``loop.switches`` (take back, hybrid sync, activate, rebalance).
 
 Graded lending (k of m): ``hybrid_sync(version, count=k)`` wakes the first k hybrids in
 ``hybrid_ids`` order, ``activate`` lends exactly those, and ``deactivate`` takes back exactly the
@@ -27,30 +22,38 @@ lent is illegal (``IllegalTransition``): deactivate first, so a lend always star
 
 from __future__ import annotations
 
-import enum
-import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from cluster.membership import Membership
-from cluster.readonly import ReadOnly
-from cluster.types import RolloutCounters
-from loop import (
-    Activate,
-    Decider,
-    DecisionRecord,
-    Guard,
-    HybridSync,
-    Snapshot,
-    SwitchBook,
-    WaitForSamples,
-    only_hybrid_start,
-    policy_context,
-    refill_sequence,
-    relend_after_resume,
-    stranded_refill,
+from loop.context import Snapshot, policy_context
+from loop.decisions import Decider, DecisionRecord, SwitchBook
+from loop.guards import Guard, only_hybrid_start, refill_sequence, relend_after_resume, stranded_refill
+from loop.membership import Membership
+from loop.plans import DeactivatePlan, LendPlan, MicroSummary, RolloutCounters, RunSizes, SwitchReport
+from loop.readonly import ReadOnly
+from loop.step import Activate, HybridSync, WaitForSamples
+from loop.switches import (
+    NOT_HERE,
+    Abort,
+    ClearSticky,
+    ControllerState,
+    Drain,
+    Hold,
+    IllegalTransition,
+    Load,
+    Offload,
+    Operation,
+    Reload,
+    Resume,
+    Route,
+    Sleep,
+    Switch,
+    SwitchMachine,
+    Unhold,
+    Unroute,
+    Wake,
+    run_switch,
 )
-from loop.plans import DeactivatePlan, LendPlan, MicroSummary, RunSizes, SwitchReport
 from policies import DynamicScheduleContext
 
 if TYPE_CHECKING:
@@ -64,17 +67,6 @@ __all__ = [
     "LoadBalancer",
     "ReplicaPool",
 ]
-
-# Seconds between two in-flight polls while a rebalance waits for the aborted requests to drain.
-DRAIN_POLL_INTERVAL_S = 0.01
-
-
-class ControllerState(enum.Enum):
-    """Where the hybrid replicas are: asleep on the trainer, or generating behind the balancer."""
-
-    STANDALONE_ONLY = "STANDALONE_ONLY"
-    HYBRID_ACTIVE = "HYBRID_ACTIVE"
-
 
 class LoadBalancer(Protocol):
     """The rollout load balancer, as far as the controller drives it."""
@@ -94,8 +86,9 @@ class LoadBalancer(Protocol):
     def unhold(self) -> None:
         """Route again."""
 
-    def in_flight(self, ids: Sequence[str] | None = None) -> int:
-        """Total requests in flight on these replicas (on all replicas when ``ids`` is None)."""
+    def wait_drained(self, ids: Sequence[str], timeout_s: float) -> int:
+        """Return once nothing is in flight on ``ids`` (0), or what still is after ``timeout_s``:
+        woken by the requests' completions, not by polling."""
 
 
 class ReplicaPool(Protocol):
@@ -120,6 +113,7 @@ class ReplicaPool(Protocol):
         """Let the replicas accept and run requests again."""
 
 
+@runtime_checkable
 class TrainerRoom(Protocol):
     """A pool whose hybrids share the trainer's devices may also move the trainer's state out of
     their way (optional: the controller calls these only when the pool has them)."""
@@ -130,45 +124,6 @@ class TrainerRoom(Protocol):
 
     def reload(self, ids: Sequence[str]) -> Mapping[str, float]:
         """After they sleep: the trainer's state comes back to its devices."""
-
-
-class IllegalTransition(RuntimeError):
-    """A switch that the current controller state does not allow; nothing was called."""
-
-
-class _PhaseTimer:
-    """Times the phases of one switch with the controller's clock."""
-
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self._clock = clock
-        self.started_at = clock()
-        self.phases: dict[str, float] = {}
-
-    def run(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
-        begin = self._clock()
-        result = fn(*args)
-        self.phases[name] = self._clock() - begin
-        return result
-
-    def moves(self, phase: str, fn: Callable[..., Any] | None, *args: Any) -> None:
-        """Run the trainer's move ``phase`` (offload/reload) when the pool has one: the phase is
-        timed like the others, and each move it made (``<phase>:<what>``, the trainer's own
-        seconds and GB) is recorded after it, as its parts."""
-        if fn is None:
-            return
-        moved = self.run(phase, fn, *args) or {}
-        for key, value in moved.items():
-            self.phases[f"{phase}:{key.removeprefix(phase + '_')}"] = float(value)
-
-    def finish(self, kind: str, replicas: Sequence[str], aborted: int = 0) -> SwitchReport:
-        return SwitchReport(
-            kind=kind,
-            started_at=self.started_at,
-            duration_s=self._clock() - self.started_at,
-            phases=dict(self.phases),
-            aborted=int(aborted),
-            replicas=tuple(replicas),
-        )
 
 
 def _unique(ids: Sequence[str]) -> tuple[str, ...]:
@@ -210,8 +165,7 @@ class DynamicResourceController:
         counters: Callable[[], RolloutCounters] = RolloutCounters,
         enable_rebalance: bool = True,
         only_hybrid: bool = False,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float],
         rebalance_timeout_s: float = 60.0,
         initial_state: ControllerState = ControllerState.STANDALONE_ONLY,
     ) -> None:
@@ -226,9 +180,6 @@ class DynamicResourceController:
             raise ValueError("only_hybrid needs at least one hybrid replica")
         if rebalance_timeout_s <= 0:
             raise ValueError(f"rebalance_timeout_s must be > 0, got {rebalance_timeout_s}")
-        initial_state = ControllerState(initial_state)
-        if initial_state is ControllerState.HYBRID_ACTIVE and not hybrids:
-            raise ValueError("cannot start HYBRID_ACTIVE with no hybrid replicas")
 
         self._policy = policy
         self._decider = Decider(policy, enable_rebalance=enable_rebalance, timer=clock)
@@ -243,16 +194,10 @@ class DynamicResourceController:
                                         hybrid_replicas=len(hybrids))
         self._counters = counters
         self._clock = clock
-        self._sleep = sleep
         self._rebalance_timeout_s = float(rebalance_timeout_s)
 
-        self._state = initial_state
-        # Memory a resumed run needs (all of it is in state_dict()).
-        self._synced_version: int | None = None  # weights the hybrids hold since the last sleep
-        self._synced: tuple[str, ...] = ()  # the hybrids woken and loaded since the last sleep
-        self._lent: tuple[str, ...] = hybrids if initial_state is ControllerState.HYBRID_ACTIVE else ()
-        self._relend_count = len(hybrids)  # how many a resumed run lends again (its stored lent count)
-        self._book = SwitchBook()  # the switch log, this cycle's seconds, the count, the last one's end
+        # the hybrids' state machine and its memory (all of it in state_dict(), with the consumed count)
+        self._machine = SwitchMachine(hybrids, initial_state)
         self._consumed = int(self._sizes.consumed_before)
         self._answered: dict[tuple[int, str], Any] = {}  # (step, question) -> its answer
 
@@ -273,11 +218,13 @@ class DynamicResourceController:
     policy = ReadOnly["DynamicSchedulePolicyBase"]("_policy")
     decider = ReadOnly[Decider]("_decider")
     membership = ReadOnly[Membership]("_members")
-    state = ReadOnly[ControllerState]("_state")
+    @property
+    def state(self) -> ControllerState:
+        return self._machine.state
 
     @property
     def is_hybrid_active(self) -> bool:
-        return self._state is ControllerState.HYBRID_ACTIVE
+        return self._machine.active
 
     hybrid_ids = ReadOnly[tuple[str, ...]]("_hybrids")
 
@@ -287,11 +234,19 @@ class DynamicResourceController:
         return self._members.routable()
 
     only_hybrid = ReadOnly[bool]("_only_hybrid")
-    lent_ids = ReadOnly[tuple[str, ...]](
-        "_lent", "The hybrids lent to rollout now (the first k of ``hybrid_ids``; empty when none).")
+    @property
+    def lent_ids(self) -> tuple[str, ...]:
+        """The hybrids lent to rollout now (the first k of ``hybrid_ids``; empty when none)."""
+        return self._machine.lent
 
-    synced_version = ReadOnly[int | None](
-        "_synced_version", "Param version the hybrids hold since their last sleep; None when not synced.")
+    @property
+    def synced_version(self) -> int | None:
+        """Param version the hybrids hold since their last sleep; None when not synced."""
+        return self._machine.synced_version
+
+    @property
+    def _book(self) -> SwitchBook:
+        return self._machine.book
 
     @property
     def switch_log(self) -> list[SwitchReport]:
@@ -318,7 +273,7 @@ class DynamicResourceController:
 
     def active_replica_ids(self) -> tuple[str, ...]:
         """Replicas that generate now: routable standalone, plus hybrids when active; each once."""
-        return _unique(self._members.routable() + self._lent)
+        return _unique(self._members.routable() + self._machine.lent)
 
     def context(self, micro: Sequence[MicroSummary] = ()) -> DynamicScheduleContext:
         """The policy's view now: one read of the rollout counters, this step's micro-steps.
@@ -333,7 +288,7 @@ class DynamicResourceController:
             in_flight=int(counters.in_flight), consumed=self._consumed, micro=tuple(micro),
             activate_s=self._book.durations.activate_s, deactivate_s=self._book.durations.deactivate_s,
             now=self._clock(), last_switch_at=self._book.last_switch_at,
-            standalone_lost=self._members.standalone_lost, lent_replicas=len(self._lent)))
+            standalone_lost=self._members.standalone_lost, lent_replicas=len(self._machine.lent)))
 
     # ------------------------------------------------------------ step phases
 
@@ -359,7 +314,7 @@ class DynamicResourceController:
     def relend_after_resume(self, version: int) -> LendPlan:
         """A resumed run whose hybrids were lent when it stopped lends as many again (the guard
         ``loop.guards.relend_after_resume``, recorded)."""
-        return self._guard(0, relend_after_resume(version, self._relend_count, len(self._hybrids)), self.context())
+        return self._guard(0, relend_after_resume(version, self._machine.relend_count, len(self._hybrids)), self.context())
 
     def lend_only_hybrids(self, version: int) -> LendPlan:
         """Only-hybrid mode: a fresh run lends every hybrid before step 1 (the guard
@@ -373,9 +328,7 @@ class DynamicResourceController:
     def lend(self, step: int, micro: Sequence[MicroSummary], count: int | None = None) -> tuple[SwitchReport, ...]:
         """Activate the synced hybrids (``count`` of them, when given, must be what was synced);
         then rebalance when enabled and the policy asks."""
-        if count is not None and count != len(self._synced):
-            raise IllegalTransition(f"cannot lend {count} hybrids: {len(self._synced)} were synced")
-        reports = [self.activate()]
+        reports = [self._run(self._machine.activate(count=count))]
         if self._enable_rebalance and self._decider.wants_rebalance(step, self.context(micro)):
             reports.append(self.rebalance())
         return tuple(reports)
@@ -420,137 +373,63 @@ class DynamicResourceController:
     # --------------------------------------------------------------- switches
 
     def deactivate(self) -> SwitchReport:
-        """Take the hybrids back for training: remove -> abort -> sleep."""
-        self._require_hybrids("deactivate")
-        if not self.is_hybrid_active:
-            raise IllegalTransition("cannot deactivate: hybrid replicas are not active")
-        lent = self._lent
-        timer = _PhaseTimer(self._clock)
-        timer.run("remove", self._lb.remove_replicas, lent)
-        aborted = timer.run("abort", self._pool.abort, lent)
-        timer.run("sleep", self._pool.sleep, lent)
-        timer.moves("reload", getattr(self._pool, "reload", None), lent)
-        timing = timer.finish("deactivate", lent, aborted)
-
-        self._state = ControllerState.STANDALONE_ONLY
-        self._lent = self._synced = ()
-        self._synced_version = None
-        return self._book.book(timing)
+        """Take the hybrids back for training (``loop.switches.take_back``)."""
+        return self._run(self._machine.take_back())
 
     def hybrid_sync(self, version: int, count: int | None = None) -> SwitchReport:
         """Wake ``count`` sleeping hybrids (the first ones; all when None) and load ``version``."""
-        self._require_hybrids("sync")
-        if self.is_hybrid_active:
-            raise IllegalTransition(
-                "cannot hybrid_sync while hybrid replicas are active; deactivate first"
-            )
-        count = len(self._hybrids) if count is None else int(count)
-        if not 1 <= count <= len(self._hybrids):
-            raise IllegalTransition(f"cannot hybrid_sync {count} of {len(self._hybrids)} hybrid replicas")
-        ids = self._hybrids[:count]
-        timer = _PhaseTimer(self._clock)
-        timer.moves("offload", getattr(self._pool, "offload", None), ids)
-        timer.run("wake_up", self._pool.wake_up, ids)
-        timer.run("load_weights", self._pool.load_weights, ids, version)
-        timing = timer.finish("hybrid_sync", ids)
-
-        self._synced = ids
-        self._synced_version = int(version)
-        return self._book.book(timing)
+        return self._run(self._machine.hybrid_sync(version, count))
 
     def activate(self, version: int | None = None) -> SwitchReport:
-        """Lend the synced hybrids to rollout: add to the balancer -> resume.
-
-        With ``version`` (the current param version), the hybrids must hold exactly it.
-        """
-        self._require_hybrids("activate")
-        if self.is_hybrid_active:
-            raise IllegalTransition("cannot activate: hybrid replicas are already active")
-        if self._synced_version is None:
-            raise IllegalTransition("cannot activate: no hybrid_sync since the last deactivate")
-        if version is not None and version != self._synced_version:
-            raise IllegalTransition(
-                f"cannot activate: hybrid replicas hold version {self._synced_version} but the "
-                f"current version is {version}; call hybrid_sync({version}) first"
-            )
-        ids = self._synced
-        timer = _PhaseTimer(self._clock)
-        timer.run("add", self._lb.add_replicas, ids)
-        timer.run("resume", self._pool.resume, ids)
-        timing = timer.finish("activate", ids)
-
-        self._state = ControllerState.HYBRID_ACTIVE
-        self._lent = ids
-        return self._book.book(timing)
+        """Lend the synced hybrids to rollout (with ``version``, they must hold exactly it)."""
+        return self._run(self._machine.activate(version))
 
     def rebalance(self) -> SwitchReport:
-        """Spread the work onto the fresh hybrids: clear sticky -> hold -> abort -> drain ->
-        resume -> unhold.
+        """Spread the work onto the fresh hybrids (``loop.switches.rebalance``). Raises
+        ``TimeoutError`` when requests are still in flight after ``rebalance_timeout_s``; the
+        replicas are resumed and routing released first, so generation never stays paused."""
+        return self._run(self._machine.rebalance(self.active_replica_ids(), self._rebalance_timeout_s))
 
-        Routing is held from before the abort until the replicas are resumed, so the aborted
-        requests' retries wait in the balancer instead of bouncing off the paused replicas (which
-        kept the in-flight count from ever reaching zero with hundreds of requests), and then
-        spread least-loaded over every active replica.
+    def _run(self, switch: Switch) -> SwitchReport:
+        return run_switch(switch, self._execute, self._clock)
 
-        Raises ``TimeoutError`` when requests are still in flight after
-        ``rebalance_timeout_s``; the replicas are resumed and routing released first, so
-        generation never stays paused.
-        """
-        self._require_hybrids("rebalance")
-        if not self.is_hybrid_active:
-            raise IllegalTransition("cannot rebalance: hybrid replicas are not active")
-        ids = self.active_replica_ids()
-        timer = _PhaseTimer(self._clock)
-        timer.run("clear_sticky", self._lb.clear_sticky)
-        self._lb.hold()
-        left = None
-        try:
-            aborted = timer.run("abort", self._pool.abort, ids)
-            left = timer.run("drain", self._wait_for_drain, ids)
-        finally:
-            if left != 0:  # timed out, or a call failed: never leave generation paused or held
-                try:
-                    self._pool.resume(ids)
-                finally:
-                    self._lb.unhold()
-        if left:
-            raise TimeoutError(
-                f"rebalance: {left} requests still in flight on {len(ids)} replicas after "
-                f"{self._rebalance_timeout_s:g}s; the replicas were resumed"
-            )
-        try:
-            timer.run("resume", self._pool.resume, ids)
-        finally:
-            self._lb.unhold()
-        timing = timer.finish("rebalance", ids, aborted)
-        return self._book.book(timing)
-
-    def _wait_for_drain(self, ids: Sequence[str]) -> int:
-        """Poll until nothing is in flight on ``ids``; returns what is left (0 when drained)."""
-        begin = self._clock()
-        while True:
-            left = int(self._lb.in_flight(ids))
-            if left <= 0:
-                return 0
-            if self._clock() - begin >= self._rebalance_timeout_s:
-                return left
-            self._sleep(DRAIN_POLL_INTERVAL_S)
-
-    def _require_hybrids(self, verb: str) -> None:
-        if not self._hybrids:
-            raise IllegalTransition(f"no hybrid replicas to {verb}")
+    def _execute(self, op: Operation) -> Any:
+        """One operation, as a typed call on the balancer or the replica pool."""
+        lb, pool = self._lb, self._pool
+        match op:
+            case Route(ids=ids):
+                return lb.add_replicas(ids)
+            case Unroute(ids=ids):
+                return lb.remove_replicas(ids)
+            case ClearSticky():
+                return lb.clear_sticky()
+            case Hold():
+                return lb.hold()
+            case Unhold():
+                return lb.unhold()
+            case Drain(ids=ids, timeout_s=timeout_s):
+                return lb.wait_drained(ids, timeout_s)
+            case Abort(ids=ids):
+                return pool.abort(ids)
+            case Sleep(ids=ids):
+                return pool.sleep(ids)
+            case Wake(ids=ids):
+                return pool.wake_up(ids)
+            case Load(ids=ids, version=version):
+                return pool.load_weights(ids, version)
+            case Resume(ids=ids):
+                return pool.resume(ids)
+            case Offload(ids=ids):
+                return pool.offload(ids) if isinstance(pool, TrainerRoom) else NOT_HERE
+            case Reload(ids=ids):
+                return pool.reload(ids) if isinstance(pool, TrainerRoom) else NOT_HERE
+        raise TypeError(f"not a switch operation: {op!r}")
 
     # ------------------------------------------------------------- persistence
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable controller memory; restoring it continues the run exactly."""
-        return {
-            "state": self._state.name,
-            "synced_version": self._synced_version,
-            **self._book.state_dict(),
-            "lent": len(self._lent),
-            "synced": len(self._synced),
-        }
+        return self._machine.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``state_dict()`` output. Touches no replica: the caller builds them to match.
@@ -561,27 +440,4 @@ class DynamicResourceController:
         are lent; all, in a state written before graded lending) is what a resumed run lends
         again; a STANDALONE_ONLY state keeps it only for that.
         """
-        try:
-            name = state["state"]
-            synced_version = state["synced_version"]
-        except KeyError as missing:
-            raise ValueError(f"controller state_dict is missing {missing}") from None
-        book = SwitchBook()
-        book.load_state_dict(state)  # the switch memory, checked before anything changes
-        if name not in ControllerState.__members__:
-            known = ", ".join(ControllerState.__members__)
-            raise ValueError(f"unknown controller state {name!r}; known: {known}")
-        new_state = ControllerState[name]
-        if new_state is ControllerState.HYBRID_ACTIVE and not self._hybrids:
-            raise ValueError("cannot restore HYBRID_ACTIVE with no hybrid replicas")
-
-        lent = int(state.get("lent", len(self._hybrids)))
-        if not 0 <= lent <= len(self._hybrids):
-            raise ValueError(f"cannot restore {lent} lent of {len(self._hybrids)} hybrid replicas")
-        self._state = new_state
-        self._relend_count = lent if lent > 0 else len(self._hybrids)
-        self._lent = self._hybrids[: max(1, lent)] if new_state is ControllerState.HYBRID_ACTIVE else ()
-        synced = int(state.get("synced", len(self._hybrids))) if synced_version is not None else 0
-        self._synced = self._lent or self._hybrids[:synced]
-        self._synced_version = None if synced_version is None else int(synced_version)
-        self._book = book
+        self._machine.load_state_dict(state)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.membership import Membership
+from loop.membership import Membership
 
 SLOTS = ("standalone-0", "standalone-1")
 

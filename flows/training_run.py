@@ -26,7 +26,7 @@ from flows.step_runs import StepRuns
 from flows.trackers import StepTrackers
 from flows.training_step import training_step
 from tasks.artifact import RunProgress
-from loop import HybridSync, Activate, WarmUp, run_start
+from loop import Activate, GuardedStart, HybridSync, WarmUp, run_start
 from storage import (
     RunStatus,
     StoreUnavailable,
@@ -147,22 +147,15 @@ def _restore(plane: DataPlane, cfg: TidalConfig, state: Any) -> tuple[int, int]:
 
 
 def _warm_up(plane: DataPlane, run: RunRef, version: int, was_active: bool, prompts: list) -> None:
-    """Load the weights everywhere and start generating; then ``loop.run_start``: no policy
-    question unless the policy sets ``warm_up_lend`` (a recorded decision). A resumed run whose
-    hybrids were lent when it stopped lends them again, and an only-hybrid run lends them from the
-    start (nothing else generates): each a recorded guard decision."""
+    """Load the weights everywhere and start generating; then ``loop.run_start``: a resumed run
+    whose hybrids were lent when it stopped lends them again, and an only-hybrid run lends them
+    from the start (nothing else generates), each a recorded guard decision; otherwise no policy
+    question unless the policy sets ``warm_up_lend`` (a recorded decision)."""
     ray.get(call(plane.controller, ControllerHost.broadcast_sync, version, False))
     ray.get(plane.rollout.start.remote(prompts))
-    if not run.hybrid_replicas:
-        return
-    if was_active or run.only_hybrid:
-        start = ControllerHost.relend_after_resume if was_active else ControllerHost.lend_only_hybrids
-        plan = ray.get(call(plane.controller, start, version))
-        ray.get(call(plane.controller, ControllerHost.hybrid_sync, plan, version))
-        ray.get(call(plane.controller, ControllerHost.activate, plan, []))
-        return
-    asks = ray.get(call(plane.controller, ControllerHost.asks_warm_up))
-    phases = run_start(version, has_hybrids=True, asks_warm_up=asks)
+    asks = bool(run.hybrid_replicas) and ray.get(call(plane.controller, ControllerHost.asks_warm_up))
+    phases = run_start(version, has_hybrids=run.hybrid_replicas > 0, asks_warm_up=asks, relend=was_active,
+                       only_hybrid=run.only_hybrid)
     result: Any = None
     while True:
         try:
@@ -170,6 +163,9 @@ def _warm_up(plane: DataPlane, run: RunRef, version: int, was_active: bool, prom
         except StopIteration:
             return
         match intent:
+            case GuardedStart(version=v, relend=relend):
+                start = ControllerHost.relend_after_resume if relend else ControllerHost.lend_only_hybrids
+                result = ray.get(call(plane.controller, start, v))
             case WarmUp(version=v):
                 result = ray.get(call(plane.controller, ControllerHost.warm_up, v))
             case HybridSync(plan=plan, version=v):

@@ -21,8 +21,8 @@ from loop import (
     ShouldDeactivate,
     Train,
     UpdateAfterStep,
+    Skipped,
     WaitForSamples,
-    skipped_phases,
     step_sequence,
 )
 from tasks.phases import (
@@ -52,6 +52,7 @@ def training_step(run: RunRef, step: int, final: bool = False, lent: bool = True
     started = time.time()
     micro: list[MicroReport] = []
     got: dict[type, Any] = {}  # the last result of each kind of intent
+    skipped: list[tuple[str, str]] = []  # the phases the step said it skipped, with why
     val = run_phase(validate, run, step, True) if step == 1 and run.val_before_train else {}
     phases = step_sequence(step, micro_steps=run.trigger_parameter_sync_step, final=final,
                            has_hybrids=run.hybrid_replicas > 0, overlap_sync=run.overlap_hybrid_sync, lent=lent)
@@ -76,10 +77,13 @@ def training_step(run: RunRef, step: int, final: bool = False, lent: bool = True
                 result = run_phase(activate, run, plan, summaries(micro))
             case UpdateAfterStep(step=n):
                 result = run_phase(update_after_step, run, n, summaries(micro))
+            case Skipped(phase=phase, why=why):
+                skipped.append((phase, why))
+                result = None
             case Commit(step=n, version=version):
                 if run.test_freq > 0 and n % run.test_freq == 0:
                     val.update(run_phase(validate, run, n))
-                result = _commit(run, n, version, started, micro, got, val, final, lent)
+                result = _commit(run, n, version, started, micro, got, val, final, tuple(skipped))
         got[type(intent)] = result
     return {**result, "exhausted": any(m.exhausted for m in micro) or len(micro) < run.trigger_parameter_sync_step}
 
@@ -93,7 +97,8 @@ def _next(phases: Any, result: Any) -> Any:
 
 
 def _commit(run: RunRef, step: int, version: int, started: float, micro: list[MicroReport],
-            got: dict[type, Any], val: dict[str, float], final: bool, lent: bool) -> dict[str, Any]:
+            got: dict[type, Any], val: dict[str, float], final: bool,
+            skipped: tuple[tuple[str, str], ...]) -> dict[str, Any]:
     """The step's metrics (with the step's validation, if any) from the phases' reports, and the
     phases it skipped with why (for the step's artifact), then the commit task (``final``: the
     run's last step, kept and exported whatever ``save_freq`` says)."""
@@ -102,10 +107,6 @@ def _commit(run: RunRef, step: int, version: int, started: float, micro: list[Mi
                            activation=activation, hybrid=got.get(HybridSync), step_s=time.time() - started,
                            version=version) | val
     consumed = [p for m in micro for p in m.prompts]
-    deactivate, lend = got.get(ShouldDeactivate), got.get(ShouldActivate)
-    skipped = skipped_phases(has_hybrids=run.hybrid_replicas > 0, final=final, lent=lent,
-                             deactivate=bool(deactivate and deactivate.deactivate), lends=bool(lend and lend.lends),
-                             overlap_sync=run.overlap_hybrid_sync)
     summary = {"started_at": started, "outcome": got[UpdateAfterStep], "metrics": metrics, "prompts": consumed,
                "consumed_total": run.consumed_before + len(consumed), "final": final, "skipped": skipped}
     committed = run_phase(commit, run, step, version, summary)

@@ -12,9 +12,9 @@ switch is carried out.
 Guards:
 
 1. ``only_hybrid_start``: an only-hybrid run lends every hybrid before step 1 (nothing else
-   generates step 1's samples); ``guarded_start`` is its switches.
+   generates step 1's samples); ``loop.step.run_start`` asks for it (``GuardedStart``).
 2. ``relend_after_resume``: a resumed run whose hybrids were lent when it stopped lends as many
-   again (``guarded_start`` too).
+   again (``GuardedStart`` too).
 3. ``refill_if_stranded``: the trainer waits for a micro-step, the hybrids sleep and no standalone
    replica is alive: lend them at the last broadcast's version until one micro-step is queued,
    then take them back (``refill_sequence``). Asked when a pull of ``STRANDED_POLL_S`` seconds
@@ -62,14 +62,6 @@ def relend_after_resume(version: int, lent: int, hybrids: int) -> Guard:
     return Guard(RELEND_AFTER_RESUME, lent,
                  f"the hybrids were lent when the run stopped (param version {version})",
                  LendPlan(step=0, count=lent, of=hybrids))
-
-
-def guarded_start(guard: Guard, version: int) -> Generator[Intent, Any, None]:
-    """A guarded start's switches, before step 1 and instead of ``loop.run_start``: wake the
-    guard's hybrids and load ``version``, then lend them (``Activate``: the rebalance question is
-    asked, as after any lend)."""
-    yield HybridSync(guard.plan, version)
-    yield Activate(guard.plan)
 
 
 def stranded_refill(step: int, ctx: DynamicScheduleContext, *, hybrids: int, active: bool,

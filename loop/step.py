@@ -8,6 +8,7 @@ Send each intent's result back with ``generator.send``:
 intent                 what the caller sends back
 =====================  =======================================================
 ``WarmUp``             a ``LendPlan`` (only for policies that ask a warm-up lend)
+``GuardedStart``       the guard's ``LendPlan`` (a resume that relends, an only-hybrid run)
 ``ShouldDeactivate``   a ``DeactivatePlan`` (only while the hybrids are lent)
 ``WaitForSamples``     a ``WaitReport``
 ``Train``              the micro-step's report (anything with ``exhausted``)
@@ -17,7 +18,11 @@ intent                 what the caller sends back
 ``Activate``           the activation's switch reports (anything)
 ``UpdateAfterStep``    anything (the policy has adapted)
 ``Commit``             anything (the step is recorded)
+``Skipped``            nothing: a phase the step does not run, with why (run nothing)
 =====================  =======================================================
+
+The step's skipped phases are what it said it skipped (``Skipped``, by task name, each once):
+the step's artifact lists them, since the UI's timeline shows only the tasks that ran.
 
 With ``overlap_sync`` (config ``async_training.dynamic_schedule_overlap_hybrid_sync``) the lend
 question comes before the broadcast, and a step that lends syncs its hybrids *during* the
@@ -53,6 +58,17 @@ class WarmUp:
     """Before step 1: ask the policy for a warm-up lend (only if it wants to be asked)."""
 
     version: int
+
+
+@dataclass(frozen=True)
+class GuardedStart:
+    """Before step 1, a lend no policy asks for (``loop.guards``): with ``relend`` a resumed run
+    lends again as many hybrids as were lent when it stopped (the controller's stored count,
+    ``relend_after_resume``), else an only-hybrid run lends them all (``only_hybrid_start``). Send
+    back the guard's ``LendPlan``, once recorded."""
+
+    version: int
+    relend: bool = False
 
 
 @dataclass(frozen=True)
@@ -114,19 +130,35 @@ class Commit(_OfVersion):
     """Record the step (checkpoint, then one transaction)."""
 
 
-Intent = (WarmUp | ShouldDeactivate | WaitForSamples | Train | BroadcastSync | ShouldActivate | HybridSync | Activate
-          | UpdateAfterStep | Commit)
+@dataclass(frozen=True)
+class Skipped:
+    """A phase (by task name) this step does not run, and why: nothing to carry out."""
+
+    phase: str
+    why: str
 
 
-def run_start(version: int, *, has_hybrids: bool, asks_warm_up: bool) -> Generator[Intent, Any, None]:
-    """What happens before step 1: nothing, unless the policy asks for a warm-up lend.
+Intent = (WarmUp | GuardedStart | ShouldDeactivate | WaitForSamples | Train | BroadcastSync | ShouldActivate | HybridSync | Activate
+          | UpdateAfterStep | Commit | Skipped)
+
+
+def run_start(version: int, *, has_hybrids: bool, asks_warm_up: bool, relend: bool = False,
+              only_hybrid: bool = False) -> Generator[Intent, Any, None]:
+    """What happens before step 1 of a process: a guarded lend (``relend``: the hybrids were lent
+    when a resumed run stopped; or ``only_hybrid``: nothing else generates step 1's samples); else
+    nothing, unless the policy asks for a warm-up lend.
 
     The reference never asks a question at step 0; a policy that wants the hybrids lent from the
     start says so with ``warm_up_lend = True`` and its answer is then a recorded decision.
     """
-    if not (has_hybrids and asks_warm_up):
+    if not has_hybrids:
         return
-    plan: LendPlan = yield WarmUp(version)
+    if relend or only_hybrid:
+        plan: LendPlan = yield GuardedStart(version, relend)
+    elif asks_warm_up:
+        plan = yield WarmUp(version)
+    else:
+        return
     if plan.lends:
         yield HybridSync(plan, version)
         yield Activate(plan)
@@ -138,10 +170,19 @@ def step_sequence(
     """One step. ``final``: the run's last step, after which nothing trains, so nothing is lent.
     ``overlap_sync``: ask the lend question before the broadcast and sync the lent hybrids during it.
     ``lent``: the hybrids were lent when the step began (the controller's state at the end of the
-    last step); ``should_deactivate`` is asked only then, so ``ShouldDeactivate`` comes only then."""
-    plan: DeactivatePlan = (yield ShouldDeactivate(step)) if lent else DeactivatePlan(step)
-    if plan.deactivate:
-        yield WaitForSamples(plan)
+    last step); ``should_deactivate`` is asked only then, so ``ShouldDeactivate`` comes only then.
+    Every phase it does not run it names, with why (``Skipped``)."""
+    lent = lent and has_hybrids
+    if lent:
+        plan: DeactivatePlan = yield ShouldDeactivate(step)
+        if plan.deactivate:
+            yield WaitForSamples(plan)
+        else:
+            yield Skipped("wait_for_samples", KEPT_LENT)
+    else:
+        why = NOT_LENT if has_hybrids else NO_HYBRIDS
+        yield Skipped("should_deactivate", why)
+        yield Skipped("wait_for_samples", why)
     for micro in range(micro_steps):
         report = yield Train(step, micro)
         if getattr(report, "exhausted", False):
@@ -156,6 +197,14 @@ def step_sequence(
         lend = (yield ShouldActivate(step, version)) if asks else LendPlan(step)
         if lend.lends:
             yield HybridSync(lend, version)
+    if not asks:
+        for phase in ("should_activate", "hybrid_sync", "activate"):
+            yield Skipped(phase, LAST_STEP if has_hybrids else NO_HYBRIDS)
+    elif not lend.lends:
+        yield Skipped("hybrid_sync", NOT_LENDING)
+        yield Skipped("activate", NOT_LENDING)
+    elif overlap_sync:
+        yield Skipped("hybrid_sync", OVERLAPPED)
     if lend.lends:
         yield Activate(lend)
     yield UpdateAfterStep(step)
@@ -168,26 +217,3 @@ KEPT_LENT = "should_deactivate kept the hybrids lent through this step"
 LAST_STEP = "the run's last step: nothing trains after it, so nothing is lent"
 NOT_LENDING = "should_activate did not lend"
 OVERLAPPED = "the lent hybrids loaded the weights during broadcast_sync (overlap_hybrid_sync)"
-
-
-def skipped_phases(*, has_hybrids: bool, final: bool, lent: bool, deactivate: bool, lends: bool,
-                   overlap_sync: bool) -> tuple[tuple[str, str], ...]:
-    """The phases (by task name) a step of ``step_sequence`` did not run, each with why, for the
-    step's artifact: the UI's timeline shows only the tasks that ran. The arguments are those of
-    ``step_sequence`` with the two answers: ``deactivate`` (``DeactivatePlan.deactivate``) and
-    ``lends`` (``LendPlan.lends``)."""
-    if not has_hybrids:
-        return tuple((p, NO_HYBRIDS) for p in ("should_deactivate", "wait_for_samples", "should_activate",
-                                                "hybrid_sync", "activate"))
-    out: list[tuple[str, str]] = []
-    if not lent:
-        out += [("should_deactivate", NOT_LENT), ("wait_for_samples", NOT_LENT)]
-    elif not deactivate:
-        out.append(("wait_for_samples", KEPT_LENT))
-    if final:
-        out += [("should_activate", LAST_STEP), ("hybrid_sync", LAST_STEP), ("activate", LAST_STEP)]
-    elif not lends:
-        out += [("hybrid_sync", NOT_LENDING), ("activate", NOT_LENDING)]
-    elif overlap_sync:
-        out.append(("hybrid_sync", OVERLAPPED))
-    return tuple(out)

@@ -33,6 +33,7 @@ from loop import (
     Activate,
     BroadcastSync,
     Commit,
+    GuardedStart,
     DeactivatePlan,
     Decider,
     DecisionRecord,
@@ -42,6 +43,7 @@ from loop import (
     RunSizes,
     ShouldActivate,
     ShouldDeactivate,
+    Skipped,
     Snapshot,
     STRANDED_POLL_S,
     SwitchReport,
@@ -50,7 +52,6 @@ from loop import (
     WaitForSamples,
     WaitReport,
     WarmUp,
-    guarded_start,
     micro_summaries,
     only_hybrid_start,
     policy_context,
@@ -302,22 +303,21 @@ class Simulator:
             if step == self.resume_after and step < spec.steps:
                 yield from self._restart()
 
-    def _start(self, version: int, relend: int = 0) -> Iterator[Wait]:
-        """Before the first step of a process, as ``flows.training_run`` starts one: a guarded start
-        (``relend`` hybrids were lent when a resumed run stopped: ``loop.guards.relend_after_resume``;
-        or only-hybrid mode, where nothing else generates: ``only_hybrid_start``), else
-        ``loop.run_start``."""
+    def _start(self, version: int, relend: bool = False) -> Iterator[Wait]:
+        """Before the first step of a process, as ``flows.training_run`` starts one: ``loop.run_start``
+        (``relend``: the hybrids were lent when a resumed run stopped)."""
         r = self.rollouter
-        if relend:
-            guard = relend_after_resume(version, relend, len(r.hybrids))
-        elif r.hybrids and self.spec.only_hybrid:
-            guard = only_hybrid_start(version, len(r.hybrids))
-        else:
-            yield from self._drive(run_start(version, has_hybrids=bool(r.hybrids) and not self.machine.active,
-                                             asks_warm_up=self.decider.asks_warm_up))
-            return
+        yield from self._drive(run_start(version, has_hybrids=bool(r.hybrids) and not self.machine.active,
+                                         asks_warm_up=self.decider.asks_warm_up, relend=relend,
+                                         only_hybrid=self.spec.only_hybrid))
+
+    def _guarded_start(self, intent: GuardedStart) -> LendPlan:
+        """The guard's decision, recorded (``loop.guards``), and its lend."""
+        r = self.rollouter
+        guard = (relend_after_resume(intent.version, self.machine.relend_count, len(r.hybrids)) if intent.relend
+                 else only_hybrid_start(intent.version, len(r.hybrids)))
         self.decider.record_guard(0, guard.hook, guard.answer, guard.reason, self.machine.active, self.context())
-        yield from self._drive(guarded_start(guard, version))
+        return guard.plan
 
     def _restart(self) -> Iterator[Wait]:
         """The run stops after the step just committed and is resumed at once, as ``flows.training_run``
@@ -343,7 +343,7 @@ class Simulator:
         self.machine.load_state_dict({**stored["machine"], "state": ControllerState.STANDALONE_ONLY.name})
         self._log = _StepLog(step=0, start=self.loop.now, waste0=self._waste())  # the restart's (never committed)
         self._wait_sums = ([], [])
-        yield from self._start(r.version, relend=lent)
+        yield from self._start(r.version, relend=lent > 0)
 
     def _drive(self, intents: Generator[Intent, Any, None]) -> Iterator[Wait]:
         """Execute each intent and send its result back, until the sequence ends."""
@@ -358,6 +358,10 @@ class Simulator:
     def _execute(self, intent: Intent) -> Generator[Wait, None, Any]:
         """One phase: in Tidal one Prefect task each (``task_overhead_s`` first), but the commit,
         which is the rest of the flow run (``step_overhead_s``)."""
+        if isinstance(intent, Skipped):  # no task runs
+            return None
+        if isinstance(intent, GuardedStart):  # a controller call of the driver's, not a task
+            return self._guarded_start(intent)
         if isinstance(intent, Commit):
             yield Delay(self.spec.step_overhead_s)
             self._record_trace("commit", intent.step)

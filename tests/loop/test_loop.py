@@ -14,6 +14,7 @@ from loop import (
     Commit,
     DeactivatePlan,
     Decider,
+    GuardedStart,
     HybridSync,
     LendPlan,
     ShouldActivate,
@@ -24,8 +25,8 @@ from loop import (
     WaitForSamples,
     WarmUp,
     lend_count,
+    Skipped,
     run_start,
-    skipped_phases,
     step_sequence,
 )
 from policies import DynamicScheduleContext, DynamicSchedulePolicyBase
@@ -33,12 +34,18 @@ from policies import DynamicScheduleContext, DynamicSchedulePolicyBase
 CTX = DynamicScheduleContext(required_samples=4, trigger_parameter_sync_step=2)
 
 
-def drive(gen, answers):
-    """Run an intent generator, answering each intent with ``answers(intent)``; the intents seen."""
+def drive(gen, answers, skipped=None):
+    """Run an intent generator, answering each intent with ``answers(intent)``; the intents seen
+    that run something (the ``Skipped`` ones go to ``skipped``, when given)."""
     seen, reply = [], None
     try:
         while True:
             intent = gen.send(reply)
+            if isinstance(intent, Skipped):
+                if skipped is not None:
+                    skipped.append((intent.phase, intent.why))
+                reply = None
+                continue
             seen.append(intent)
             reply = answers(intent)
     except StopIteration:
@@ -79,14 +86,16 @@ def test_a_step_that_begins_with_the_hybrids_asleep_has_no_take_back_question():
 
 
 def test_the_last_step_and_a_run_without_hybrids_never_ask_to_lend():
-    for kwargs in ({"final": True, "has_hybrids": True}, {"final": False, "has_hybrids": False}):
-        seen = drive(step_sequence(1, micro_steps=1, **kwargs), answers_for(lend=1))
-        assert seen == [ShouldDeactivate(1), Train(1, 0), BroadcastSync(1, 1), UpdateAfterStep(1), Commit(1, 1)]
+    seen = drive(step_sequence(1, micro_steps=1, final=True, has_hybrids=True), answers_for(lend=1))
+    assert seen == [ShouldDeactivate(1), Train(1, 0), BroadcastSync(1, 1), UpdateAfterStep(1), Commit(1, 1)]
+    # without hybrids there is nothing to take back either, whatever the caller says was lent
+    seen = drive(step_sequence(1, micro_steps=1, final=False, has_hybrids=False), answers_for(lend=1))
+    assert seen == [Train(1, 0), BroadcastSync(1, 1), UpdateAfterStep(1), Commit(1, 1)]
 
 
 def test_an_exhausted_micro_step_ends_training_early():
     seen = drive(step_sequence(1, micro_steps=3, final=True, has_hybrids=False), answers_for(exhausted_at=0))
-    assert seen == [ShouldDeactivate(1), Train(1, 0), BroadcastSync(1, 1), UpdateAfterStep(1), Commit(1, 1)]
+    assert seen == [Train(1, 0), BroadcastSync(1, 1), UpdateAfterStep(1), Commit(1, 1)]
 
 
 def test_overlap_sync_asks_before_the_broadcast_and_syncs_the_hybrids_during_it():
@@ -103,7 +112,8 @@ def test_overlap_sync_asks_before_the_broadcast_and_syncs_the_hybrids_during_it(
 def test_overlap_sync_changes_nothing_on_steps_that_cannot_lend():
     for kwargs in ({"final": True, "has_hybrids": True}, {"final": False, "has_hybrids": False}):
         seen = drive(step_sequence(1, micro_steps=1, overlap_sync=True, **kwargs), answers_for(lend=1))
-        assert seen == [ShouldDeactivate(1), Train(1, 0), BroadcastSync(1, 1), UpdateAfterStep(1), Commit(1, 1)]
+        asks = [ShouldDeactivate(1)] if kwargs["has_hybrids"] else []
+        assert seen == [*asks, Train(1, 0), BroadcastSync(1, 1), UpdateAfterStep(1), Commit(1, 1)]
 
 
 TASK_OF = {ShouldDeactivate: "should_deactivate", WaitForSamples: "wait_for_samples", Train: "train",
@@ -112,15 +122,12 @@ TASK_OF = {ShouldDeactivate: "should_deactivate", WaitForSamples: "wait_for_samp
 
 
 @pytest.mark.parametrize("has_hybrids,final,lent,deactivate,lends,overlap",
-                         [c for c in itertools.product([True, False], repeat=6) if c[0] or not c[2]])  # lent needs hybrids
+                         list(itertools.product([True, False], repeat=6)))
 def test_every_phase_a_step_does_not_run_is_named_once_with_why(has_hybrids, final, lent, deactivate, lends, overlap):
+    skipped: list[tuple[str, str]] = []
     seen = drive(step_sequence(5, micro_steps=1, final=final, has_hybrids=has_hybrids, overlap_sync=overlap,
-                               lent=lent), answers_for(deactivate=deactivate, wait=2, lend=int(lends)))
+                               lent=lent), answers_for(deactivate=deactivate, wait=2, lend=int(lends)), skipped)
     ran = {TASK_OF[type(i)] for i in seen}
-    asked = {type(i) for i in seen}
-    skipped = skipped_phases(has_hybrids=has_hybrids, final=final, lent=lent,
-                             deactivate=deactivate and ShouldDeactivate in asked,
-                             lends=lends and ShouldActivate in asked, overlap_sync=overlap)
     names = [task for task, _ in skipped]
     assert len(names) == len(set(names)) and all(why for _, why in skipped)
     assert ran.isdisjoint(names) and ran | set(names) == set(TASK_OF.values())
@@ -132,6 +139,20 @@ def test_the_run_start_asks_nothing_unless_the_policy_wants_a_warm_up_lend():
     lend = LendPlan(0, 1, 1)
     assert drive(run_start(0, has_hybrids=True, asks_warm_up=True), answers_for(lend=1)) == [
         WarmUp(0), HybridSync(lend, 0), Activate(lend)]
+
+
+def test_a_resume_that_relends_and_an_only_hybrid_run_start_with_a_guarded_lend_not_a_question():
+    lend = LendPlan(0, 2, 2)
+
+    def guard(intent):
+        assert isinstance(intent, GuardedStart), intent  # no policy question: WarmUp never comes
+        return lend
+
+    for kwargs, relend in (({"relend": True}, True), ({"only_hybrid": True}, False)):
+        seen = drive(run_start(4, has_hybrids=True, asks_warm_up=True, **kwargs),
+                     lambda i: guard(i) if not isinstance(i, (HybridSync, Activate)) else None)
+        assert seen == [GuardedStart(4, relend), HybridSync(lend, 4), Activate(lend)]
+    assert drive(run_start(4, has_hybrids=False, asks_warm_up=True, relend=True), guard) == []
 
 
 class Scripted(DynamicSchedulePolicyBase):

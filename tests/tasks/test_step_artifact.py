@@ -5,13 +5,27 @@ from __future__ import annotations
 
 import re
 
-from loop import skipped_phases
+from loop import DeactivatePlan, LendPlan, ShouldActivate, ShouldDeactivate, Skipped, step_sequence
 from tasks.artifact import step_markdown
 
 DECISIONS = [
     {"hook": "should_deactivate", "answer": False, "reason": "queue 12 < 16 | keep", "duration_s": 0.001},
     {"hook": "should_activate_after_step", "answer": 0, "reason": "wait 0.1 s < switch 0.3 s", "duration_s": 0.0},
 ]
+
+
+def skipped_phases(*, has_hybrids, final, lent, deactivate, lends, overlap_sync) -> tuple[tuple[str, str], ...]:
+    """What a step of ``loop.step_sequence`` said it skipped, given the policy's two answers."""
+    steps, out, reply = step_sequence(3, micro_steps=1, final=final, has_hybrids=has_hybrids,
+                                      overlap_sync=overlap_sync, lent=lent), [], None
+    for intent in iter(lambda: steps.send(reply), None):
+        if isinstance(intent, Skipped):
+            out.append((intent.phase, intent.why))
+        reply = (DeactivatePlan(3, deactivate, 4, True) if isinstance(intent, ShouldDeactivate)
+                 else LendPlan(3, int(lends), 1) if isinstance(intent, ShouldActivate) else None)
+        if type(intent).__name__ == "Commit":
+            return tuple(out)
+    return tuple(out)
 
 
 def _skipped_rows(markdown: str) -> dict[str, str]:

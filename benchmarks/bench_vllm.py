@@ -6,7 +6,7 @@ concurrent requests (temperature 1, EOS ignored so each response runs its full
 time of ``load_weights``, ``sleep`` and ``wake_up``. vLLM on CPU needs ``n_embd / n_head >= 32``,
 so the model defaults to the preset with ``model.n_head=2`` for *both* engines.
 
-Usage (the vLLM venv has both engines; docs/vllm-hf.md):
+Usage (the vLLM venv has both engines; docs/engines.md):
     .venv-vllm/bin/python benchmarks/bench_vllm.py [--config tiny-cpu] [--set model.n_head=2]
         [--engines torch,vllm] [--batches 1,8,32] [--repeats 5] [--json PATH]
 """

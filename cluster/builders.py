@@ -121,7 +121,7 @@ def _vllm_engine(model_cfg: TinyLMConfig, max_batch: int, threads: int, eos: int
                  options: VLLMOptions = VLLMOptions(), **rank_workers: Any) -> Any:
     """``rank_workers``: ``VLLMHost``'s ``rank_workers``/``rank_ident`` for a hybrid whose TP
     workers live in trainer ranks (``TrainRankActor.build_hybrids`` passes them)."""
-    # vLLM lives in its own venv (docs/vllm-hf.md); importing it here, where the engine is built
+    # vLLM lives in its own venv (docs/engines.md); importing it here, where the engine is built
     # (inside a Ray actor), keeps every other kind free of it.
     from cluster.engines.vllm_engine import VLLMEngine
 

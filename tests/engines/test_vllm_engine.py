@@ -1,6 +1,6 @@
 """The vLLM engine serves TinyLM exactly: same greedy tokens and log-probs as the torch engine.
 
-Runs where ``vllm`` imports (its own venv: docs/vllm-hf.md); skips with the reason elsewhere. The
+Runs where ``vllm`` imports (its own venv: docs/engines.md); skips with the reason elsewhere. The
 tests share one vLLM host (``vllm_shared``) except the last, which owns its engine to check that
 shutdown stops vLLM's processes.
 """

@@ -2,7 +2,7 @@
 dict (HF names, the LM head tied to the embedding) both give the same greedy tokens, log-probs
 and finish reasons, and a stop string ends a response at the same token.
 
-Runs where ``vllm`` imports (its own venv: docs/vllm-hf.md); skips with the reason elsewhere. The
+Runs where ``vllm`` imports (its own venv: docs/engines.md); skips with the reason elsewhere. The
 tests share one vLLM host serving ``vllm_shared``'s tiny Qwen2 folder.
 """
 

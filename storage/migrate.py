@@ -1,6 +1,8 @@
 """Running the store's Alembic migrations from code (no alembic.ini).
 
-Owns: ``migrate`` (one transaction; BEGIN IMMEDIATE on SQLite), ``downgrade`` and the revisions.
+Owns: ``migrate`` (one transaction; BEGIN IMMEDIATE on SQLite, a transaction-scoped advisory lock
+on PostgreSQL, so that several drivers starting at once on a new store migrate it one after the
+other and the later ones find it at head), ``downgrade`` and the revisions.
 Must not: ``create_all`` (the migrations own the schema). Adding a revision: ``docs/storage.md``.
 """
 
@@ -23,6 +25,8 @@ __all__ = ["MIGRATIONS_DIR", "alembic_config", "current_revision", "downgrade", 
            "migrate"]
 
 MIGRATIONS_DIR = Path(__file__).resolve().with_name("migrations")
+MIGRATION_LOCK = 0x7469_6461_6C5F_6D67
+"""The PostgreSQL advisory lock key a migration holds until its transaction ends ("tidal_mg")."""
 
 
 def alembic_config(connection: sa.Connection | None = None) -> Config:
@@ -60,6 +64,8 @@ def _run(engine_or_url: sa.Engine | str | sa.URL, verb: str, revision: str) -> N
             with engine.connect() as connection:
                 connection.execution_options(**{_BEGIN_IMMEDIATE: True})
                 with connection.begin():
+                    if connection.dialect.name == "postgresql":  # concurrent first runs: one migrates, the rest wait
+                        connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
                     config = alembic_config(connection)
                     if verb == "upgrade":
                         command.upgrade(config, revision)

@@ -3,11 +3,14 @@
 Owns: running ``pytest tests/faults`` with a fault report, and the ``fault_campaign`` section and
 ``results/faults.json``; with ``--preset tiny-hf``, the replica-kill, driver-SIGKILL and store-fault
 files on that preset (``TIDAL_FAULT_PRESET``, ``tests/faults/fault_preset.py``), the
-``fault_campaign_hf`` section and ``results/faults_hf.json``. Must not: count a failed test as
-survived. How faults are counted and the exit status: ``docs/benchmarks.md``.
+``fault_campaign_hf`` section and ``results/faults_hf.json``; with ``--platform``, the faults of the
+platform around the run (issue 47: the store's PostgreSQL restarted, four runs on one store and one
+Prefect server), the ``fault_campaign_platform`` section, ``results/faults_platform.json`` and
+``faults.platform`` in ``results.json``. Must not: count a failed test as survived. How faults
+are counted and the exit status: ``docs/benchmarks.md``; the faults: ``docs/fault-campaign.md``.
 
 Usage:
-    .venv/bin/python benchmarks/fault_campaign.py [--preset tiny-cpu|tiny-hf] [--no-write]
+    .venv/bin/python benchmarks/fault_campaign.py [--preset tiny-cpu|tiny-hf] [--platform] [--no-write]
         [--write RESULTS.md] [--json-out FILE.json] [-- extra pytest args]
 """
 
@@ -33,7 +36,7 @@ from results_io import RESULTS_DIR, RESULTS_MD, write_json, write_section  # noq
 
 # files whose every test case injects one fault and records nothing itself: kind per file
 PER_CASE = {"test_fault_bad_input.py": "invalid_input", "test_fault_store.py": "store_fault",
-            "test_security.py": "security_check"}
+            "test_fault_store_restart.py": "store_restart", "test_security.py": "security_check"}
 
 
 # what each preset runs, and where its figures go: (test paths, section of RESULTS.md, results/NAME.json)
@@ -43,10 +46,14 @@ CAMPAIGNS = {
                  "tests/faults/test_fault_store.py", "tests/faults/test_fault_postgres_run.py"],
                 "fault_campaign_hf", "faults_hf"),
 }
+PLATFORM = (["tests/faults/test_fault_store_restart.py", "tests/faults/test_fault_postgres_restart_run.py",
+             "tests/faults/test_platform_four_runs.py"], "fault_campaign_platform", "faults_platform")
+"""``--platform``: the platform's own faults, on the preset ``--preset`` names (one section, whichever)."""
 
 
-def run_pytest(preset: str, report: Path, junit: Path, extra: list[str]) -> tuple[list[str], int, float]:
-    paths = CAMPAIGNS[preset][0]
+def run_pytest(preset: str, report: Path, junit: Path, extra: list[str],
+               paths: list[str] | None = None) -> tuple[list[str], int, float]:
+    paths = paths or CAMPAIGNS[preset][0]
     cmd = [sys.executable, "-m", "pytest", "-q", *paths, f"--junitxml={junit}", "-p", "no:cacheprovider", *extra]
     env = dict(os.environ, TIDAL_FAULT_REPORT=str(report), TIDAL_FAULT_PRESET=preset)
     t0 = time.perf_counter()
@@ -101,10 +108,13 @@ def tally(records: list[dict], cases: list[dict]) -> dict:
                       "skipped": sum(c["outcome"] == "skipped" for c in cases)}}
 
 
-def markdown(command: str, t: dict, records: list[dict], took: float, preset: str = "tiny-cpu") -> str:
-    paths = " ".join(p.removeprefix("tests/faults/") for p in CAMPAIGNS[preset][0])
+def markdown(command: str, t: dict, records: list[dict], took: float, preset: str = "tiny-cpu",
+             platform: bool = False) -> str:
+    paths = " ".join(p.removeprefix("tests/faults/") for p in (PLATFORM if platform else CAMPAIGNS[preset])[0])
     title = "## Fault campaign (`fault_campaign.py`)" if preset == "tiny-cpu" else (
         f"## Fault campaign on {preset} (`fault_campaign.py --preset {preset}`)")
+    if platform:
+        title = "## Faults of the platform (`fault_campaign.py --platform`)"
     lines = [
         title,
         "",
@@ -139,29 +149,52 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", choices=sorted(CAMPAIGNS), default="tiny-cpu",
                     help="tiny-cpu: every fault test; tiny-hf: replica kills, driver SIGKILLs, store faults")
+    ap.add_argument("--platform", action="store_true",
+                    help="only the platform's faults: PostgreSQL restarted mid-run, four runs on one store and server")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--write", type=Path, default=RESULTS_MD, metavar="FILE",
                     help="the markdown file whose section this replaces (default benchmarks/RESULTS.md)")
     ap.add_argument("--json-out", type=Path, default=None, metavar="FILE",
                     help="the figures' JSON file (default benchmarks/results/faults.json or faults_hf.json)")
     args = ap.parse_args(argv)
-    _, section, name = CAMPAIGNS[args.preset]
+    paths, section, name = PLATFORM if args.platform else CAMPAIGNS[args.preset]
     with tempfile.TemporaryDirectory(prefix="tidal-faults-") as tmp:
         report, junit = Path(tmp) / "faults.jsonl", Path(tmp) / "junit.xml"
-        cmd, code, took = run_pytest(args.preset, report, junit, extra)
+        cmd, code, took = run_pytest(args.preset, report, junit, extra, paths)
         records = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
         cases = read_junit(junit) if junit.exists() else []
     t = tally(records, cases)
-    options = [] if args.preset == "tiny-cpu" else ["--preset", args.preset]
+    options = ([] if args.preset == "tiny-cpu" else ["--preset", args.preset]) + (["--platform"] if args.platform else [])
     command = shlex.join([".venv/bin/python", "benchmarks/fault_campaign.py", *options, *(["--", *extra] if extra else [])])
-    text = markdown(command, t, records, took, args.preset)
+    text = markdown(command, t, records, took, args.preset, args.platform)
     print(text)
     if not args.no_write:
         write_section(section, text, args.write)
         out = args.json_out or RESULTS_DIR / f"{name}.json"
         print("wrote", write_json(name, {**t, "preset": args.preset, "command": command, "pytest_exit": code,
                                          "seconds": took, "records": records, "cases": cases}, out))
+        if args.platform and args.write == RESULTS_MD:
+            print("wrote", merge_platform(t, command, args.preset, took))
     return code
+
+
+def merge_platform(t: dict, command: str, preset: str, took: float) -> Path:
+    """``faults.platform`` in ``benchmarks/results.json``: per kind injected / survived / samples
+    lost / duplicated, with the command, date and commit (``run_all.py --merge`` rebuilds ``faults``
+    from ``results/faults.json`` and does not carry this key yet)."""
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    path = BENCH / "results.json"
+    results = json.loads(path.read_text(encoding="utf-8"))
+    results.setdefault("faults", {})["platform"] = {
+        **{kind: {k: v[k] for k in ("injected", "survived", "samples_lost", "samples_duplicated")}
+           for kind, v in sorted(t["kinds"].items())},
+        **{k: t[k] for k in ("injected", "survived", "samples_lost", "samples_duplicated")},
+        "command": command, "preset": preset, "seconds": round(took), "git_commit": commit,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
 
 
 if __name__ == "__main__":

@@ -303,11 +303,17 @@ def run_sizes(cfg: TidalConfig, *, consumed_before: int = 0) -> RunSizes:
 
 def sync_options(cfg: TidalConfig) -> dict[str, Any]:
     """The controller's weight-sync keywords: the standalones' transport and, for the collective,
-    the wire dtype (the engines'), the bucket size and the timeout."""
-    rollout = cfg.actor_rollout_ref.rollout
-    return dict(transport=cfg.standalone_transport, sync_dtype=rollout.dtype,
-                bucket_bytes=rollout.update_weights_bucket_megabytes << 20, sync_timeout_s=rollout.weight_sync.timeout_s,
+    the timeout (the wire dtype and bucket size are the sender's: ``sender_options``)."""
+    return dict(transport=cfg.standalone_transport, sync_timeout_s=cfg.actor_rollout_ref.rollout.weight_sync.timeout_s,
                 kill_in_sync=os.environ.get(KILL_IN_SYNC_ENV) or None)  # a failpoint of the driver's
+
+
+def sender_options(cfg: TidalConfig) -> dict[str, Any]:
+    """The trainer's weight-sync keywords: how its hybrids load, and the collective sender's wire
+    dtype (the engines') and bucket size, planned into its manifest once, when it is built."""
+    rollout = cfg.actor_rollout_ref.rollout
+    return dict(hybrid_transport=rollout.weight_sync.hybrid_transport, sync_dtype=rollout.dtype,
+                bucket_bytes=rollout.update_weights_bucket_megabytes << 20)
 
 
 def standalone_ids(cfg: TidalConfig) -> list[str]:
@@ -387,7 +393,7 @@ class DataPlane:
             trainer_backend_factory(cfg, ranks), hybrid_factories,
             namespace=namespace,
             required_samples=cfg.required_samples,
-            hybrid_transport=cfg.actor_rollout_ref.rollout.weight_sync.hybrid_transport,
+            **sender_options(cfg),
         )
         # one starter per standalone slot; a replacement is started with its slot's engine
         starters = {

@@ -14,7 +14,9 @@
   baseline the benchmark compares with).
 
 This module holds the wire format (``Manifest``), the group (``SyncGroup``, ``GroupSpec``) and the
-two ends (``send``, ``receive``); ``cluster/actors`` decide who takes part. Must not: import Ray
+two ends (``send``, ``receive``). The trainer's ``Sender`` is built once with the run's manifest
+(planned from the wire dtype and the bucket size where the sender lives); its ``SenderEndpoint``
+is all the other members learn of it. ``cluster/actors`` decide who takes part. Must not: import Ray
 or know replicas, membership or the controller.
 """
 
@@ -146,6 +148,22 @@ def backend_for(device: torch.device | str) -> str:
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
 
+@dataclass(frozen=True)
+class SenderEndpoint:
+    """What a sync's other members need of its sender, fixed once the sender is built: where it
+    hosts the group's store, the group's backend, and the manifest every sync sends (planned
+    there, from the trainer's shapes, the wire dtype and the bucket size)."""
+
+    address: str
+    port: int
+    backend: str
+    manifest: Manifest
+
+    def group(self, world: int, generation: int, timeout_s: float) -> GroupSpec:
+        """The group of one generation of ``world`` members on this sender's store."""
+        return GroupSpec(self.address, self.port, world, generation, self.backend, timeout_s)
+
+
 def host_store(address: str, port: int, timeout_s: float = 300.0) -> dist.TCPStore:
     """The sender's store, kept for the whole run; each generation uses a prefix of it. It listens
     on ``address`` only: a server ``TCPStore`` binds every interface otherwise, and a local run
@@ -208,6 +226,15 @@ class SyncStats:
     @property
     def gb_per_s(self) -> float:
         return self.nbytes / 1e9 / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class SendReport:
+    """The sender's end of one sync: what went on the wire, and whether it read a gathered whole
+    copy of the model (a ZeRO trainer has no per-tensor view) instead of one tensor at a time."""
+
+    stats: SyncStats
+    gathered_whole_model: bool = False
 
 
 def send(group: SyncGroup | None, manifest: Manifest, tensor_of: Callable[[str], torch.Tensor]) -> SyncStats:
@@ -282,12 +309,22 @@ class Receiver:
 
 
 class Sender:
-    """The sender's standing membership: the store it hosts for the run and the current group."""
+    """The sender's standing membership: the store it hosts for the run, the current group and,
+    when built for a trainer, the ``manifest`` every sync of the run sends."""
 
-    def __init__(self, address: str, port: int, device: torch.device | str = "cpu"):
+    def __init__(self, address: str, port: int, device: torch.device | str = "cpu", *,
+                 manifest: Manifest | None = None):
         self.address, self.port, self.device = address, port, torch.device(device)
+        self.manifest = manifest
         self.store = host_store(address, port)
         self.group: SyncGroup | None = None
+
+    @property
+    def endpoint(self) -> SenderEndpoint:
+        """What the other members need of this sender (it must have been built with a manifest)."""
+        if self.manifest is None:
+            raise ValueError("a sender built without a manifest has no endpoint to give")
+        return SenderEndpoint(self.address, self.port, backend_for(self.device), self.manifest)
 
     def join(self, spec: GroupSpec) -> SyncGroup:
         if (spec.address, spec.port) != (self.address, self.port):

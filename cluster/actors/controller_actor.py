@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -151,44 +152,59 @@ class _InThread:
             self._pool.shutdown(wait=False)
 
 
+@dataclass(frozen=True)
+class SyncReport:
+    """One sync of the standalone replicas: each loaded replica's seconds, the sender's report
+    (the collective's; None for the object store, or when no replica was left to sync) and the
+    generations it took beyond the first (``retries``)."""
+
+    loaded: Mapping[str, float] = field(default_factory=dict)
+    sent: ws.SendReport | None = None
+    retries: int = 0
+
+    @property
+    def sent_bytes(self) -> int:
+        return self.sent.stats.nbytes if self.sent is not None else 0
+
+
 class CollectiveSync:
     """The collective transport driven from the controller: the trainer sends, every replica of
     ``run``'s receives, in a group re-formed (a new generation) whenever its members change.
+    The trainer's sender is built once, with the manifest it plans from its own wire dtype and
+    bucket size (``TrainerActor.weight_sender``); this side only forms the groups on it.
 
     A sync that loses a member (its actor dies, or the group's timeout passes) marks it dead
     through ``members`` (a hung one is killed first, so the rollout service replaces it) and
     syncs the rest again in a new generation, at most ``retries`` times: the step goes on.
     """
 
-    def __init__(self, trainer: Any, members: Membership, dtype: str, bucket_bytes: int, timeout_s: float,
-                 retries: int = 2, kill_in_sync: str | None = None):
+    def __init__(self, trainer: Any, members: Membership, timeout_s: float, retries: int = 2,
+                 kill_in_sync: str | None = None):
         self.trainer, self.members = trainer, members
         self._kill = kill_in_sync  # failpoint "<replica>:<version>" (replica.KILL_IN_SYNC_ENV)
-        self.dtype, self.bucket_bytes, self.timeout_s, self.retries = dtype, int(bucket_bytes), float(timeout_s), retries
-        self._manifest: ws.Manifest | None = None
-        self._address: tuple[str, int, str] | None = None
+        self.timeout_s, self.retries = float(timeout_s), retries
+        self._sender: ws.SenderEndpoint | None = None
         self._generation = 0
         self._members: tuple[tuple[str, int], ...] | None = None
         self._ranks: dict[str, int] = {}
 
-    def _spec(self, layout: tuple[tuple[str, int], ...], world: int, fresh: bool) -> ws.GroupSpec:
+    def _spec(self, sender: ws.SenderEndpoint, layout: tuple[tuple[str, int], ...], world: int,
+              fresh: bool) -> ws.GroupSpec:
         if fresh or layout != self._members:
             self._generation += 1
             self._members = layout
-        host, port, backend = self._address
-        return ws.GroupSpec(host, port, world, self._generation, backend, self.timeout_s)
+        return sender.group(world, self._generation, self.timeout_s)
 
-    def run(self, handles: Mapping[str, Any], version: int) -> tuple[dict[str, float], dict[str, Any]]:
-        """Sync ``version`` into ``handles``' replicas; returns each loaded replica's seconds and
-        the sender's report (bytes, buckets, seconds, and ``retries``)."""
-        if self._manifest is None:
-            self._manifest = ray.get(self.trainer.weight_manifest.remote(self.dtype, self.bucket_bytes))
-            self._address = tuple(ray.get(self.trainer.sync_address.remote()))
+    def run(self, handles: Mapping[str, Any], version: int) -> SyncReport:
+        """Sync ``version`` into ``handles``' replicas."""
+        if self._sender is None:
+            self._sender = ray.get(self.trainer.weight_sender.remote())
+        sender = self._sender
         fresh = False
         for attempt in range(self.retries + 1):
             alive = {rid: h for rid, h in handles.items() if not self.members.is_dead(rid)}
             if not alive:
-                return {}, {"retries": attempt}
+                return SyncReport(retries=attempt)
             for rid, handle in alive.items():
                 if rid not in self._ranks:
                     self._ranks[rid] = int(ray.get(handle.weight_ranks.remote()))
@@ -196,11 +212,11 @@ class CollectiveSync:
             for rid in alive:
                 layout.append((rid, rank))
                 rank += self._ranks[rid]
-            spec = self._spec(tuple(layout), rank, fresh)
-            receives = {rid: alive[rid].receive_weights.remote(spec, r, self._manifest, version,
+            spec = self._spec(sender, tuple(layout), rank, fresh)
+            receives = {rid: alive[rid].receive_weights.remote(spec, r, sender.manifest, version,
                                                                self._kill == f"{rid}:{version}")
                         for rid, r in layout}
-            send = self.trainer.send_weights.remote(spec, self._manifest)
+            send = self.trainer.send_weights.remote(spec)
             refs = [send, *receives.values()]
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s + 30)
             loaded, errors = {}, {}
@@ -223,7 +239,7 @@ class CollectiveSync:
                     raise  # the trainer is gone: the run stops (exit 3, resumable)
                 errors["trainer"] = exc
             if not errors:
-                return loaded, {**sent, "retries": attempt}
+                return SyncReport(loaded=loaded, sent=sent, retries=attempt)
             log.warning("weight sync of version %d (generation %d) failed: %s; dead now: %s",
                         version, spec.generation, "; ".join(f"{k}: {type(e).__name__}: {str(e)[:200]}"
                                                              for k, e in errors.items()),
@@ -253,8 +269,6 @@ class ControllerHost:
         sizes: RunSizes,
         keep_broadcast_weights: bool = False,
         transport: str = ws.OBJECT_STORE,
-        sync_dtype: str = "float32",
-        bucket_bytes: int = 512 << 20,
         sync_timeout_s: float = 60.0,
         kill_in_sync: str | None = None,
     ):
@@ -278,21 +292,15 @@ class ControllerHost:
         """The last step's outcome, answered again to a retried ``update_after_step``."""
         if transport not in ws.STANDALONE_TRANSPORTS:
             raise ValueError(f"standalone transport {transport!r}: expected one of {ws.STANDALONE_TRANSPORTS}")
-        self.sync = CollectiveSync(self.trainer, self.members, sync_dtype, bucket_bytes, sync_timeout_s,
+        self.sync = CollectiveSync(self.trainer, self.members, sync_timeout_s,
                                    kill_in_sync=kill_in_sync) if transport == ws.COLLECTIVE else None
 
     def _counters(self) -> RolloutCounters:
-        """One read of the rollout service per policy question, with a check of membership made
-        while it is in flight (one round trip for both)."""
-        counters = self.service.counters.remote()
-        self._ping_standalone()
-        return ray.get(counters)
-
-    def _ping_standalone(self) -> None:
-        """Ping every routable standalone replica, so a death is seen even when no request of it
-        has failed yet (the pool reports it to the membership)."""
-        routable = self.members.routable()
-        self.pool.get_alive({rid: self.standalone[rid].ping.remote() for rid in routable})
+        """One read of the rollout service per policy question. Membership is what this actor
+        already knows: the rollout service reports each death as it sees it (a failed request,
+        or the replica's ``watch`` failing when it died idle), and a failed switch call reports
+        its own; nothing asks the replicas."""
+        return ray.get(self.service.counters.remote())
 
     # ------------------------------------------------------------------ step phases
 
@@ -323,35 +331,36 @@ class ControllerHost:
         rollouter's staleness window closes at it (the warm-up broadcast has none yet). With
         ``lend`` (a plan that lends), the lent hybrids wake and load ``version`` in the trainer's
         process while the standalones' loads are in flight (``overlap_hybrid_sync``)."""
+        assert lend is None or lend.lends, f"a broadcast that syncs the hybrids for a plan that lends nothing: {lend}"
         t0 = time.perf_counter()
-        routable = self.members.routable()
-        hybrid = None
-        if self.sync is not None:
-            # the sync runs in a thread: a lent hybrid syncs meanwhile (its trainer call waits
-            # for the send, which holds the trainer's lock)
-            pending = _InThread(self.sync.run, {rid: self.standalone[rid] for rid in routable}, int(version))
-            if lend is not None:
-                assert lend.lends, f"a broadcast that syncs the hybrids for a plan that lends nothing: {lend}"
-                hybrid = self.ctl.hybrid_sync(version, lend.count)
-            per_replica, sent = pending.result()
-        else:
-            weights = self.trainer.weights.remote()
-            loads = {rid: self.standalone[rid].load_weights.remote(weights, version) for rid in routable}
-            if lend is not None:
-                assert lend.lends, f"a broadcast that syncs the hybrids for a plan that lends nothing: {lend}"
-                hybrid = self.ctl.hybrid_sync(version, lend.count)
-            per_replica = self.pool.get_alive(loads)
-            sent = {}
-            if self._keep_weights:
-                self._last_broadcast = (weights, int(version))
+        synced = self._sync_standalone({rid: self.standalone[rid] for rid in self.members.routable()}, int(version))
+        hybrid = self.ctl.hybrid_sync(version, lend.count) if lend is not None else None
+        report = synced()
         self._version = int(version)
         broadcast_s = time.perf_counter() - t0
         metrics = ray.get(self.service.on_weight_sync.remote(version)) if window else {}
         return BroadcastReport(version=int(version), broadcast_s=broadcast_s,
-                               max_replica_load_s=max(per_replica.values(), default=0.0),
-                               replicas=len(per_replica), window=dict(metrics), hybrid=hybrid,
+                               max_replica_load_s=max(report.loaded.values(), default=0.0),
+                               replicas=len(report.loaded), window=dict(metrics), hybrid=hybrid,
                                transport=ws.COLLECTIVE if self.sync is not None else ws.OBJECT_STORE,
-                               sent_bytes=int(sent.get("nbytes", 0)), retries=int(sent.get("retries", 0)))
+                               sent_bytes=report.sent_bytes, retries=report.retries)
+
+    def _sync_standalone(self, targets: Mapping[str, Any], version: int) -> Callable[[], SyncReport]:
+        """Start loading ``version`` into ``targets`` by the standalones' transport; returns the
+        wait for it. The collective runs in a thread: a lent hybrid syncs meanwhile (its trainer
+        call waits for the send, which holds the trainer's lock)."""
+        if self.sync is not None:
+            return _InThread(self.sync.run, targets, version).result
+        weights = self.trainer.weights.remote()
+        loads = {rid: handle.load_weights.remote(weights, version) for rid, handle in targets.items()}
+
+        def wait() -> SyncReport:
+            report = SyncReport(loaded=self.pool.get_alive(loads))
+            if self._keep_weights:
+                self._last_broadcast = (weights, version)
+            return report
+
+        return wait
 
     def should_activate(self, step: int, micro: Sequence[MicroSummary]) -> LendPlan:
         """Lend the trainer's GPUs to rollout until the next step?"""
@@ -426,8 +435,7 @@ class ControllerHost:
         version = None
         if self.sync is not None and self._version is not None:
             # the same transport as the others: a group of the trainer and the newcomer alone
-            loaded, _ = self.sync.run({new: handle}, self._version)
-            if new not in loaded:
+            if new not in self.sync.run({new: handle}, self._version).loaded:
                 raise RuntimeError(f"replacement {new} did not load version {self._version}")
             version = self._version
         elif self._last_broadcast is not None:

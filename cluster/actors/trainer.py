@@ -43,20 +43,27 @@ class TrainerActor(HybridHost):
         namespace: str,
         required_samples: int,
         hybrid_transport: str = ws.IN_RANK,
+        sync_dtype: str = "float32",
+        bucket_bytes: int = 512 << 20,
     ):
+        """``sync_dtype`` and ``bucket_bytes``: the collective sync's wire dtype (the engines') and
+        bucket size, planned into its manifest once, when the sender is built (``weight_sender``)."""
         if hybrid_transport not in ws.HYBRID_TRANSPORTS:
             raise ValueError(f"hybrid transport {hybrid_transport!r}: expected one of {ws.HYBRID_TRANSPORTS}")
         self.backend = backend_factory()
         self.ranks: list[Any] = list(self.backend.ranks) if isinstance(self.backend, RankGroup) else []
         # the rank hosting each hybrid when the ranks host them (they built their engines in setup)
-        hosted = {rid: i for i, info in enumerate(getattr(self.backend, "info", ())) for rid in info.get("hybrids", ())}
+        infos = self.backend.info if isinstance(self.backend, RankGroup) else ()
+        hosted = {rid: i for i, info in enumerate(infos) for rid in info.hybrids}
         self._host_rank = hosted
         self.hybrids = {rid: make() for rid, make in hybrid_factories.items() if rid not in hosted}
         self.namespace = namespace
         self.required_samples = required_samples
         self.hybrid_transport = hybrid_transport
         self._train_lock = asyncio.Lock()
+        self._sync_plan = (sync_dtype, int(bucket_bytes))
         self._sender: ws.Sender | None = None
+        self._endpoint: ws.SenderEndpoint | None = None
 
     # -- training ---------------------------------------------------------------------------
 
@@ -103,33 +110,36 @@ class TrainerActor(HybridHost):
 
     # -- the collective transport (cluster.weight_sync) -----------------------------------------
 
-    async def weight_manifest(self, dtype: str, bucket_bytes: int) -> ws.Manifest:
-        """The buckets a collective sync sends, in the engines' dtype."""
+    async def weight_sender(self) -> ws.SenderEndpoint:
+        """The collective sync's sender, built on the first call (on rank 0, or in this process)
+        with the manifest of the trainer's shapes in ``sync_dtype`` buckets of ``bucket_bytes``:
+        where it hosts the group's store, the group's backend, and that manifest (the controller
+        forms each generation's group on it and hands the manifest to the receivers)."""
         async with self._train_lock:
-            shapes = await asyncio.to_thread(
-                self.backend.rollout_shapes if self.ranks else functools.partial(rollout_shapes, self.backend))
-        return ws.plan(shapes, dtype=dtype, bucket_bytes=bucket_bytes)
+            if self._endpoint is None:
+                dtype, bucket_bytes = self._sync_plan
+                shapes = await asyncio.to_thread(
+                    self.backend.rollout_shapes if self.ranks else functools.partial(rollout_shapes, self.backend))
+                manifest = ws.plan(shapes, dtype=dtype, bucket_bytes=bucket_bytes)
+                if self.ranks:
+                    self._endpoint = await asyncio.to_thread(self.backend.open_sender, manifest)
+                else:
+                    from cluster.ports import free_port
 
-    def sync_address(self) -> tuple[str, int, str]:
-        """Where the sender (rank 0, or this process) hosts the weight-sync group's store, and the
-        group's backend."""
-        if self.ranks:
-            return self.backend.sync_address()
-        if self._sender is None:
-            from cluster.ports import free_port
+                    host = ray.util.get_node_ip_address()
+                    self._sender = ws.Sender(host, free_port(host), getattr(self.backend, "device", "cpu"),
+                                             manifest=manifest)
+                    self._endpoint = self._sender.endpoint
+            return self._endpoint
 
-            host = ray.util.get_node_ip_address()
-            self._sender = ws.Sender(host, free_port(host), getattr(self.backend, "device", "cpu"))
-        return self._sender.address, self._sender.port, ws.backend_for(self._sender.device)
-
-    async def send_weights(self, spec: ws.GroupSpec, manifest: ws.Manifest) -> dict[str, Any]:
+    async def send_weights(self, spec: ws.GroupSpec) -> ws.SendReport:
         """Broadcast the current weights to the group ``spec`` (its receivers call in concurrently);
-        between micro-steps, never during one."""
+        between micro-steps, never during one (``weight_sender`` first)."""
         async with self._train_lock:
             if self.ranks:
-                return await asyncio.to_thread(self.backend.send_weights, spec, manifest)
-            self.sync_address()
-            return await asyncio.to_thread(send_from, self.backend, self._sender, spec, manifest)
+                return await asyncio.to_thread(self.backend.send_weights, spec)
+            assert self._sender is not None and self._sender.manifest is not None, "weight_sender() first"
+            return await asyncio.to_thread(send_from, self.backend, self._sender.manifest, self._sender, spec)
 
     async def save_checkpoint(self, path: str, export_hf: bool = True, async_save: bool = False) -> dict[str, Any]:
         """Write this step's checkpoint (after the previous save is on disk). ``async_save``: return

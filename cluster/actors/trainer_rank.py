@@ -29,6 +29,7 @@ import dataclasses
 import os
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -37,12 +38,51 @@ from cluster.actors.replica import generate_each
 from cluster.types import GenerationRequest, GenerationResult, Sample
 
 if TYPE_CHECKING:  # torch is imported where a backend runs, not where the actors are named
+    from cluster import weight_sync as ws
     from cluster.backends.base import CheckpointInfo, StepResult
 
 RANK_PREFIX = "trainer-rank-"
 ENGINE_BUILD_TIMEOUT_S = 1800.0
 """Seconds the vLLM hybrids over the ranks' workers may take to start (minutes on a busy CPU host,
 a model's load on a GPU one)."""
+
+
+@dataclass(frozen=True)
+class HostedWorker:
+    """A vLLM hybrid's TP worker in a rank's process: the hybrid it serves and where it listens."""
+
+    replica: str
+    address: str
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """What a rank reports once set up (``TrainRankActor.setup``)."""
+
+    rank: int
+    backend: str
+    """The training group's ``torch.distributed`` backend."""
+    device: str
+    gpu_ids: tuple[str, ...]
+    node: str
+    hybrids: tuple[str, ...]
+    """The hybrid replicas whose engines this rank builds (sorted)."""
+    worker: HostedWorker | None
+    pid: int
+    moves: bool = True
+    """Whether its backend moves state out of the hybrids' way (has ``offload``/``reload``)."""
+    replicated: bool = False
+    """Whether it holds the whole state (``replicated_state``), so one rank can answer a read."""
+
+
+def engines_of(info: RankInfo) -> tuple[str, ...]:
+    """The hybrids whose engines a rank hosts."""
+    return info.hybrids
+
+
+def workers_of(info: RankInfo) -> tuple[str, ...]:
+    """The hybrid whose vLLM worker a rank's process hosts (none, or one)."""
+    return (info.worker.replica,) if info.worker is not None else ()
 
 
 def rank_name(rank: int) -> str:
@@ -86,17 +126,19 @@ def rollout_shapes(backend: Any) -> list[tuple[str, tuple[int, ...]]]:
     return [(name, tuple(t.shape)) for name, t in tensors.items()]
 
 
-def send_from(backend: Any, sender: Any, spec: Any, manifest: Any) -> dict[str, Any]:
-    """One rank's part of a collective sync: the sender (``sender`` given) packs and broadcasts
-    each bucket; the other ranks gather their shards with it and drop the result."""
+def send_from(backend: Any, manifest: ws.Manifest, sender: ws.Sender | None = None,
+              spec: ws.GroupSpec | None = None) -> ws.SendReport | None:
+    """One rank's part of a collective sync of ``manifest``: the sender (``sender`` given, with
+    the group ``spec``) packs and broadcasts each bucket and reports it; the other ranks gather
+    their shards with it, drop the result and report nothing."""
     from cluster import weight_sync as ws
 
     tensors, gathered = rollout_tensors(backend)
     if sender is None and gathered:
-        return {}  # it took part in the gather; rank 0 holds the copy
+        return None  # it took part in the gather; rank 0 holds the copy
     group = sender.join(spec) if sender is not None else None
     stats = ws.send(group, manifest, lambda name: full_tensor(tensors[name]))
-    return {**dataclasses.asdict(stats), "gathered_whole_model": gathered} if sender is not None else {}
+    return ws.SendReport(stats, gathered_whole_model=gathered) if sender is not None else None
 
 
 def load_worker_in_rank(backend: Any, worker: Any, gpt2_names: bool, drop: Sequence[str]) -> float:
@@ -198,7 +240,8 @@ class TrainRankActor(HybridHost):
         self._naming: tuple[bool, list[str]] = (False, [])
         self.hybrids = {}
         self.backend: Any = None
-        self._sender: Any = None
+        self._sender: ws.Sender | None = None
+        self._manifest: ws.Manifest | None = None
         self._lock = asyncio.Lock()
 
     async def _locked(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -212,10 +255,10 @@ class TrainRankActor(HybridHost):
         host = ray.util.get_node_ip_address()
         return host, free_port(host)
 
-    async def setup(self, master_addr: str, master_port: int, timeout_s: float) -> dict[str, Any]:
+    async def setup(self, master_addr: str, master_port: int, timeout_s: float) -> RankInfo:
         return await self._locked(self._setup, master_addr, master_port, timeout_s)
 
-    def _setup(self, master_addr: str, master_port: int, timeout_s: float) -> dict[str, Any]:
+    def _setup(self, master_addr: str, master_port: int, timeout_s: float) -> RankInfo:
         """Join the group, then build this rank's backend (which shards over it)."""
         import torch
 
@@ -233,16 +276,17 @@ class TrainRankActor(HybridHost):
             from cluster.engines.vllm_ranks import RankWorker
 
             self._worker = RankWorker(host=ray.util.get_node_ip_address(), local_rank=0)  # Ray's GPU is index 0 here
-            worker = {"replica": self._worker_of, "address": self._worker.address}
+            worker = HostedWorker(self._worker_of, self._worker.address)
         else:
             self.hybrids = {rid: make() for rid, make in self._hybrid_factories.items()}
-        return {"rank": self.rank, "backend": backend, "device": str(self.backend.device),
-                "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "node": ray.get_runtime_context().get_node_id(),
-                "hybrids": sorted(self._hybrid_factories), "worker": worker, "pid": os.getpid(),
-                # what the group may skip: moves of a backend without any, collectives of a read
-                # that every rank could answer alone (``RankGroup``)
-                "moves": callable(getattr(self.backend, "offload", None)),
-                "replicated": bool(getattr(self.backend, "replicated_state", False))}
+        return RankInfo(rank=self.rank, backend=str(backend), device=str(self.backend.device),
+                        gpu_ids=tuple(str(g) for g in ray.get_gpu_ids()),
+                        node=ray.get_runtime_context().get_node_id(),
+                        hybrids=tuple(sorted(self._hybrid_factories)), worker=worker, pid=os.getpid(),
+                        # what the group may skip: moves of a backend without any, collectives of a
+                        # read that every rank could answer alone (``RankGroup``)
+                        moves=callable(getattr(self.backend, "offload", None)),
+                        replicated=bool(getattr(self.backend, "replicated_state", False)))
 
     async def build_hybrids(self, workers: Mapping[str, Sequence[str]], ident: str) -> dict[str, tuple[bool, list[str]]]:
         """Build the vLLM engines this rank hosts over their ranks' workers (``workers``: replica →
@@ -277,20 +321,24 @@ class TrainRankActor(HybridHost):
     async def rollout_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         return await self._locked(rollout_shapes, self.backend)
 
-    def sync_address(self) -> tuple[str, int, str]:
-        """Where this rank (rank 0) hosts the weight-sync group's store (started on first use), and
-        the group's backend (NCCL from a GPU, gloo from a CPU)."""
+    def open_sender(self, manifest: ws.Manifest) -> ws.SenderEndpoint | None:
+        """Keep ``manifest`` for every sync of the run; rank 0 also builds the sender with it (the
+        group's store on its node, NCCL from a GPU, gloo from a CPU) and returns its endpoint."""
         from cluster import weight_sync as ws
         from cluster.ports import free_port
 
+        self._manifest = manifest
+        if self.rank != 0:
+            return None
         if self._sender is None:
             host = ray.util.get_node_ip_address()
-            self._sender = ws.Sender(host, free_port(host), self.backend.device)
-        return self._sender.address, self._sender.port, ws.backend_for(self._sender.device)
+            self._sender = ws.Sender(host, free_port(host), self.backend.device, manifest=manifest)
+        return self._sender.endpoint
 
-    async def send_weights(self, spec: Any, manifest: Any) -> dict[str, Any]:
-        sender = self._sender if self.rank == 0 else None
-        return await self._locked(send_from, self.backend, sender, spec, manifest)
+    async def send_weights(self, spec: ws.GroupSpec) -> ws.SendReport | None:
+        """This rank's part of a sync to the group ``spec`` (``open_sender`` first)."""
+        assert self._manifest is not None, "open_sender() first"
+        return await self._locked(send_from, self.backend, self._manifest, self._sender, spec)
 
     async def hybrid_load(self, replica_ids: Sequence[str], version: int) -> float:
         """In-rank: every rank gathers (a collective); the ones hosting ``replica_ids`` (their
@@ -382,12 +430,12 @@ class RankGroup:
         self.ranks = list(ranks)
         self._dp = dp
         master = ray.get(self.ranks[0].address.remote(), timeout=setup_timeout_s)
-        self.info = gather([r.setup.remote(*master, setup_timeout_s) for r in self.ranks])
+        self.info: list[RankInfo] = gather([r.setup.remote(*master, setup_timeout_s) for r in self.ranks])
         self._build_rank_engines(ident=str(master[1]))
         self._updates = 0
-        self.moves = any(info.get("moves", True) for info in self.info)
+        self.moves = any(info.moves for info in self.info)
         """Whether any rank's backend moves state for the hybrids (``offload``/``reload``)."""
-        self.replicated = all(info.get("replicated", False) for info in self.info)
+        self.replicated = all(info.replicated for info in self.info)
         """Whether every rank holds the whole state, so one rank can answer a read of it."""
 
     def _build_rank_engines(self, *, ident: str, timeout_s: float = ENGINE_BUILD_TIMEOUT_S) -> None:
@@ -397,27 +445,26 @@ class RankGroup:
         dies fails this at once; an engine that never comes up, after ``timeout_s``."""
         workers: dict[str, list[str]] = {}
         for info in self.info:
-            if info.get("worker"):
-                workers.setdefault(info["worker"]["replica"], []).append(info["worker"]["address"])
+            if info.worker is not None:
+                workers.setdefault(info.worker.replica, []).append(info.worker.address)
         if not workers:
             return
-        hosts = [(rank, info["hybrids"]) for rank, info in zip(self.ranks, self.info, strict=True) if info["hybrids"]]
+        hosts = [(rank, info.hybrids) for rank, info in zip(self.ranks, self.info, strict=True) if info.hybrids]
         naming: dict[str, tuple[bool, list[str]]] = {}
         for answer in gather([rank.build_hybrids.remote({rid: workers[rid] for rid in rids}, ident)
                               for rank, rids in hosts], timeout_s=timeout_s):
             naming.update(answer)
-        gather([rank.adopt_naming.remote(naming[info["worker"]["replica"]])
-                for rank, info in zip(self.ranks, self.info, strict=True) if info.get("worker")])
+        gather([rank.adopt_naming.remote(naming[info.worker.replica])
+                for rank, info in zip(self.ranks, self.info, strict=True) if info.worker is not None])
 
-    def _hosting(self, replica_ids: Sequence[str], key: str) -> list[tuple[Any, list[str]]]:
-        """The ranks whose ``key`` (``hybrids``: the engines; ``workers``: a vLLM worker) is one of
-        ``replica_ids``, each with those replicas."""
+    def _hosting(self, replica_ids: Sequence[str],
+                 hosted: Callable[[RankInfo], Sequence[str]]) -> list[tuple[Any, list[str]]]:
+        """The ranks that host one of ``replica_ids`` as ``hosted`` says (``engines_of``: their
+        engines; ``workers_of``: a vLLM worker), each with those replicas."""
         wanted, out = set(replica_ids), []
         for rank, info in zip(self.ranks, self.info, strict=True):
-            worker = info.get("worker")
-            mine = info.get("hybrids", ()) if key == "hybrids" else [worker["replica"]] if worker else []
-            if wanted & set(mine):
-                out.append((rank, sorted(wanted & set(mine))))
+            if mine := wanted & set(hosted(info)):
+                out.append((rank, sorted(mine)))
         return out
 
     def _readers(self, replica_ids: Sequence[str] | None = None) -> list[Any]:
@@ -428,7 +475,7 @@ class RankGroup:
             return self.ranks
         if replica_ids is None:
             return self.ranks[:1]
-        loading = {id(rank) for key in ("hybrids", "workers") for rank, _ in self._hosting(replica_ids, key)}
+        loading = {id(rank) for hosted in (engines_of, workers_of) for rank, _ in self._hosting(replica_ids, hosted)}
         return [rank for rank in self.ranks if id(rank) in loading]
 
     @property
@@ -455,21 +502,22 @@ class RankGroup:
     def rollout_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         return gather([r.rollout_shapes.remote() for r in self._readers()])[0]
 
-    def sync_address(self) -> tuple[str, int, str]:
-        return ray.get(self.ranks[0].sync_address.remote())
+    def open_sender(self, manifest: ws.Manifest) -> ws.SenderEndpoint:
+        """The readers of a sync keep ``manifest``; rank 0 builds the sender with it."""
+        return gather([r.open_sender.remote(manifest) for r in self._readers()])[0]
 
-    def send_weights(self, spec: Any, manifest: Any) -> dict[str, Any]:
+    def send_weights(self, spec: ws.GroupSpec) -> ws.SendReport:
         """Every rank gathers, rank 0 sends (``send_from``); with replicated state rank 0 alone."""
-        return gather([r.send_weights.remote(spec, manifest) for r in self._readers()])[0]
+        return gather([r.send_weights.remote(spec) for r in self._readers()])[0]
 
     def hybrid_load(self, replica_ids: Sequence[str], version: int) -> float:
         """Every reader loads what it hosts; then the engines whose workers were loaded in their
         ranks' processes take the version (and drop their stale prefix cache)."""
         ranks = self._readers(replica_ids)
         seconds = max(gather([r.hybrid_load.remote(list(replica_ids), version) for r in ranks]), default=0.0)
-        in_place = {rid for _, rids in self._hosting(replica_ids, "workers") for rid in rids}
+        in_place = {rid for _, rids in self._hosting(replica_ids, workers_of) for rid in rids}
         gather([rank.hybrid_loaded.remote([rid for rid in rids if rid in in_place], version, seconds)
-                for rank, rids in self._hosting(replica_ids, "hybrids") if in_place & set(rids)])
+                for rank, rids in self._hosting(replica_ids, engines_of) if in_place & set(rids)])
         return seconds
 
     def save_checkpoint(self, path: Any, *, export_hf: bool = True, async_save: bool = False) -> CheckpointInfo:

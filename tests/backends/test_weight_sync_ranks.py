@@ -27,8 +27,8 @@ def _sync(backend, rank, *, dtype: str):
 
     manifest = ws.plan(rollout_shapes(backend), dtype=dtype, bucket_bytes=4096)
     if rank != 0:
-        return send_from(backend, None, None, manifest)  # takes part in the gathers only
-    sender = ws.Sender("127.0.0.1", free_port("127.0.0.1"))
+        return send_from(backend, manifest)  # takes part in the gathers only
+    sender = ws.Sender("127.0.0.1", free_port("127.0.0.1"), manifest=manifest)
     spec = ws.GroupSpec(sender.address, sender.port, 2, generation=1, timeout_s=60)
     got: dict[str, torch.Tensor] = {}
 
@@ -39,10 +39,10 @@ def _sync(backend, rank, *, dtype: str):
 
     thread = threading.Thread(target=receive)
     thread.start()
-    stats = send_from(backend, sender, spec, manifest)
+    report = send_from(backend, manifest, sender, spec)
     thread.join(60)
     sender.leave()
-    return {"stats": stats, "got": got, "buckets": len(manifest.buckets)}
+    return {"report": report, "got": got, "buckets": len(manifest.buckets)}
 
 
 CASES = {"fsdp2-bf16": (make_torch, False, "bfloat16")}
@@ -55,9 +55,9 @@ def test_rank_0_sends_the_groups_weights_bucket_by_bucket(case):
     make, gathered, dtype = CASES[case]
     ranks = train_on_ranks(2, make, make_samples(n=8)[:4], 1, then=functools.partial(_sync, dtype=dtype))
     sent, want = ranks[0]["extra"], ranks[0]["weights"]  # rank 0's whole weights after the update
-    assert ranks[1]["extra"] == {}
-    assert sent["buckets"] > 1 and sent["stats"]["buckets"] == sent["buckets"]
-    assert sent["stats"]["gathered_whole_model"] is gathered
+    assert ranks[1]["extra"] is None
+    assert sent["buckets"] > 1 and sent["report"].stats.buckets == sent["buckets"]
+    assert sent["report"].gathered_whole_model is gathered
     assert sent["got"].keys() == want.keys()
     wire = getattr(torch, dtype)
     for name, value in want.items():

@@ -10,7 +10,7 @@ import types
 import pytest
 
 import cluster.actors.trainer_rank as trainer_rank
-from cluster.actors.trainer_rank import RankGroup
+from cluster.actors.trainer_rank import RankGroup, RankInfo
 
 
 class Method:
@@ -23,11 +23,12 @@ class FakeRank:
 
     def __init__(self, rank: int, log: list, *, hybrids=(), moves: bool, replicated: bool):
         self.rank, self.log = rank, log
-        info = {"rank": rank, "hybrids": sorted(hybrids), "moves": moves, "replicated": replicated}
+        info = RankInfo(rank=rank, backend="gloo", device="cpu", gpu_ids=(), node="node", hybrids=tuple(sorted(hybrids)),
+                        worker=None, pid=rank, moves=moves, replicated=replicated)
         self.address = Method(lambda: ("127.0.0.1", 1))
         self.setup = Method(lambda *args: info)
         for verb, answer in [("offload", {"offload_s": 0.1}), ("reload", {"reload_s": 0.1}),
-                             ("hybrid_load", 0.01), ("send_weights", {"bytes": 1}),
+                             ("hybrid_load", 0.01), ("send_weights", None),
                              ("weights", {"weight": rank}), ("rollout_shapes", [("weight", (16,))]),
                              ("save_checkpoint", "info")]:
             setattr(self, verb, Method(self._answer(verb, answer)))
@@ -57,7 +58,7 @@ def switch(ranks: RankGroup) -> None:
     ranks.offload()
     ranks.hybrid_load(["hybrid-1"], 3)
     ranks.reload()
-    ranks.send_weights(None, None)
+    ranks.send_weights(None)
     ranks.state_dict_for_rollout()
     ranks.save_checkpoint("ckpt")
 

@@ -102,9 +102,9 @@ def test_a_tp2_hybrid_lives_in_its_two_ranks_and_generates_what_tp1_does_before_
         where = [ray.get(rank.worker_where.remote()) for rank in ranks]
         for r, w in enumerate(where):
             assert (w["pid"], w["device"], w["tp_rank"], w["tp_size"]) == (w["rank_pid"], w["rank_device"], r, 2)
-        assert [info["hybrids"] for info in group.info] == [[HYBRID], []]
+        assert [list(info.hybrids) for info in group.info] == [[HYBRID], []]
         # vLLM spawned no worker of its own under any rank (its engine core, the scheduler, is not a worker)
-        assert [_vllm_workers_under(info["pid"]) for info in group.info] == [[], []]
+        assert [_vllm_workers_under(info.pid) for info in group.info] == [[], []]
 
         requests = _requests(tokenizer)
         results = []

@@ -6,8 +6,12 @@ Everything here is a small dataclass that pickles cheaply through Ray. Token ids
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from loop.plans import SwitchReport
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -107,3 +111,33 @@ class Sample:
     @property
     def generated_tokens(self) -> int:
         return sum(len(r.tokens) for r in self.responses)
+
+
+@dataclass(frozen=True)
+class MicroReport:
+    """One micro-step as the trainer reports it (``TrainerActor.train_micro_step``) and the step
+    flow keeps it: what the policy needs (wait seconds and wait samples), the trained samples'
+    identities and versions (for the store and staleness checks), the backend's metrics and
+    timings, and the queue size right after the update (``mq_size``). A pull that timed out
+    trained nothing (``timed_out``, ``samples`` 0); the train task pulls again and adds the stranded
+    refills it made meanwhile (``refills``)."""
+
+    samples: int
+    """Samples trained on (0: the pull timed out, or the data ran out)."""
+    prompts: tuple[tuple[int, int], ...] = ()
+    """(epoch, prompt index) of each trained sample."""
+    versions: tuple[tuple[int, int], ...] = ()
+    """(min, max) param version of each trained sample."""
+    wait_s: float = 0.0
+    wait_samples: int = 0
+    mq_size: int = 0
+    exhausted: bool = False
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    timing_s: Mapping[str, float] = field(default_factory=dict)
+    compute_s: float = 0.0
+    allocated_s: float = 0.0
+    timed_out: bool = False
+    queue_size_at_start: int = 0
+    """Samples queued when the pull began (``PullRecord.queue_size_at_start``)."""
+    refills: tuple[SwitchReport, ...] = ()
+    """The stranded refills' switches made while this micro-step waited (``loop.guards``)."""

@@ -13,6 +13,7 @@ three).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -93,28 +94,26 @@ def train(run: RunRef, step: int, micro_step: int) -> MicroReport:
     report (the step's switch seconds count them).
     """
     deadline = time.monotonic() + (run.wait_timeout_s or float("inf"))
-    earlier_wait_s, size_at_start, refills = 0.0, None, []
+    earlier_wait_s, first, refills = 0.0, None, []
     while True:
         poll = min(STRANDED_POLL_S, max(0.0, deadline - time.monotonic()))
         pending = _actor(run, TRAINER).train_micro_step.remote(poll)
         crash_point("train", step)
         kill_rank_point("train", step, run.namespace, run.trainer_gpus)
-        report = ray.get(pending)
-        if size_at_start is None:
-            size_at_start = report.get("size_at_start")
-        if not report.get("timed_out"):
+        report: MicroReport = ray.get(pending)
+        first = report if first is None else first
+        if not report.timed_out:
             break
-        earlier_wait_s += report["wait_s"]
+        earlier_wait_s += report.wait_s
         if time.monotonic() >= deadline:
             raise TimeoutError(f"step {step}: no {run.required_samples} samples after {run.wait_timeout_s}s "
-                               f"({report['mq_size']} queued)")
+                               f"({report.mq_size} queued)")
         refills += _controller(run, ControllerHost.refill_if_stranded, step, run.wait_timeout_s)
     if earlier_wait_s:  # one pull, as the policy sees it, spread over several slices
-        report["wait_s"] += earlier_wait_s
-        report["allocated_s"] = report.get("allocated_s", 0.0) + earlier_wait_s
-        if size_at_start is not None:
-            report["wait_samples"] = max(0, run.required_samples - size_at_start)
-    return MicroReport.from_actor(report, refills=refills)
+        report = dataclasses.replace(report, wait_s=report.wait_s + earlier_wait_s,
+                                     allocated_s=report.allocated_s + earlier_wait_s,
+                                     wait_samples=max(0, run.required_samples - first.queue_size_at_start))
+    return dataclasses.replace(report, refills=tuple(refills))
 
 
 @phase("broadcast_sync")

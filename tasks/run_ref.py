@@ -1,15 +1,18 @@
-"""What every task needs to find a run's actors and build a policy context: small and JSON-able."""
+"""What every task needs to find a run's actors and build a policy context: small and JSON-able.
+
+Also names ``MicroReport`` (``cluster.types``), the trainer's report of a micro-step, which the
+``train`` task returns as it came across the actor boundary (with the refills it made).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 from pydantic import BaseModel, ConfigDict, field_serializer
 
+from cluster.types import MicroReport
 from config import TidalConfig
-from loop.plans import SwitchReport
 from storage import redact_url
+
+__all__ = ["MicroReport", "RunRef"]
 
 
 class RunRef(BaseModel):
@@ -78,40 +81,4 @@ class RunRef(BaseModel):
             save_freq=cfg.trainer.save_freq, max_actor_ckpt_to_keep=cfg.trainer.max_actor_ckpt_to_keep,
             total_steps=cfg.trainer.total_training_steps,
             async_save=cfg.actor_rollout_ref.actor.checkpoint.async_save,
-        )
-
-
-class MicroReport(BaseModel):
-    """One micro-step as the trainer reported it."""
-
-    samples: int
-    prompts: list[tuple[int, int]]
-    versions: list[tuple[int, int]]
-    wait_s: float
-    wait_samples: int
-    mq_size: int
-    exhausted: bool
-    metrics: dict[str, float] = {}
-    timing_s: dict[str, float] = {}
-    compute_s: float = 0.0
-    allocated_s: float = 0.0
-    refills: tuple[SwitchReport, ...] = ()
-    """The stranded refills' switches made while this micro-step waited (``loop.guards``)."""
-
-    @classmethod
-    def from_actor(cls, report: dict[str, Any], refills: Sequence[SwitchReport] = ()) -> MicroReport:
-        rows = report["samples"]
-        return cls(
-            samples=len(rows),
-            prompts=[(e, i) for e, i, _, _ in rows],
-            versions=[(lo, hi) for _, _, lo, hi in rows],
-            wait_s=report["wait_s"],
-            wait_samples=report["wait_samples"],
-            mq_size=report["mq_size"],
-            exhausted=report["exhausted"],
-            metrics=report.get("metrics", {}),
-            timing_s=report.get("timing_s", {}),
-            compute_s=report.get("compute_s", 0.0),
-            allocated_s=report.get("allocated_s", 0.0),
-            refills=tuple(refills),
         )

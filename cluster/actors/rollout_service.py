@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -19,13 +20,25 @@ import ray
 from cluster.actors.names import CONTROLLER
 from cluster.actors.remote_engine import RemoteEngine, actor_is_dead, kill_actor
 from cluster.load_balancer import LoadBalancer
-from cluster.message_queue import MessageQueue
+from cluster.message_queue import MessageQueue, PullRecord
 from cluster.replacement import ReplicaReplacer
 from cluster.rollouter import Rollouter
-from cluster.types import SamplingSpec
+from cluster.types import Sample, SamplingSpec
 from loop.plans import RolloutCounters
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PulledBatch:
+    """What the trainer's pull from the queue got (``RolloutService.get_batch``)."""
+
+    samples: list[Sample] | None
+    """``k`` samples; fewer only once the queue is closed; None when the pull timed out."""
+    pull: PullRecord
+    """The queue's record of the pull: the size it began with, what it asked for, whether it timed out."""
+    mq_size: int
+    """The queue's size right after the pull."""
 
 
 @ray.remote(num_cpus=0, max_concurrency=10000)
@@ -114,20 +127,16 @@ class RolloutService:
 
     # -- the trainer's side ---------------------------------------------------------------------
 
-    async def get_batch(self, k: int, timeout_s: float | None = None) -> dict[str, Any]:
-        """``k`` samples, or (on timeout, taking nothing) ``samples=None`` and ``timed_out``."""
-        size_at_start = self.queue.size()
+    async def get_batch(self, k: int, timeout_s: float | None = None) -> PulledBatch:
+        """``k`` samples, or (on timeout, taking nothing) ``samples=None``; with the queue's record
+        of the pull."""
         try:
             samples = await self.queue.get_batch(k, timeout_s)
         except TimeoutError:
-            return {"samples": None, "timed_out": True, "size_at_start": size_at_start,
-                    "wait_samples": max(0, k - size_at_start), "mq_size": self.queue.size()}
-        return {
-            "size_at_start": size_at_start,
-            "samples": samples,
-            "wait_samples": max(0, k - size_at_start),
-            "mq_size": self.queue.size(),
-        }
+            samples = None
+        pull = self.queue.last_pull()  # the record this call left (no await since it returned)
+        assert pull is not None
+        return PulledBatch(samples=samples, pull=pull, mq_size=self.queue.size())
 
     async def wait_for_queue(self, k: int, timeout_s: float | None = None) -> dict[str, Any]:
         """Wait until ``k`` samples are queued or no more will come (the wait-for-samples phase)."""

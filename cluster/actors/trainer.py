@@ -20,14 +20,17 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from cluster import weight_sync as ws
 from cluster.actors.names import ROLLOUT_SERVICE
 from cluster.actors.trainer_rank import HybridHost, RankGroup, load_in_rank, rollout_shapes, send_from
-from cluster.types import Sample
+from cluster.types import MicroReport, Sample
+
+if TYPE_CHECKING:
+    from cluster.actors.rollout_service import PulledBatch
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
@@ -67,41 +70,42 @@ class TrainerActor(HybridHost):
 
     # -- training ---------------------------------------------------------------------------
 
-    async def train_micro_step(self, timeout_s: float | None = None) -> dict[str, Any]:
-        """Pull ``required_samples`` from the queue (timed) and run one update.
-
-        Returns the micro-step report: wait seconds and wait samples (for the policy), the
-        trained samples' identities and versions (for the store and staleness checks), the
-        backend's metrics and timings, and the queue size right after the update (``mq_size``).
-        """
+    async def train_micro_step(self, timeout_s: float | None = None) -> MicroReport:
+        """Pull ``required_samples`` from the queue (timed) and run one update (``MicroReport``;
+        ``mq_size`` is the queue right after the update)."""
         rollout = ray.get_actor(ROLLOUT_SERVICE, namespace=self.namespace)
         async with self._train_lock:
             t0 = time.perf_counter()
-            pulled = await rollout.get_batch.remote(self.required_samples, timeout_s)
-            samples: list[Sample] | None = pulled["samples"]
+            pulled: PulledBatch = await rollout.get_batch.remote(self.required_samples, timeout_s)
             waited = time.perf_counter() - t0
-            if samples is None:  # timed out, nothing taken: the caller decides whether to wait on
-                return {"samples": None, "timed_out": True, "wait_s": waited,
-                        "size_at_start": pulled["size_at_start"], "mq_size": pulled["mq_size"]}
-            if not samples:
-                return {"samples": [], "wait_s": waited, "wait_samples": pulled["wait_samples"],
-                        "mq_size": pulled["mq_size"], "exhausted": True, "allocated_s": waited}
+            at_start = pulled.pull.queue_size_at_start
+            if pulled.samples is None:  # timed out, nothing taken: the caller decides whether to wait on
+                return MicroReport(samples=0, timed_out=True, wait_s=waited, queue_size_at_start=at_start,
+                                   mq_size=pulled.mq_size)
+            if not pulled.samples:
+                return MicroReport(samples=0, wait_s=waited, wait_samples=pulled.pull.wait_samples,
+                                   mq_size=pulled.mq_size, exhausted=True, allocated_s=waited,
+                                   queue_size_at_start=at_start)
+            samples: list[Sample] = pulled.samples
             result = await asyncio.to_thread(self.backend.train_step, samples)
             allocated = time.perf_counter() - t0
             # the reference's mq_size: a snapshot of the queue right after the fit step, i.e. with
             # what the rollout side produced while the trainer trained (reference §4.4)
             mq_size = await rollout.queue_size.remote()
-            return {
-                "samples": [(s.epoch, s.prompt_index, s.min_version, s.max_version) for s in samples],
-                "wait_s": waited,
-                "wait_samples": pulled["wait_samples"],
-                "mq_size": int(mq_size),
-                "exhausted": False,
-                "metrics": dict(result.metrics),
-                "timing_s": dict(result.timing_s),
-                "compute_s": result.compute_s,
-                "allocated_s": allocated,
-            }
+            return MicroReport(
+                samples=len(samples),
+                prompts=tuple((s.epoch, s.prompt_index) for s in samples),
+                versions=tuple((s.min_version, s.max_version) for s in samples),
+                wait_s=waited,
+                wait_samples=pulled.pull.wait_samples,
+                mq_size=int(mq_size),
+                exhausted=False,
+                metrics={k: float(v) for k, v in result.metrics.items()},
+                timing_s={k: float(v) for k, v in result.timing_s.items()},
+                compute_s=float(result.compute_s),
+                allocated_s=allocated,
+                queue_size_at_start=at_start,
+            )
 
     async def weights(self) -> dict[str, Any]:
         """Current weights for the object-store broadcast (Ray puts the return value there)."""

@@ -7,7 +7,9 @@ import asyncio
 import types
 
 import cluster.actors.trainer as actors
+from cluster.actors.rollout_service import PulledBatch
 from cluster.backends.base import StepResult
+from cluster.message_queue import PullRecord
 
 Trainer = actors.TrainerActor.__ray_metadata__.modified_class  # the plain class behind the Ray actor
 
@@ -25,11 +27,12 @@ class FakeRollout:
         self.get_batch = Method(self._get_batch)
         self.queue_size = Method(self._queue_size)
 
-    async def _get_batch(self, n: int, timeout_s: float | None):
+    async def _get_batch(self, n: int, timeout_s: float | None) -> PulledBatch:
         at_start = self.size
         self.size -= n
         samples = [types.SimpleNamespace(epoch=0, prompt_index=i, min_version=0, max_version=0) for i in range(n)]
-        return {"samples": samples, "wait_samples": 0, "size_at_start": at_start, "mq_size": self.size}
+        pull = PullRecord(started_at=0.0, queue_size_at_start=at_start, wait_s=0.0, got=n, requested=n)
+        return PulledBatch(samples=samples, pull=pull, mq_size=self.size)
 
     async def _queue_size(self) -> int:
         return self.size
@@ -51,6 +54,6 @@ def test_mq_size_is_the_queue_after_the_update_not_after_the_pull(monkeypatch):
     monkeypatch.setattr(actors, "ray", types.SimpleNamespace(get_actor=lambda name, namespace: rollout))
     trainer = Trainer(lambda: ProducingBackend(rollout, produced=5), {}, namespace="unit", required_samples=4)
     report = asyncio.run(trainer.train_micro_step())
-    assert len(report["samples"]) == 4
-    assert report["mq_size"] == 8 - 4 + 5  # after the pull alone it would be 4
-    assert report["wait_samples"] == 0 and report["exhausted"] is False
+    assert (report.samples, report.prompts, report.queue_size_at_start) == (4, ((0, 0), (0, 1), (0, 2), (0, 3)), 8)
+    assert report.mq_size == 8 - 4 + 5  # after the pull alone it would be 4
+    assert report.wait_samples == 0 and report.exhausted is False

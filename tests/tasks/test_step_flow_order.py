@@ -29,7 +29,7 @@ from loop import (
 from metrics import WASTE_SWITCH_S
 from storage import create_run, latest_step, make_engine, migrate, session_scope, sqlite_url
 from storage.store import get_run
-from tasks.run_ref import RunRef
+from tasks.run_ref import MicroReport, RunRef
 
 STEP_CALL_BUDGET = 10
 """The issue's target: at most this many actor calls by the control plane for a two-micro-step step."""
@@ -62,7 +62,7 @@ class FakeCluster:
         step = args[0] if args and isinstance(args[0], int) else None
         if method == "train_micro_step" and self.timeouts:
             self.timeouts -= 1
-            return {"samples": None, "timed_out": True, "wait_s": 5.0, "size_at_start": 1, "mq_size": 1}
+            return MicroReport(samples=0, timed_out=True, wait_s=5.0, queue_size_at_start=1, mq_size=1)
         if method == "train_micro_step":
             self.pulled += 4
         self.lent = {"wait_for_samples": False, "activate": True, "refill_if_stranded": True}.get(method, self.lent)
@@ -71,10 +71,10 @@ class FakeCluster:
                                                  wait_samples=3 if self.active and self.deactivate else 0,
                                                  hybrid_active=self.active),
             "wait_for_samples": lambda: WaitReport(waited_s=1.5, mq_size=3, deactivate=switch("deactivate")),
-            "train_micro_step": lambda: {
-                "samples": [(0, i, 0, 0) for i in range(self.pulled - 4, self.pulled)], "wait_s": 0.1, "wait_samples": 1, "mq_size": 1,
-                "exhausted": False, "metrics": {"reward_mean": 0.5}, "timing_s": {"update_actor": 0.2},
-                "compute_s": 0.2, "allocated_s": 0.3},
+            "train_micro_step": lambda: MicroReport(
+                samples=4, prompts=tuple((0, i) for i in range(self.pulled - 4, self.pulled)), versions=((0, 0),) * 4,
+                wait_s=0.1, wait_samples=1, mq_size=1, exhausted=False, metrics={"reward_mean": 0.5},
+                timing_s={"update_actor": 0.2}, compute_s=0.2, allocated_s=0.3),
             "refill_if_stranded": lambda: (switch("hybrid_sync"), switch("activate"), switch("deactivate")),
             "broadcast_sync": lambda: BroadcastReport(version=args[0], broadcast_s=0.05, replicas=1,
                                                  window={"dynamic_resource/rollout_resource_utilization": 0.9}),

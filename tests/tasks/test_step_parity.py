@@ -47,7 +47,7 @@ from step_scenario import (DEATHS_AFTER_TAKE_BACK_OF_STEP, EXPECTED_TRANSITIONS,
 from storage import create_run, make_engine, migrate, session_scope, sqlite_url
 from storage.models import Decision, SwitchEvent
 from storage.store import load_resume_state
-from tasks.run_ref import RunRef
+from tasks.run_ref import MicroReport, RunRef
 
 
 class Replay:
@@ -158,7 +158,7 @@ class FakeDataPlane:
             return {"path": args[0], "sha256": "0" * 64, "size_bytes": 7}
         return 0 if method != "weights" else {}
 
-    def train_micro_step(self) -> dict[str, Any]:
+    def train_micro_step(self) -> MicroReport:
         """The twin's wait for this micro-step; first, as many pull slices that end short as the
         twin's refills before it (the train task asks for the refill after each)."""
         if self.short_slices is None:
@@ -167,13 +167,13 @@ class FakeDataPlane:
         wait_s, wait_samples, short = self.pull
         if self.short_slices:
             self.short_slices -= 1
-            return {"timed_out": True, "wait_s": wait_s if self.short_slices == short - 1 else 0.0,
-                    "mq_size": 0, "size_at_start": self.required - wait_samples}
+            return MicroReport(samples=0, timed_out=True, wait_s=wait_s if self.short_slices == short - 1 else 0.0,
+                               mq_size=0, queue_size_at_start=self.required - wait_samples)
         self.short_slices = None
         first, self.pulled = self.pulled, self.pulled + self.required
-        return {"samples": [(0, i, 0, 0) for i in range(first, self.pulled)], "wait_s": 0.0 if short else wait_s,
-                "wait_samples": wait_samples, "mq_size": 0, "exhausted": False, "metrics": {}, "timing_s": {},
-                "compute_s": 0.1, "allocated_s": 0.1}
+        return MicroReport(samples=self.required, prompts=tuple((0, i) for i in range(first, self.pulled)),
+                           versions=((0, 0),) * self.required, wait_s=0.0 if short else wait_s,
+                           wait_samples=wait_samples, mq_size=0, exhausted=False, compute_s=0.1, allocated_s=0.1)
 
 
 DEATHS_AT_TAKE_BACK = [t for t in EXPECTED_TRANSITIONS if t[1] == "deactivate"].index(

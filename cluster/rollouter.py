@@ -620,13 +620,20 @@ class Rollouter:
         self._failed_requests += 1
         log.warning("generate(%s) failed on replica %s: %r", request_id, replica, exc)
         self._lb.forget(request_id)
-        dead = exc is not None and self._replica_is_dead(exc)
-        if self._remove_failed and dead and self._lb.is_routable(replica):
-            log.warning("removing replica %s from the load balancer after a failure", replica)
-            self._failed_replicas.append(replica)
-            self._lb.remove_replicas([replica])
-            if self._on_replica_removed is not None:
-                self._on_replica_removed(replica)
+        if exc is not None and self._replica_is_dead(exc):
+            self.replica_lost(replica)
+
+    def replica_lost(self, replica: str) -> bool:
+        """``replica``'s actor died (a request on it failed, or its death was seen while it was
+        idle): take it out of the load balancer and report it, once. Returns whether it did."""
+        if not (self._remove_failed and self._lb.is_routable(replica)):
+            return False
+        log.warning("removing replica %s from the load balancer: its actor died", replica)
+        self._failed_replicas.append(replica)
+        self._lb.remove_replicas([replica])
+        if self._on_replica_removed is not None:
+            self._on_replica_removed(replica)
+        return True
 
     def _note_served(self, replica: str, version: int, sent_version: int) -> None:
         entry = self._served.get(replica)

@@ -73,6 +73,11 @@ class _EngineHost:
     def ping(self) -> str:
         return "ok"
 
+    async def watch(self) -> None:
+        """Never returns: the caller's wait on it fails when this actor dies, so a death is seen
+        at once, with no request in flight and without pinging (``RolloutService._watch``)."""
+        await asyncio.Event().wait()
+
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class ReplicaActor(_EngineHost):

@@ -95,6 +95,8 @@ class RolloutService:
                           if self._starters else None)
         self._replacement_timeout_s = float(replacement_timeout_s)
         self._replacing: dict[str, asyncio.Task[None]] = {}
+        self._watching: dict[str, asyncio.Task[None]] = {}
+        """A wait on each standalone's ``watch`` (``_watch``): how a death is seen while idle."""
         self._stopping = False
         self._rollouter_args = dict(
             n=n, sampling=sampling, lb=self.lb, engine_for=engines.__getitem__, queue=self.queue,
@@ -111,6 +113,8 @@ class RolloutService:
         """Begin feeding ``prompts`` (already filtered for resume) to the replicas."""
         self.rollouter = Rollouter(prompts, **self._rollouter_args)
         self.rollouter.start()
+        for rid in self._routable_standalone():
+            self._start_watch(rid, self._standalone[rid])
 
     async def stop(self) -> list[str]:
         """Stop generating (and replacing); returns the uids that were in flight (they will be
@@ -120,6 +124,10 @@ class RolloutService:
         for task in replacing:
             task.cancel()
         await asyncio.gather(*replacing, return_exceptions=True)
+        watching, self._watching = list(self._watching.values()), {}
+        for task in watching:
+            task.cancel()
+        await asyncio.gather(*watching, return_exceptions=True)
         if self.rollouter is None:
             return []
         await self.rollouter.stop()
@@ -234,6 +242,24 @@ class RolloutService:
         except ValueError:  # no controller (yet): nothing acts on membership
             pass
 
+    def _start_watch(self, replica_id: str, handle: Any) -> None:
+        task = asyncio.get_running_loop().create_task(self._watch(replica_id, handle), name=f"watch-{replica_id}")
+        self._watching[replica_id] = task
+        task.add_done_callback(lambda _task: self._watching.pop(replica_id, None))
+
+    async def _watch(self, replica_id: str, handle: Any) -> None:
+        """Wait on the replica's ``watch``, which returns only by failing: when its actor died, the
+        rollouter takes it out of the balancer and reports it (``Rollouter.replica_lost``), as a
+        failed request would, unless one already did. So the controller's membership knows every
+        death without asking the replicas (a policy question reads it; nothing polls)."""
+        try:
+            await handle.watch.remote()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - only a death is acted on
+            if not self._stopping and actor_is_dead(exc) and self.rollouter is not None:
+                self.rollouter.replica_lost(replica_id)
+
     def _on_replica_removed(self, replica_id: str) -> None:
         """The rollouter took ``replica_id`` out because its actor died."""
         if replica_id in self._standalone:
@@ -269,6 +295,7 @@ class RolloutService:
             return
         self._engines[new] = RemoteEngine(new, handle, False)
         self.lb.add_replicas([new])
+        self._start_watch(new, handle)
         self._replacer.joined(new, time.time(), version)
         log.warning("standalone replica %s replaced by %s (param version %s) in %.1fs; %d standalone routable",
                     old, new, version, time.perf_counter() - t0, len(self._routable_standalone()))

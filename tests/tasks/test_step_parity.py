@@ -103,6 +103,8 @@ class FakeDataPlane:
         self.short_slices: int | None = None  # of the micro-step being pulled
         self.pull: tuple[float, int, int] = (0.1, 0, 0)
         self.operations: list[str] = []
+        self.report_death: Any = lambda replica_id: None
+        """Tell the controller a standalone died (``run_production`` wires it to the actor)."""
         """The switch operations production carried out (``record_switch_operations``), in order."""
 
     def clock(self) -> float:
@@ -141,7 +143,10 @@ class FakeDataPlane:
     def service(self, method: str, args: tuple) -> Any:
         if method == "lb_remove" and set(args[0]) <= self.hybrids:
             self.take_backs += 1
-            self.standalone_dead |= self.take_backs == DEATHS_AT_TAKE_BACK
+            if self.take_backs == DEATHS_AT_TAKE_BACK and not self.standalone_dead:
+                self.standalone_dead = True
+                for rid in standalone_ids(self.cfg):  # as the rollout service's watch reports each death
+                    self.report_death(rid)
         return {
             "counters": self.counters,
             "wait_for_queue": lambda: {"waited_s": 0.0, "mq_size": args[0], "exhausted": False},
@@ -240,6 +245,7 @@ def run_production(monkeypatch, tmp_path, overlap, plane_class=None, policy_clas
         return host
 
     host = start_controller(0)
+    plane.report_death = lambda rid: actors[CONTROLLER].replica_died.remote(rid)
 
     url = sqlite_url(tmp_path / "store.db")
     migrate(make_engine(url))

@@ -23,6 +23,7 @@ from .aggregate import (
     Rule,
     aggregate_cycle,
     cycle_utilizations,
+    fold_step,
     rule_for,
 )
 from .step_split import (
@@ -54,6 +55,7 @@ __all__ = [
     "rollout_resource_utilization",
     "cluster_resource_utilization",
     # per-cycle aggregation
+    "fold_step",
     "Rule",
     "EXACT_RULES",
     "PREFIX_RULES",

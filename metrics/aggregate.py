@@ -17,8 +17,10 @@ from .utilization import (
     rollout_resource_utilization,
     train_resource_utilization,
 )
+from .waste import WASTE_SWITCH_S
 
 __all__ = [
+    "fold_step",
     "TRAIN_COMPUTE_TIME_S",
     "TRAIN_ALLOCATED_TIME_S",
     "MQ_SIZE",
@@ -149,3 +151,50 @@ def cycle_utilizations(
         ROLLOUT_RESOURCE_UTILIZATION: u_rollout,
         RESOURCE_UTILIZATION: u_cluster,
     }
+
+
+def fold_step(
+    per_micro: Sequence[Mapping[str, float]],
+    *,
+    compute_s: Sequence[float],
+    allocated_s: Sequence[float],
+    deactivate_s: float,
+    after_train_s: float,
+    wait_s: float,
+    step_s: float,
+    switch_s: float,
+    window: Mapping[str, float],
+    trainer_gpus: int,
+    standalone_gpus: int,
+) -> dict[str, float]:
+    """One step's metrics, by the one rule production and the twin both fold with (reference §4).
+
+    ``per_micro``: each micro-step's own metrics (folded by ``aggregate_cycle``); ``compute_s`` and
+    ``allocated_s``: each micro-step's update seconds and its seconds from the start of its pull to
+    the end of its update. The first micro-step's allocation also holds the take-back before it
+    (``deactivate_s``), the last one's what runs after training until the policy adapts: the
+    weight syncs, the activation and the rebalance (``after_train_s``). ``window``: the rollout
+    window's metrics at the broadcast (its ``ROLLOUT_RESOURCE_UTILIZATION`` among them), kept
+    as they are. ``wait_s``: the hybrids' generation before the take-back (the cluster formula's
+    wait); ``switch_s``: the step's switch seconds (``loop.step_switch_seconds``).
+    """
+    allocated = list(allocated_s)
+    if allocated:
+        allocated[0] += deactivate_s
+        allocated[-1] += after_train_s
+    out = aggregate_cycle(per_micro)
+    out.update(window)
+    u_train = train_resource_utilization(list(compute_s), allocated)
+    out.update({
+        TRAIN_COMPUTE_TIME_S: math.fsum(compute_s),
+        TRAIN_ALLOCATED_TIME_S: math.fsum(allocated),
+        TRAIN_RESOURCE_UTILIZATION: u_train,
+        WAIT_FOR_ENOUGH_SAMPLES_S: wait_s,
+        STEP_S: step_s,
+        RESOURCE_UTILIZATION: cluster_resource_utilization(
+            u_train, window.get(ROLLOUT_RESOURCE_UTILIZATION, 0.0), wait_s=wait_s, step_s=step_s,
+            hybrid_gpus=trainer_gpus, standalone_gpus=standalone_gpus),
+        WASTE_SWITCH_S: switch_s,
+    })
+    return out
+

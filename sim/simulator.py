@@ -84,14 +84,11 @@ from metrics import (
     RESOURCE_UTILIZATION,
     ROLLOUT_RESOURCE_UTILIZATION,
     STEP_GENERATED_SAMPLES,
-    STEP_S,
-    TRAIN_ALLOCATED_TIME_S,
-    TRAIN_COMPUTE_TIME_S,
     TRAIN_RESOURCE_UTILIZATION,
-    WAIT_FOR_ENOUGH_SAMPLES_S,
+    WASTE_SWITCH_S,
     WastedWork,
-    aggregate_cycle,
-    cycle_utilizations,
+    fold_step,
+    rollout_resource_utilization,
 )
 from policies import DynamicScheduleContext, DynamicSchedulePolicyBase
 from sim.events import CONTROL_PLANE, DATA_PLANE, Event, EventLoop
@@ -139,7 +136,15 @@ class _StepLog:
     deactivated: bool = False
     activated: bool = False
     rebalanced: bool = False
-    micro: list[dict[str, float]] = field(default_factory=list)
+    compute: list[float] = field(default_factory=list)
+    """Each micro-step's update seconds."""
+    allocated: list[float] = field(default_factory=list)
+    """Each micro-step's seconds from the start of its pull to the end of its update (refills out)."""
+    queued: list[int] = field(default_factory=list)
+    """The queue's size after each micro-step took its samples."""
+    after_train_s: float = 0.0
+    """From the last update to ``update_after_step``, less the tasks between (the reference counts
+    syncs, the activation and the rebalance, not tasks)."""
     step_generated: int = 0
     window_end: float = 0.0
     history: list[tuple[float, int, int]] = field(default_factory=list)
@@ -412,8 +417,9 @@ class Simulator:
         self.trained_tokens.extend(s.tokens for s in batch)
         self.trained_response_tokens += sum(sum(s.lengths) for s in batch)
         self.train_compute_total_s += compute_s
-        alloc = self.loop.now - t - refill_s + (log.deactivate_s if intent.micro == 0 else 0.0)
-        log.micro.append({TRAIN_COMPUTE_TIME_S: compute_s, TRAIN_ALLOCATED_TIME_S: alloc, MQ_SIZE: len(r.queue)})
+        log.compute.append(compute_s)
+        log.allocated.append(self.loop.now - t - refill_s)
+        log.queued.append(len(r.queue))
         log.train_end, log.tasks_since_train = self.loop.now, 0
         return None  # never ``exhausted``: the data budget covers every step
 
@@ -522,8 +528,7 @@ class Simulator:
         """The last micro-step's allocation runs on to here (the syncs, the lend), less the tasks
         between (the reference counts syncs, not tasks); then ``update_after_step``, always."""
         log = self._log
-        log.micro[-1][TRAIN_ALLOCATED_TIME_S] += (
-            self.loop.now - log.train_end - log.tasks_since_train * self.spec.task_overhead_s)
+        log.after_train_s = self.loop.now - log.train_end - log.tasks_since_train * self.spec.task_overhead_s
         self.decider.update_after_step(intent.step, self.machine.active, self.context())
         self.machine.book.durations.reset()
         self.machine.book.drain()  # the transitions keep every switch
@@ -534,7 +539,9 @@ class Simulator:
         return WastedWork(r.aborted_requests, r.aborted_tokens, r.reprefilled_tokens, self.switch_s)
 
     def _step_record(self, log: _StepLog) -> SimStep:
-        """Fold the step's micro-step metrics with the ``metrics`` package into a ``SimStep``."""
+        """Fold the step's metrics by production's rule (``metrics.fold_step``) into a ``SimStep``:
+        the rollout window (its utilization from the rollouter's history, what it generated, the
+        waste counters) is the twin's own measure of what production's rollout service reports."""
         spec, total, before = self.spec, self._waste(), log.waste0
         waste = WastedWork(
             aborted_requests=total.aborted_requests - before.aborted_requests,
@@ -542,24 +549,13 @@ class Simulator:
             reprefilled_tokens=total.reprefilled_tokens - before.reprefilled_tokens,
             switch_s=step_switch_seconds(log.switches),
         )
-        log.micro[-1].update(
-            {
-                STEP_S: self.loop.now - log.start,
-                WAIT_FOR_ENOUGH_SAMPLES_S: log.wait_for_samples_s,
-                STEP_GENERATED_SAMPLES: log.step_generated,
-                **waste.as_metrics(),
-            }
-        )
-        metrics = aggregate_cycle(log.micro)
-        metrics.update(
-            cycle_utilizations(
-                metrics,
-                rollout_history=log.history,
-                window_end_t=log.window_end,
-                hybrid_gpus=spec.trainer_gpus,
-                standalone_gpus=spec.standalone_gpus,
-            )
-        )
+        window = {ROLLOUT_RESOURCE_UTILIZATION: rollout_resource_utilization(log.history, log.window_end),
+                  STEP_GENERATED_SAMPLES: float(log.step_generated),
+                  **{name: value for name, value in waste.as_metrics().items() if name != WASTE_SWITCH_S}}
+        metrics = fold_step([{MQ_SIZE: float(q)} for q in log.queued], compute_s=log.compute,
+                            allocated_s=log.allocated, deactivate_s=log.deactivate_s, after_train_s=log.after_train_s,
+                            wait_s=log.wait_for_samples_s, step_s=self.loop.now - log.start, switch_s=waste.switch_s,
+                            window=window, trainer_gpus=spec.trainer_gpus, standalone_gpus=spec.standalone_gpus)
         ratio = getattr(self.policy, "deactivate_ratio", None)
         return SimStep(
             step=log.step,
@@ -569,7 +565,7 @@ class Simulator:
             wait_for_samples_s=log.wait_for_samples_s,
             micro_wait_s=list(self._wait_sums[0]),
             micro_wait_samples=list(self._wait_sums[1]),
-            train_compute_s=sum(m[TRAIN_COMPUTE_TIME_S] for m in log.micro),
+            train_compute_s=sum(log.compute),
             mq_size=int(metrics[MQ_SIZE]),
             step_generated_samples=log.step_generated,
             deactivated=log.deactivated,

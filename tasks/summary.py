@@ -4,20 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from metrics import (
-    MQ_SIZE,
-    RESOURCE_UTILIZATION,
-    ROLLOUT_RESOURCE_UTILIZATION,
-    STEP_S,
-    TRAIN_ALLOCATED_TIME_S,
-    TRAIN_COMPUTE_TIME_S,
-    TRAIN_RESOURCE_UTILIZATION,
-    WAIT_FOR_ENOUGH_SAMPLES_S,
-    WASTE_SWITCH_S,
-    aggregate_cycle,
-    cluster_resource_utilization,
-    train_resource_utilization,
-)
+from metrics import MQ_SIZE, fold_step
 from loop.decisions import step_switch_seconds
 from loop.plans import BroadcastReport, SwitchReport, WaitReport
 from tasks.run_ref import MicroReport, RunRef
@@ -34,37 +21,26 @@ def step_metrics(
     step_s: float,
     version: int,
 ) -> dict[str, float]:
-    """The step's metrics under the reference's names (plus Tidal's own)."""
+    """The step's metrics under the reference's names (plus Tidal's own): ``metrics.fold_step``,
+    the twin's rule too, over the phases' reports; then what production alone measures."""
     per_micro = [
         {(k if "/" in k else f"train/{k}"): v for k, v in m.metrics.items()}  # verl's names stay
         | {f"timing_s/{k}": v for k, v in m.timing_s.items()}
         | {MQ_SIZE: float(m.mq_size), "timing_s/wait_for_samples_in_train": m.wait_s}
         for m in micro
     ]
-    out = aggregate_cycle(per_micro) if per_micro else {}
     # a hybrid sync of its own task is on the critical path; one that ran during the broadcast is
     # inside ``sync.broadcast_s`` already (``dynamic_schedule_overlap_hybrid_sync``)
     exposed_s = (hybrid.duration_s if hybrid else 0.0) + sum(part.duration_s for part in activation or ())
-    switch_s = step_switch_seconds([wait.deactivate if wait else None, hybrid, sync.hybrid, *(activation or ()),
-                                    *(s for m in micro for s in m.refills)])
-    compute = [m.compute_s for m in micro]
-    allocated = [m.allocated_s for m in micro]
-    if allocated:  # the reference counts param sync and activation inside the training turn
-        allocated[-1] += sync.broadcast_s + exposed_s
-    u_train = train_resource_utilization(compute, allocated) if compute else 0.0
-    wait_s = wait.waited_s if wait else 0.0
-    u_rollout = sync.window.get(ROLLOUT_RESOURCE_UTILIZATION, 0.0)
-    out.update(sync.window)
+    taken_back = wait.deactivate if wait else None
+    out = fold_step(
+        per_micro, compute_s=[m.compute_s for m in micro], allocated_s=[m.allocated_s for m in micro],
+        deactivate_s=taken_back.duration_s if taken_back else 0.0, after_train_s=sync.broadcast_s + exposed_s,
+        wait_s=wait.waited_s if wait else 0.0, step_s=step_s, window=sync.window,
+        switch_s=step_switch_seconds([taken_back, hybrid, sync.hybrid, *(activation or ()),
+                                      *(s for m in micro for s in m.refills)]),
+        trainer_gpus=run.trainer_gpus, standalone_gpus=run.standalone_gpus)
     out.update({
-        TRAIN_COMPUTE_TIME_S: sum(compute),
-        TRAIN_ALLOCATED_TIME_S: sum(allocated),
-        TRAIN_RESOURCE_UTILIZATION: u_train,
-        WAIT_FOR_ENOUGH_SAMPLES_S: wait_s,
-        STEP_S: step_s,
-        RESOURCE_UTILIZATION: cluster_resource_utilization(
-            u_train, u_rollout, wait_s, step_s, run.trainer_gpus, run.standalone_gpus
-        ),
-        WASTE_SWITCH_S: switch_s,
         "timing_s/param_sync": sync.broadcast_s,
         f"weight_sync/{sync.transport}/seconds": sync.broadcast_s,
         f"weight_sync/{sync.transport}/gb": sync.sent_bytes / 1e9,

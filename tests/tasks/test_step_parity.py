@@ -40,7 +40,12 @@ from cluster.builders import hybrid_ids, run_sizes, standalone_ids
 from loop.plans import RolloutCounters
 from flows.training_step import training_step
 from loop import STRANDED_REFILL, DecisionRecord
-from metrics import ROLLOUT_RESOURCE_UTILIZATION, STEP_GENERATED_SAMPLES, WASTE_SWITCH_S
+import metrics
+import sim.simulator
+import tasks.summary
+from metrics import (RESOURCE_UTILIZATION, ROLLOUT_RESOURCE_UTILIZATION, STEP_GENERATED_SAMPLES, STEP_S,
+                     TRAIN_ALLOCATED_TIME_S, TRAIN_COMPUTE_TIME_S, TRAIN_RESOURCE_UTILIZATION, WAIT_FOR_ENOUGH_SAMPLES_S,
+                     WASTE_SWITCH_S)
 from sim import SimResult
 from step_scenario import (DEATHS_AFTER_TAKE_BACK_OF_STEP, EXPECTED_TRANSITIONS, RESUME_AFTER_STEP, STEPS,
                            ScriptedPolicy, committed_step, config, expected_hooks, run_scenario)
@@ -358,6 +363,47 @@ def test_production_and_the_simulator_carry_out_every_switch_by_the_same_operati
     per_switch = [(t.step, t.kind, t.report.ops) for t in twin.transitions]
     assert all(ops for _, _, ops in per_switch)
     assert production.operations == [op for _, _, ops in per_switch for op in ops], per_switch
+
+
+def test_production_and_the_simulator_fold_each_step_by_the_same_rule_from_the_same_terms(monkeypatch, tmp_path,
+                                                                                        overlap):
+    """The values, not only the names: both sides fold a step with ``metrics.fold_step``, once a
+    step, from the same terms: as many micro-steps, a take-back in the first one's allocation on
+    the same steps, something after training in the last one's, and the step's switch seconds;
+    and each side's metrics are what the rule gives for its own terms."""
+    calls: dict[str, list[dict[str, Any]]] = {"production": [], "twin": []}
+
+    def recording(side: str, module: Any) -> None:
+        rule = metrics.fold_step
+
+        def fold(per_micro, **terms):
+            calls[side].append({"per_micro": list(per_micro), **terms})
+            folded = rule(per_micro, **terms)
+            calls[side][-1]["folded"] = dict(folded)
+            return folded
+
+        monkeypatch.setattr(module, "fold_step", fold)
+
+    recording("production", tasks.summary)
+    recording("twin", sim.simulator)
+    twin = run_scenario(overlap)
+    production = run_production(monkeypatch, tmp_path, overlap, replay=Replay(twin))
+
+    twin_calls = calls["twin"][-STEPS:]  # run_scenario simulates twice: a calm run finds when the deaths land
+    assert len(calls["production"]) == len(calls["twin"]) // 2 == STEPS
+    for step, ours, theirs, kept, sim_step in zip(range(1, STEPS + 1), calls["production"], twin_calls,
+                                                  production.metrics, twin.steps, strict=True):
+        assert len(ours["compute_s"]) == len(theirs["compute_s"]), step
+        assert (ours["deactivate_s"] > 0) == (theirs["deactivate_s"] > 0) == sim_step.deactivated, step
+        assert ours["after_train_s"] > 0 and theirs["after_train_s"] > 0
+        assert ours["switch_s"] == pytest.approx(kept[WASTE_SWITCH_S])
+        for folded, stored in ((ours["folded"], kept), (theirs["folded"], sim_step.metrics)):
+            assert {k: stored[k] for k in FOLDED} == {k: folded[k] for k in FOLDED}, step
+
+
+FOLDED = (TRAIN_COMPUTE_TIME_S, TRAIN_ALLOCATED_TIME_S, TRAIN_RESOURCE_UTILIZATION, WAIT_FOR_ENOUGH_SAMPLES_S, STEP_S,
+          RESOURCE_UTILIZATION, WASTE_SWITCH_S)
+"""What ``metrics.fold_step`` computes (the rest of a step's metrics it passes through)."""
 
 
 def test_production_and_the_simulator_name_the_same_step_metrics(monkeypatch, tmp_path, overlap):

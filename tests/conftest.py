@@ -1,4 +1,5 @@
-"""Session-wide test environment: private Prefect home, Ray settings, markers; what killed drivers left is ended."""
+"""Session-wide test environment: private Prefect home, Ray settings, markers; what killed drivers left is ended;
+the one local Ray cluster that the fault and integration tests attach to."""
 
 from __future__ import annotations
 
@@ -32,3 +33,23 @@ def _end_what_drivers_left(request):
 
         for run_dir in runs:
             end_leftovers(run_dir)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """The session's local Ray cluster (``driver_support.ray_head_cluster``: own temp dir, ports and
+    memory limits), this process attached to it, shared by tests/faults and tests/integration: one
+    start and stop (~15 s) instead of one per module. Its workers import the test-only policy in
+    tests/integration by ``module:Class``. Tests that need a cluster of their own (a run that
+    starts its own, several nodes) start one (``driver_support.attached_to``)."""
+    from driver_support import pythonpath, ray_head_cluster
+
+    with ray_head_cluster({"PYTHONPATH": pythonpath()}) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def ray_address(ray_cluster) -> str:
+    """The address of the session's Ray cluster (``ray_cluster``)."""
+    return ray_cluster.address
+

@@ -5,7 +5,8 @@ A SIGKILLed driver leaves its ephemeral Prefect server (and its other children) 
 the driver's process group, so :func:`end_group` after every run ends them, and
 :func:`live_group_members` lets a test check that nothing of its groups is left.
 
-:func:`ray_head` is the local Ray cluster those tests (and the data-plane ones) attach to.
+:func:`ray_head_cluster` is the local Ray cluster those tests (and the data-plane ones) attach to:
+one per session (``tests/conftest.py``'s ``ray_cluster``).
 
 Importable from every test folder: pytest puts ``tests/`` on ``sys.path`` (``tests/conftest.py``).
 """
@@ -30,25 +31,35 @@ CLI = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(m
 
 
 @contextmanager
-def ray_head(env: Mapping[str, str] | None = None, *, reuse: bool = False) -> Iterator[str]:
+def ray_head_cluster(env: Mapping[str, str] | None = None) -> Iterator[Any]:
     """A local Ray head of its own (2 CPUs, 4 emulated GPUs, 4 GiB), this process attached to it;
-    yields its address and ends it after. ``env`` goes to the head and its workers (e.g. PYTHONPATH).
-    With ``reuse``, a cluster this process is already attached to is yielded instead, left running."""
+    yields the ``LocalRayCluster`` and ends it after. ``env`` goes to the head and its workers (e.g.
+    PYTHONPATH). The session's one is ``tests/conftest.py``'s ``ray_cluster``."""
     import ray
 
     from cluster.ray_cluster import LocalRayCluster
 
-    if reuse and ray.is_initialized():
-        yield ray.get_runtime_context().gcs_address
-        return
     cluster = LocalRayCluster(num_cpus=2, gpus=4, memory_gb=4.0, object_store_memory_gb=0.5, env=dict(env or {})).start()
     try:
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-        yield cluster.address
+        yield cluster
     finally:
         if ray.is_initialized():
             ray.shutdown()
         cluster.stop()
+
+
+@contextmanager
+def ray_head(env: Mapping[str, str] | None = None, *, reuse: bool = False) -> Iterator[str]:
+    """:func:`ray_head_cluster`, yielding its address. With ``reuse``, a cluster this process is
+    already attached to is yielded instead, left running."""
+    import ray
+
+    if reuse and ray.is_initialized():
+        yield ray.get_runtime_context().gcs_address
+        return
+    with ray_head_cluster(env) as cluster:
+        yield cluster.address
 
 
 @contextmanager

@@ -19,8 +19,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from driver_support import (assert_resumed_exactly, config_args, final_state, pythonpath, ray_head, run_tidal,
-                            store_url)
+from driver_support import assert_resumed_exactly, config_args, final_state, run_tidal, store_url
 from fault_report import record
 
 from cluster.backends import checkpoint_complete
@@ -31,12 +30,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 STEPS = 4
 TMPFS_SIZE = "16m"  # a tiny-cpu checkpoint is ~1 MB: room for the whole run once the filler is gone
-
-
-@pytest.fixture(scope="module")
-def ray_address():
-    with ray_head({"PYTHONPATH": pythonpath()}, reuse=True) as address:
-        yield address
 
 
 def _mount_tmpfs(folder: Path) -> None:

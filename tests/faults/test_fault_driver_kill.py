@@ -41,8 +41,8 @@ from pathlib import Path
 
 import pytest
 import ray
-from driver_support import (cli_env, config_args, end_group, final_state, live_group_members, next_log,
-                            pythonpath, ray_head, start, store_url)
+from driver_support import (cli_env, config_args, end_group, final_state, live_group_members, next_log, start,
+                            store_url)
 from fault_preset import preset_name
 from fault_report import record
 
@@ -66,14 +66,6 @@ RESERVE_STEPS = 4  # while kills are still owed, only "pre-capped" kills once th
 PROCESS_TIMEOUT_S = 600.0 if HF else 240.0  # a whole run of a driver left to finish: tiny-hf start-ups took 62-234 s
 TRIGGER = 2  # async_training.trigger_parameter_sync_step in config_args: train micro-steps per step
 VERBOSE = {"PREFECT_LOGGING_LEVEL": "INFO"}  # one log line per phase: tells where a kill landed
-
-
-@pytest.fixture(scope="module")
-def ray_address():
-    """This module's own Ray head, its workers able to import the test-only policy (or the
-    session's, when another test folder already made one: the integration one has the policy too)."""
-    with ray_head({"PYTHONPATH": pythonpath()}, reuse=True) as address:
-        yield address
 
 
 @dataclass

@@ -59,14 +59,9 @@ def _pythonpath() -> str:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """This module's Ray head; its workers import the test-only policy by `module:Class`."""
-    head = LocalRayCluster(num_cpus=2, gpus=4, memory_gb=4.0, object_store_memory_gb=0.5,
-                           env={"PYTHONPATH": _pythonpath()}).start()
-    try:
-        yield head
-    finally:
-        head.stop()
+def cluster(ray_cluster):
+    """The session's Ray head (tests/conftest.py); its workers import the test-only policy by `module:Class`."""
+    return ray_cluster
 
 
 @pytest.fixture(scope="module")

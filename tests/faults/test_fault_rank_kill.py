@@ -12,8 +12,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from driver_support import (assert_resumed_exactly, config_args, final_state, pythonpath, ray_head, run_tidal,
-                            store_url)
+from driver_support import assert_resumed_exactly, config_args, final_state, run_tidal, store_url
 from fault_report import record
 
 from tasks.faults import KILL_RANK_ENV
@@ -22,12 +21,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 STEPS = 5
 RANKS = ["--set", "trainer.n_gpus_per_node=2"]
-
-
-@pytest.fixture(scope="module")
-def ray_address():
-    with ray_head({"PYTHONPATH": pythonpath()}, reuse=True) as address:
-        yield address
 
 
 def _lost_rank(code: int, log: str, uid: str) -> None:

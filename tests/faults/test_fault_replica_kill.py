@@ -25,7 +25,6 @@ import uuid
 import pytest
 import ray
 import sqlalchemy as sa
-from driver_support import ray_head
 
 from cluster.actors import ControllerHost, call, replica_name
 from cluster.builders import DataPlane, prompts_for
@@ -49,13 +48,6 @@ the replacement test's fourth kill (late in step 4) found no standalone replica 
 run's prompts were all generated. Two more steps keep them coming through the kills."""
 STANDALONE = 3
 PER_REPLICA = 4  # samples per replica: small enough that every lost replica lowers the capacity
-
-
-@pytest.fixture(scope="module")
-def ray_address():
-    """This module's own Ray head (or the session's, when another test folder already made one)."""
-    with ray_head(reuse=True) as address:
-        yield address
 
 
 SIMULATED = ["engines.rollout=simulated",

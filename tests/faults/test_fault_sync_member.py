@@ -9,7 +9,7 @@ exactly once."""
 from __future__ import annotations
 
 import pytest
-from driver_support import config_args, final_state, pythonpath, ray_head, run_tidal, store_url
+from driver_support import config_args, final_state, run_tidal, store_url
 from fault_report import record
 
 from cluster.actors.replica import KILL_IN_SYNC_ENV
@@ -23,12 +23,6 @@ steps the replacement joined at step 7 on a quiet machine and after the last ste
 steps after the death leave it about 7 s (the same CPU scaling applies to both)."""
 SETUP = ["--set", "rollout.n_gpus_per_node=2", "--set", "rollout.replace_failed_replicas=true",
          "--set", "actor_rollout_ref.rollout.weight_sync.timeout_s=5"]
-
-
-@pytest.fixture(scope="module")
-def ray_address():
-    with ray_head({"PYTHONPATH": pythonpath()}, reuse=True) as address:
-        yield address
 
 
 def test_a_replica_lost_mid_broadcast_is_replaced_and_the_run_loses_nothing(tmp_path, ray_address):

@@ -1,5 +1,6 @@
 """Session-wide test environment: private Prefect home, Ray settings, markers; what killed drivers left is ended;
-the one local Ray cluster that the fault and integration tests attach to."""
+the one local Ray cluster that the fault and integration tests attach to, and the uninterrupted reference
+runs they compare their interrupted runs with, each made once per session."""
 
 from __future__ import annotations
 
@@ -53,3 +54,27 @@ def ray_address(ray_cluster) -> str:
     """The address of the session's Ray cluster (``ray_cluster``)."""
     return ray_cluster.address
 
+
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory, ray_address):
+    """``uninterrupted(steps, *extra)``: the folder of an uninterrupted `tidal run tiny-cpu` with
+    ``driver_support.config_args(folder, ray_address, "straight", steps)`` and ``extra`` arguments
+    (its store: ``store_url(folder, "straight")``, its outputs: ``folder / "straight"``), made once per
+    session for each (steps, extra): the tests that compare a killed-and-resumed run with an
+    uninterrupted one of the same config share it (the step-counting policy and the seeded data
+    make its result independent of timing and of which test made it)."""
+    from driver_support import config_args, run_tidal
+
+    made: dict[tuple[str, ...], object] = {}
+
+    def run(steps: int, *extra: str):
+        key = (str(steps), *extra)
+        if key not in made:
+            folder = tmp_path_factory.mktemp("uninterrupted")
+            code, log = run_tidal(["run", "tiny-cpu", *config_args(folder, ray_address, "straight", steps), *extra],
+                                  folder)
+            assert code == 0, log[-3000:]
+            made[key] = folder
+        return made[key]
+
+    return run

@@ -19,7 +19,7 @@ from tasks.faults import KILL_RANK_ENV
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
-STEPS = 5
+STEPS = 5  # the uninterrupted run is the session's, shared with tests/integration/test_rank_group_run.py
 RANKS = ["--set", "trainer.n_gpus_per_node=2"]
 
 
@@ -29,11 +29,9 @@ def _lost_rank(code: int, log: str, uid: str) -> None:
     assert "an actor of the run died" in last and f"tidal resume {uid}" in last, last
 
 
-def test_killed_drivers_cut_off_writes_and_lost_ranks_resume_to_the_uninterrupted_result(tmp_path, ray_address):
-    code, log = run_tidal(["run", "tiny-cpu", *config_args(tmp_path, ray_address, "straight", STEPS), *RANKS],
-                          tmp_path)
-    assert code == 0, log[-3000:]
-
+def test_killed_drivers_cut_off_writes_and_lost_ranks_resume_to_the_uninterrupted_result(tmp_path, ray_address,
+                                                                                         uninterrupted):
+    straight = store_url(uninterrupted(STEPS, *RANKS), "straight")
     crashed = store_url(tmp_path, "crashed")
     store = ["--storage", crashed]
     # 1. the driver SIGKILLed while step 2 trains (step 1's checkpoint may still be being written)
@@ -60,7 +58,7 @@ def test_killed_drivers_cut_off_writes_and_lost_ranks_resume_to_the_uninterrupte
     code, log = run_tidal(["resume", uid, *store], tmp_path)
     assert code == 0, log[-3000:]
 
-    lost, duplicated = assert_resumed_exactly(store_url(tmp_path, "straight"), crashed, STEPS)
+    lost, duplicated = assert_resumed_exactly(straight, crashed, STEPS)
     record("rank_death", injected=2, survived=2, samples_lost=lost, samples_duplicated=duplicated,
            points=["train:4", "commit:4"])
     record("checkpoint_cut_off", injected=1, survived=1, samples_lost=lost, samples_duplicated=duplicated)

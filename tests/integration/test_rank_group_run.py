@@ -9,12 +9,12 @@ import json
 from pathlib import Path
 
 import pytest
-from driver_support import config_args, final_state, run_tidal, store_url, switch_kinds
+from driver_support import final_state, store_url, switch_kinds
 
 
 pytestmark = pytest.mark.slow
 
-STEPS = 4
+STEPS = 5  # the run is the session's uninterrupted one, shared with tests/faults/test_fault_rank_kill.py
 RANKS = ["--set", "trainer.n_gpus_per_node=2"]
 LEND, TAKE_BACK = ["hybrid_sync", "activate", "rebalance"], ["deactivate"]
 SHARDS = {".metadata", "__0_0.distcp", "__1_0.distcp", "tidal-commit.json"}
@@ -35,14 +35,12 @@ def _phases(url: str) -> dict[tuple[int, str], list[str]]:
     return {(step, kind): list(phases) for step, kind, phases in rows}
 
 
-def test_two_ranks_lend_and_take_back_their_hybrids_and_leave_a_shard_per_rank(tmp_path, ray_address):
-    code, log = run_tidal(["run", "tiny-cpu", *config_args(tmp_path, ray_address, "straight", STEPS), *RANKS],
-                          tmp_path)
-    assert code == 0, log[-3000:]
-    url = store_url(tmp_path, "straight")
+def test_two_ranks_lend_and_take_back_their_hybrids_and_leave_a_shard_per_rank(uninterrupted):
+    url = store_url(uninterrupted(STEPS, *RANKS), "straight")
     summary, state, rows, prompts = final_state(url)
     assert summary.status == "finished" and [r["step"] for r in rows] == list(range(1, STEPS + 1))
-    # the step-counting policy lends after odd steps; both hybrids live on the trainer's ranks
+    # the step-counting policy lends after odd steps, the last step asks nothing; both hybrids live
+    # on the trainer's ranks
     assert switch_kinds(url) == {1: LEND, 2: TAKE_BACK, 3: LEND, 4: TAKE_BACK}
     phases = _phases(url)
     assert phases[(1, "hybrid_sync")][:2] == ["offload", "wake_up"]  # room made before they wake

@@ -15,10 +15,8 @@ STEPS = 5
 CRASHES = ["wait_for_samples:2", "train:3", "broadcast_sync:3", "commit:4"]
 
 
-def test_a_run_killed_at_every_phase_resumes_to_the_uninterrupted_result(tmp_path, ray_address):
-    code, log = run_tidal(["run", "tiny-cpu", *config_args(tmp_path, ray_address, "straight", STEPS)], tmp_path)
-    assert code == 0, log[-3000:]
-
+def test_a_run_killed_at_every_phase_resumes_to_the_uninterrupted_result(tmp_path, ray_address, uninterrupted):
+    straight = store_url(uninterrupted(STEPS), "straight")  # the session's, shared with test_fault_disk_full
     args = config_args(tmp_path, ray_address, "crashed", STEPS)
     code, log = run_tidal(["run", "tiny-cpu", *args], tmp_path, crash=CRASHES[0])
     assert code == -signal.SIGKILL, log[-3000:]
@@ -28,7 +26,7 @@ def test_a_run_killed_at_every_phase_resumes_to_the_uninterrupted_result(tmp_pat
         code, log = run_tidal(["resume", summary.uid, *store], tmp_path, crash=crash)
         assert code == (-signal.SIGKILL if crash else 0), log[-3000:]
 
-    want_summary, want_state, want_rows, want_prompts = final_state(store_url(tmp_path, "straight"))
+    want_summary, want_state, want_rows, want_prompts = final_state(straight)
     got_summary, got_state, got_rows, got_prompts = final_state(store_url(tmp_path, "crashed"))
     assert got_summary.status == want_summary.status == "finished"
     assert [r["step"] for r in got_rows] == [r["step"] for r in want_rows] == list(range(1, STEPS + 1))

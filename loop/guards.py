@@ -86,4 +86,4 @@ def refill_sequence(guard: Guard, version: int, required_samples: int) -> Genera
     yield HybridSync(plan, version)
     yield Activate(plan, rebalance=False)
     yield WaitForSamples(DeactivatePlan(step=plan.step, deactivate=True, wait_samples=required_samples,
-                                        hybrid_active=True))
+                                        hybrid_active=True), refill=True)

@@ -78,9 +78,12 @@ class ShouldDeactivate(_OfStep):
 
 @dataclass(frozen=True)
 class WaitForSamples:
-    """Let the hybrids generate until ``plan.wait_samples`` are queued, then take them back."""
+    """Let the hybrids generate until ``plan.wait_samples`` are queued, then take them back.
+    ``refill``: the stranded refill's wait (``loop.guards.refill_sequence``), inside a train task:
+    not the step's wait for samples, and taken back even when the wait fails."""
 
     plan: DeactivatePlan
+    refill: bool = False
 
 
 @dataclass(frozen=True)

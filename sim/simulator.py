@@ -350,17 +350,19 @@ class Simulator:
         self._wait_sums = ([], [])
         yield from self._start(r.version, relend=lent > 0)
 
-    def _drive(self, intents: Generator[Intent, Any, None]) -> Iterator[Wait]:
-        """Execute each intent and send its result back, until the sequence ends."""
+    def _drive(self, intents: Generator[Intent, Any, None], *, tasks: bool = True) -> Iterator[Wait]:
+        """Execute each intent and send its result back, until the sequence ends: the one executor
+        of the step, the run start and the stranded refill (``tasks=False``: its intents run inside
+        the train task, so none pays a task's overhead)."""
         answer: Any = None
         while True:
             try:
                 intent = intents.send(answer)
             except StopIteration:
                 return
-            answer = yield from self._execute(intent)
+            answer = yield from self._execute(intent, tasks)
 
-    def _execute(self, intent: Intent) -> Generator[Wait, None, Any]:
+    def _execute(self, intent: Intent, task: bool = True) -> Generator[Wait, None, Any]:
         """One phase: in Tidal one Prefect task each (``task_overhead_s`` first), but the commit,
         which is the rest of the flow run (``step_overhead_s``)."""
         if isinstance(intent, Skipped):  # no task runs
@@ -372,8 +374,9 @@ class Simulator:
             self._record_trace("commit", intent.step)
             self.records.append(self._step_record(self._log))
             return None
-        yield Delay(self.spec.task_overhead_s)
-        self._log.tasks_since_train += 1
+        if task:
+            yield Delay(self.spec.task_overhead_s)
+            self._log.tasks_since_train += 1
         result = self._phases[type(intent)](intent)
         if isinstance(result, GeneratorType):
             result = yield from result
@@ -388,10 +391,13 @@ class Simulator:
 
     def _wait_for_samples(self, intent: WaitForSamples) -> Iterator[Wait]:
         """Let the hybrids generate until enough is queued (a threshold above the queue's capacity
-        could never be met: it is clamped to it), then take them back."""
+        could never be met: it is clamped to it), then take them back. A refill's wait is not
+        the step's: it measures nothing."""
         r, log, t = self.rollouter, self._log, self.loop.now
         r.takeback_samples = min(intent.plan.wait_samples, self.spec.max_required_samples)
         yield UntilQueued(r.takeback_samples)
+        if intent.refill:
+            return (yield from self._take_back(intent.plan.step))
         log.wait_for_samples_s = self.loop.now - t
         report = yield from self._take_back(intent.plan.step)
         log.deactivated, log.deactivate_s = True, report.duration_s
@@ -456,16 +462,7 @@ class Simulator:
         if guard is None:
             return False
         self.decider.record_guard(step, guard.hook, guard.answer, guard.reason, self.machine.active, ctx)
-        for op in refill_sequence(guard, r.version, self.spec.required_samples):
-            match op:
-                case HybridSync(plan=plan, version=version):
-                    yield from self._switch(step, self.machine.hybrid_sync(version, plan.count))
-                case Activate(plan=plan):
-                    yield from self._lend(step, plan.count)
-                case WaitForSamples(plan=plan):
-                    r.takeback_samples = min(plan.wait_samples, self.spec.max_required_samples)
-                    yield UntilQueued(r.takeback_samples)
-                    yield from self._take_back(step)
+        yield from self._drive(refill_sequence(guard, r.version, self.spec.required_samples), tasks=False)
         return True
 
     def _broadcast_sync(self, intent: BroadcastSync) -> Iterator[Wait]:
@@ -510,7 +507,7 @@ class Simulator:
         """Activate the synced hybrids, then rebalance if the policy asks (and it is enabled)."""
         r, log, step = self.rollouter, self._log, intent.plan.step
         reports = [(yield from self._lend(step, intent.plan.count))]
-        log.activated = True
+        log.activated |= intent.rebalance  # a refill's lend (no question) is not the step's
         if intent.rebalance and self.decider.wants_rebalance(step, self.context()):
             active = tuple(rep.name for rep in r.routable)
             reports.append((yield from self._switch(step, self.machine.rebalance(active, math.inf))))

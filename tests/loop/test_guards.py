@@ -45,7 +45,7 @@ def test_the_refill_syncs_lends_without_a_question_then_takes_back_after_one_mic
     assert list(refill_sequence(guard, 3, 16)) == [
         HybridSync(LendPlan(4, 2, 2), 3),
         Activate(LendPlan(4, 2, 2), rebalance=False),
-        WaitForSamples(DeactivatePlan(step=4, deactivate=True, wait_samples=16, hybrid_active=True)),
+        WaitForSamples(DeactivatePlan(step=4, deactivate=True, wait_samples=16, hybrid_active=True), refill=True),
     ]
 
 

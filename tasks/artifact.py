@@ -91,7 +91,8 @@ def publish_step(run: Any, step: int, result: dict[str, Any], metrics: dict[str,
                                  markdown=step_markdown(step, result["decisions"], result["switch_events"], metrics,
                                                         skipped),
                                  description=f"Tidal run {run.uid}: step {step} decisions, switches and metrics")
-        with session_scope(open_store(run.storage_url, busy_timeout_ms=run.busy_timeout_ms)) as session:
+        with session_scope(open_store(run.storage_url, busy_timeout_ms=run.busy_timeout_ms,
+                                  reconnect_timeout_s=run.reconnect_timeout_s)) as session:
             rows = read_step_metrics(session, run.uid, [metric for metric, _ in TABLE_COLUMNS])
         create_table_artifact(key=artifact_key(run.uid, "steps"), table=step_table(rows),
                               description=f"Tidal run {run.uid}: one row per committed step (policy {run.policy})")

@@ -87,7 +87,8 @@ def commit(run: RunRef, step: int, version: int, summary: dict[str, Any], now: f
         consumed_prompts=[tuple(p) for p in summary["prompts"]],
     )
     crash_point("commit", step)  # checkpoint on disk, step not yet committed
-    with session_scope(open_store(run.storage_url, busy_timeout_ms=run.busy_timeout_ms), immediate=True) as session:
+    with session_scope(open_store(run.storage_url, busy_timeout_ms=run.busy_timeout_ms,
+                                  reconnect_timeout_s=run.reconnect_timeout_s), immediate=True) as session:
         db_run = get_run(session, run.uid)
         if db_run is None:
             raise RuntimeError(f"run {run.uid} is not in the store")

@@ -27,6 +27,9 @@ class RunRef(BaseModel):
     """The store's URL. Its password is hidden in JSON (what Prefect records as the step flow's
     parameter); Python copies and pickles (tasks on Ray workers) keep it whole."""
     busy_timeout_ms: int = 30_000
+    reconnect_timeout_s: float | None = None
+    """``storage.reconnect_timeout_s``: how long a store call waits for a restarted PostgreSQL
+    (None: the store's default); carried so a commit on a Ray worker waits as the driver does."""
     output_dir: str
     required_samples: int
     trigger_parameter_sync_step: int
@@ -67,7 +70,8 @@ class RunRef(BaseModel):
                     consumed_before: int = 0) -> RunRef:
         return cls(
             uid=uid, namespace=uid, ray_address=ray_address, storage_url=cfg.storage.url,
-            busy_timeout_ms=cfg.storage.busy_timeout_ms, output_dir=output_dir,
+            busy_timeout_ms=cfg.storage.busy_timeout_ms, reconnect_timeout_s=cfg.storage.reconnect_timeout_s,
+            output_dir=output_dir,
             required_samples=cfg.required_samples,
             trigger_parameter_sync_step=cfg.async_training.trigger_parameter_sync_step,
             buffer_samples=cfg.buffer_samples, only_hybrid=cfg.only_hybrid,

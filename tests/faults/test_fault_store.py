@@ -65,8 +65,14 @@ def fake_ray(monkeypatch):
     monkeypatch.setattr(storage_engine, "_OPEN", {})  # each test's own engine and busy timeout
 
 
+STOPPED_BOUND_S = 1.0
+"""``storage.reconnect_timeout_s`` of these runs: a stopped server is waited for this long (a
+restarted one is ridden through: test_fault_store_restart.py), then the one-line error."""
+
+
 def _run_ref(url: str, tmp_path: Path, busy_timeout_ms: int = 30_000) -> RunRef:
     return RunRef(uid=UID, namespace=UID, storage_url=url, busy_timeout_ms=busy_timeout_ms,
+                  reconnect_timeout_s=STOPPED_BOUND_S,
                   output_dir=str(tmp_path / "out"), required_samples=2, trigger_parameter_sync_step=1,
                   buffer_samples=0, only_hybrid=False, standalone_replicas=1, hybrid_replicas=1,
                   trainer_gpus=1, standalone_gpus=1, policy="default")
@@ -247,7 +253,7 @@ def test_postgresql_stopped_between_steps_then_restarted(tmp_path, fake_ray, sto
 def test_postgresql_stopped_inside_the_step_transaction_leaves_no_half_step(tmp_path, stoppable_pg, pg_store):
     """The server dies after the step's rows were flushed but before COMMIT."""
     url = pg_store
-    engine = make_engine(url)
+    engine = make_engine(url, reconnect_timeout_s=STOPPED_BOUND_S)
     with session_scope(engine) as s:
         run_id = s.execute(sa.text("SELECT id FROM runs")).scalar_one()
         record_step(s, run_id, StoredStep(step=1, metrics={"m": 1.0}))

@@ -131,3 +131,32 @@ def running_postgres(password: str | None = None) -> Iterator[StoppablePostgres]
             except Exception:  # noqa: BLE001 - the temp folder goes anyway
                 pass
         shutil.rmtree(root, ignore_errors=True)
+
+
+def committed_steps(url: str) -> int:
+    """How many steps the store at ``url`` holds (0 before its tables exist or while it is away)."""
+    engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://"), poolclass=sa.NullPool,
+                              connect_args={"connect_timeout": 5})
+    try:
+        with engine.connect() as conn:
+            return conn.execute(sa.text("SELECT count(*) FROM steps")).scalar_one()
+    except sa.exc.SQLAlchemyError:  # no tables yet, or the server is away
+        return 0
+    finally:
+        engine.dispose()
+
+
+def rows_per_step(url: str, uid: str, tables: tuple[str, ...]) -> dict[str, dict[int, int]]:
+    """Rows per step of run ``uid`` in each of ``tables`` (each committed step must have its own)."""
+    from storage import make_engine
+
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            run_id = conn.execute(sa.text("SELECT id FROM runs WHERE uid = :u"), {"u": uid}).scalar_one()
+            return {table: dict(conn.execute(sa.text(f"SELECT step, count(*) FROM {table} WHERE run_id = :r "
+                                                     "GROUP BY step"), {"r": run_id}).all())
+                    for table in tables}
+    finally:
+        engine.dispose()
+

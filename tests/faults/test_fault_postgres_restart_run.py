@@ -28,13 +28,12 @@ import time
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from cluster.ray_cluster import LocalRayCluster
 from config import load_config
 from fault_report import record
-from storage import load_resume_state, make_engine, run_summaries, session_scope
-from storage.store import consumed_prompts, read_step_metrics
+from driver_support import final_state
+from pg_support import committed_steps, rows_per_step
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -72,32 +71,6 @@ def _overrides(url: str, tmp_path: Path, ray_address: str) -> list[str]:
     ]
 
 
-def _committed_steps(url: str) -> int:
-    engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://"), poolclass=sa.NullPool,
-                              connect_args={"connect_timeout": 5})
-    try:
-        with engine.connect() as conn:
-            return conn.execute(sa.text("SELECT count(*) FROM steps")).scalar_one()
-    except sa.exc.SQLAlchemyError:  # no tables yet, or the server is away
-        return 0
-    finally:
-        engine.dispose()
-
-
-def _per_step(url: str, uid: str) -> dict[str, dict[int, int]]:
-    engine = make_engine(url)
-    try:
-        with engine.connect() as conn:
-            run_id = conn.execute(sa.text("SELECT id FROM runs WHERE uid = :u"), {"u": uid}).scalar_one()
-            return {
-                table: dict(conn.execute(sa.text(f"SELECT step, count(*) FROM {table} WHERE run_id = :r GROUP BY step"),
-                                         {"r": run_id}).all())
-                for table in ("steps", "policy_states", "checkpoints", "consumed_prompts")
-            }
-    finally:
-        engine.dispose()
-
-
 def test_postgresql_restarted_mid_run_is_ridden_through_and_every_prompt_is_trained_once(
         tmp_path, cluster, stoppable_pg, fault_preset):
     url = stoppable_pg.new_database("restarted")
@@ -111,7 +84,7 @@ def test_postgresql_restarted_mid_run_is_ridden_through_and_every_prompt_is_trai
         proc = subprocess.Popen([*CLI, *args], cwd=tmp_path, env=env, stdout=o, stderr=e, start_new_session=True)
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
-        while _committed_steps(url) < 2:
+        while committed_steps(url) < 2:
             assert proc.poll() is None, f"the run ended (code {proc.returncode}) before 2 steps:\n{err.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"no 2 committed steps within {RUN_TIMEOUT_S:.0f} s"
             time.sleep(0.2)
@@ -146,18 +119,10 @@ def test_postgresql_restarted_mid_run_is_ridden_through_and_every_prompt_is_trai
     assert "answers again after" in log, log[-4000:]
     assert "Traceback" not in log, log[-5000:]
 
-    engine = make_engine(url)
-    try:
-        with session_scope(engine) as s:
-            (summary,) = run_summaries(s)
-            state = load_resume_state(s, summary.uid)
-            rows = read_step_metrics(s, summary.uid)
-            prompts = consumed_prompts(s, summary.uid)
-    finally:
-        engine.dispose()
+    summary, state, rows, prompts = final_state(url)
     assert summary.status == "finished"
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-    per_table = _per_step(url, summary.uid)
+    per_table = rows_per_step(url, summary.uid, ("steps", "policy_states", "checkpoints", "consumed_prompts"))
     for table in ("steps", "policy_states", "checkpoints"):
         assert per_table[table] == {step: 1 for step in range(1, STEPS + 1)}, (table, per_table[table])
     assert per_table["consumed_prompts"] == {step: per_step for step in range(1, STEPS + 1)}

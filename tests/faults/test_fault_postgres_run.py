@@ -38,6 +38,7 @@ import sqlalchemy as sa
 from cluster.ray_cluster import LocalRayCluster
 from config import load_config
 from fault_report import record
+from pg_support import committed_steps, rows_per_step
 from flows.prefect_server import LocalPrefectServer
 from storage import load_resume_state, make_engine, run_summaries, session_scope
 from storage.store import consumed_prompts, read_step_metrics
@@ -170,33 +171,6 @@ def _eventually_empty(probe, timeout_s: float) -> list[str]:
         time.sleep(0.5)
 
 
-def _committed_steps(url: str) -> int:
-    engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://"), poolclass=sa.NullPool,
-                              connect_args={"connect_timeout": 5})
-    try:
-        with engine.connect() as conn:
-            return conn.execute(sa.text("SELECT count(*) FROM steps")).scalar_one()
-    except sa.exc.SQLAlchemyError:  # no tables yet
-        return 0
-    finally:
-        engine.dispose()
-
-
-def _per_step(url: str, uid: str) -> dict[str, dict[int, int]]:
-    """Rows per step of every per-step table that a committed step must have."""
-    engine = make_engine(url)
-    try:
-        with engine.connect() as conn:
-            run_id = conn.execute(sa.text("SELECT id FROM runs WHERE uid = :u"), {"u": uid}).scalar_one()
-            return {
-                table: dict(conn.execute(sa.text(f"SELECT step, count(*) FROM {table} WHERE run_id = :r GROUP BY step"),
-                                         {"r": run_id}).all())
-                for table in ("steps", "metrics", "policy_states", "checkpoints", "consumed_prompts")
-            }
-    finally:
-        engine.dispose()
-
-
 def _policy_states(url: str, uid: str) -> dict[int, dict]:
     engine = make_engine(url)
     try:
@@ -231,7 +205,7 @@ def test_postgresql_stopped_mid_run_fails_in_one_line_and_the_run_resumes_to_the
     proc, out, err = _start(["run", *fault_preset.cli_args(tmp_path), *_set_args(overrides)], tmp_path, "stopped", server)
     try:
         deadline = time.monotonic() + CLI_TIMEOUT_S
-        while _committed_steps(stopped_url) < 2:
+        while committed_steps(stopped_url) < 2:
             assert proc.poll() is None, f"the run ended (code {proc.returncode}) before 2 steps:\n{err.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"no 2 committed steps within {CLI_TIMEOUT_S:.0f} s:\n{err.read_text()[-3000:]}"
             time.sleep(0.2)
@@ -268,7 +242,7 @@ def test_postgresql_stopped_mid_run_fails_in_one_line_and_the_run_resumes_to_the
     assert left_actors == [], f"actor processes of the run still alive: {left_actors}"
 
     # --- the database is back: nothing half-written -------------------------------------------
-    rows = _per_step(stopped_url, uid)
+    rows = rows_per_step(stopped_url, uid, ("steps", "metrics", "policy_states", "checkpoints", "consumed_prompts"))
     k = max(rows["steps"])
     # A COMMIT whose acknowledgement died with the server may have landed: then K + 1 is committed
     # (whole), and the message named the last step the driver saw committed.

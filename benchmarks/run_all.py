@@ -172,6 +172,9 @@ def merge() -> dict:
         figures = source(name)
         if figures:
             out[name] = {k: v for k, v in figures.items() if k not in DETAIL and k != "commands"}
+    soak = source("soak")  # soak.py --write: the summary (its per-sample detail, "figures", stays in its file)
+    if soak:
+        out["soak"] = {k: v for k, v in soak.items() if k not in DETAIL | {"figures", "commands"}}
     tp = source("vllm_tp")  # bench_vllm_tp.py --write (the vLLM venv): each TP size's phase medians
     if tp:
         out["vllm_tp"] = {**{f"tp{r['tp']}": {"median_s": r["median_s"], "build_s": r["build_s"],

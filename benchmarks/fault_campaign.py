@@ -180,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def merge_platform(t: dict, command: str, preset: str, took: float) -> Path:
     """``faults.platform`` in ``benchmarks/results.json``: per kind injected / survived / samples
-    lost / duplicated, with the command, date and commit (``run_all.py --merge`` rebuilds ``faults``
-    from ``results/faults.json`` and carries this key over)."""
+    lost / duplicated, with the command, date and commit (``run_all.py --merge`` rebuilds it from
+    ``results/faults_platform.json``, with the file's date and without the commit)."""
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     path = BENCH / "results.json"

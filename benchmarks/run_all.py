@@ -143,12 +143,11 @@ def merge() -> dict:
         figures = source(name)
         if figures:
             out[name] = {**{k: figures.get(k) for k in keys}, **meta(figures)}
-    # fault_campaign.py --platform writes faults.platform into results.json itself (per kind, with its
-    # command, date and commit): carried over, as results/faults.json does not hold it
-    previous = json.loads((BENCH / "results.json").read_text(encoding="utf-8")) if (BENCH / "results.json").exists() else {}
-    platform = previous.get("faults", {}).get("platform")
+    platform = source("faults_platform")  # fault_campaign.py --platform: each platform fault, per kind
     if platform:
-        out.setdefault("faults", {})["platform"] = platform
+        out.setdefault("faults", {})["platform"] = {
+            **{kind: {k: v.get(k) for k in FAULT_FIGURES} for kind, v in sorted(platform.get("kinds", {}).items())},
+            **{k: platform.get(k) for k in (*FAULT_FIGURES, "preset", "seconds")}, **meta(platform)}
     speed, sweep = source("sim_speed"), source("sim_sweep")  # bench_sim.py speed / sweep --write
     if speed or sweep:
         sim: dict = {}

@@ -1,11 +1,12 @@
 """Fault campaign, the soak's short case: ``benchmarks/soak.py`` (the long soak: 500 cycles, a kill
-every ~50) at CI size. One real `tidal run` whose trainer is 2 ranks and whose standalone replicas
+every ~50) at 16 cycles, run with the campaign (``fault_campaign.py``), not in CI. One real `tidal run` whose trainer is 2 ranks and whose standalone replicas
 get their weights by collective lends and takes back its hybrids every step under a busy other
 core; one standalone replica is SIGKILLed mid-run and replaced. Every prompt is trained exactly
 once, no step stalls past the sync deadline, and every step's switches are in the store."""
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +18,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from soak import SWITCH_KINDS, SoakSpec, ok, soak  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.slow, pytest.mark.timeout(600),
+    pytest.mark.skipif(not (os.environ.get("TIDAL_FAULT_REPORT") or os.environ.get("TIDAL_SOAK_TEST")),
+                       reason="the soak runs with the fault campaign (benchmarks/fault_campaign.py, which sets "
+                              "TIDAL_FAULT_REPORT; or TIDAL_SOAK_TEST=1), not in CI (issue 47: 100-200 s here)"),
+]
 
 CI = replace(SoakSpec(), cycles=16, kill_every=8, hang_s=120.0, sample_s=2.0, timeout_s=420.0)
 """16 cycles, one kill (``soak.kill_plan``: at cycle 9; a second would fall in the last 3)."""

@@ -162,7 +162,6 @@ SwitchOps = Generator[Operation, Any, int]
 
 
 def take_back(ids: tuple[str, ...]) -> SwitchOps:
-    aborted = 0
     yield Unroute(ids)
     aborted = int((yield Abort(ids)) or 0)
     yield Sleep(ids)

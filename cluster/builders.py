@@ -420,7 +420,7 @@ class DataPlane:
         controller = ControllerActor.options(name=CONTROLLER, **placement.control, **opts).remote(
             policy_factory(cfg), namespace=namespace, standalone_ids=list(standalone), hybrid_ids=hyb,
             enable_rebalance=a.dynamic_schedule_enable_rebalance, only_hybrid=cfg.only_hybrid,
-            sizes=run_sizes(cfg, consumed_before=len(consumed)), keep_broadcast_weights=r.replace_failed_replicas and cfg.standalone_transport == "object_store",
+            rebalance_timeout_s=a.dynamic_schedule_rebalance_timeout_s, sizes=run_sizes(cfg, consumed_before=len(consumed)), keep_broadcast_weights=r.replace_failed_replicas and cfg.standalone_transport == "object_store",
             **sync_options(cfg),
         )
         ray.get(controller.ping.remote())

@@ -67,6 +67,14 @@ class AsyncTraining(_Section):
     dynamic_schedule_enable_rebalance: bool = True
     """After activation, abort and re-route in-flight requests so the new replicas fill up."""
 
+    dynamic_schedule_rebalance_timeout_s: float = Field(60.0, gt=0.0)
+    """How long a rebalance waits for the requests it aborted to drain (woken by their completions)
+    before it resumes the replicas, releases routing and fails the step with one line (seconds)."""
+
+    sample_wait_timeout_s: float = Field(600.0, gt=0.0)
+    """How long the trainer waits for one micro-step's samples, and the take-back for its queued
+    samples, before the step fails with one line (seconds; a stranded trainer is refilled meanwhile)."""
+
     dynamic_schedule_overlap_hybrid_sync: bool = False
     """Ask the lend question before the weight broadcast and, on a step that lends, wake the
     hybrids and load the new weights while the standalones load theirs, so the hybrid sync is off

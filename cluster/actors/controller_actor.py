@@ -267,6 +267,7 @@ class ControllerHost:
         enable_rebalance: bool,
         only_hybrid: bool,
         sizes: RunSizes,
+        rebalance_timeout_s: float = 60.0,
         keep_broadcast_weights: bool = False,
         transport: str = ws.OBJECT_STORE,
         sync_timeout_s: float = 60.0,
@@ -282,6 +283,7 @@ class ControllerHost:
             self.policy, list(hybrid_ids), _BalancerAdapter(self.service), self.pool,
             membership=self.members, sizes=sizes, counters=self._counters,
             enable_rebalance=enable_rebalance, only_hybrid=only_hybrid, clock=time.time,
+            rebalance_timeout_s=rebalance_timeout_s,
         )
         self._keep_weights = keep_broadcast_weights
         self._last_broadcast: tuple[Any, int] | None = None

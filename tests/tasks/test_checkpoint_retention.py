@@ -95,3 +95,11 @@ def test_the_step_the_data_ends_on_is_exported_and_kept_though_it_is_no_multiple
         commit_mod.commit(run, step, step, summary, now=2.0)
     assert exports == [("global_step_1", False), ("global_step_2", False), ("global_step_3", True)]
     assert sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir()) == ["global_step_3"]
+
+
+def test_the_run_ref_carries_the_waits_and_the_store_bound_its_tasks_use(tmp_path):
+    """What a step's tasks wait for, wherever they run (a Ray worker has only the run ref):
+    `async_training.sample_wait_timeout_s` and `storage.reconnect_timeout_s`."""
+    cfg = load_config("tiny-cpu", ["async_training.sample_wait_timeout_s=45", "storage.reconnect_timeout_s=3"])
+    run = RunRef.from_config(cfg, uid="u", output_dir=str(tmp_path), ray_address=None)
+    assert (run.wait_timeout_s, run.reconnect_timeout_s) == (45.0, 3.0)

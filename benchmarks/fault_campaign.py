@@ -171,30 +171,17 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_write:
         write_section(section, text, args.write)
         out = args.json_out or RESULTS_DIR / f"{name}.json"
+        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
         print("wrote", write_json(name, {**t, "preset": args.preset, "command": command, "pytest_exit": code,
-                                         "seconds": took, "records": records, "cases": cases}, out))
-        if args.platform and args.write == RESULTS_MD:
-            print("wrote", merge_platform(t, command, args.preset, took))
+                                         "seconds": took, "commit": commit,
+                                         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                         "records": records, "cases": cases}, out))
+        if args.platform and args.write == RESULTS_MD:  # faults.platform in results.json, as run_all.py merges it
+            from run_all import write_summary
+
+            print("wrote", write_summary())
     return code
-
-
-def merge_platform(t: dict, command: str, preset: str, took: float) -> Path:
-    """``faults.platform`` in ``benchmarks/results.json``: per kind injected / survived / samples
-    lost / duplicated, with the command, date and commit (``run_all.py --merge`` rebuilds it from
-    ``results/faults_platform.json``, with the file's date and without the commit)."""
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    path = BENCH / "results.json"
-    results = json.loads(path.read_text(encoding="utf-8"))
-    results.setdefault("faults", {})["platform"] = {
-        **{kind: {k: v[k] for k in ("injected", "survived", "samples_lost", "samples_duplicated")}
-           for kind, v in sorted(t["kinds"].items())},
-        **{k: t[k] for k in ("injected", "survived", "samples_lost", "samples_duplicated")},
-        "command": command, "preset": preset, "seconds": round(took), "git_commit": commit,
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-    }
-    path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return path
 
 
 if __name__ == "__main__":

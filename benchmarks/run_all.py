@@ -147,7 +147,9 @@ def merge() -> dict:
     if platform:
         out.setdefault("faults", {})["platform"] = {
             **{kind: {k: v.get(k) for k in FAULT_FIGURES} for kind, v in sorted(platform.get("kinds", {}).items())},
-            **{k: platform.get(k) for k in (*FAULT_FIGURES, "preset", "seconds")}, **meta(platform)}
+            **{k: platform.get(k) for k in (*FAULT_FIGURES, "preset")},
+            "seconds": round(platform["seconds"]) if platform.get("seconds") is not None else None,
+            **meta(platform)}
     speed, sweep = source("sim_speed"), source("sim_sweep")  # bench_sim.py speed / sweep --write
     if speed or sweep:
         sim: dict = {}

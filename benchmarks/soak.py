@@ -63,6 +63,7 @@ os.environ.pop("PREFECT_API_URL", None)
 
 from procs import wait_or_stop  # noqa: E402
 from results_io import RESULTS_MD, write_json, write_section  # noqa: E402
+from run_all import write_summary  # noqa: E402
 
 PLOT = BENCH / "plots" / "soak_rss.png"
 POLICY = "step_counting_policy:LendingStepCountingPolicy"
@@ -639,15 +640,6 @@ def summary(f: dict, command: str, date: str, commit: str) -> dict:
             "command": command, "date": date, "commit": commit}
 
 
-def write_results_key(section: dict) -> None:
-    """Set the ``soak`` key of ``benchmarks/results.json`` (only that key; the rest read fresh)."""
-    path = BENCH / "results.json"
-    data = json.loads(path.read_text(encoding="utf-8"))
-    data["soak"] = section
-    data.setdefault("sources", {})["soak"] = section["date"]
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-
-
 def write(f: dict, work: Path, later: bool = False) -> None:
     """Write a finished soak's figures (``work/figures.json``, ``work/samples.json``): the section of
     RESULTS.md, the plot, ``results/soak.json`` and the ``soak`` key of results.json. ``later``: the
@@ -667,7 +659,7 @@ def write(f: dict, work: Path, later: bool = False) -> None:
     write_section("soak", markdown(f, command, date, commit), RESULTS_MD)
     section = summary(f, command, date, commit)
     write_json("soak", {**section, "figures": f})
-    write_results_key(section)
+    write_summary()  # the soak key of results.json, as run_all.py merges it
     print("wrote", RESULTS_MD, PLOT, "benchmarks/results/soak.json, the soak key of benchmarks/results.json")
 
 

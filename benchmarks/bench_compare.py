@@ -78,9 +78,9 @@ async def _gen_cost(cfg, seconds: float) -> float:
 
     from cluster.builders import model_config, requests_per_replica
     from cluster.engines.torch_engine import TorchEngine
-    from cluster.model import TinyLM
-    from cluster.problems import CharTokenizer, make_problems
-    from cluster.types import GenerationRequest, SamplingSpec
+    from models.model import TinyLM
+    from data.problems import CharTokenizer, make_problems
+    from data.types import GenerationRequest, SamplingSpec
 
     tok = CharTokenizer()
     mcfg = model_config(cfg, tok)
@@ -115,7 +115,7 @@ def _train_cost(cfg, repeats: int) -> float:
 
     from bench_train import make_batch
     from cluster.backends import build_backend
-    from cluster.problems import CharTokenizer, make_problems
+    from data.problems import CharTokenizer, make_problems
 
     torch.set_num_threads(1)
     tok = CharTokenizer()

@@ -1,6 +1,6 @@
 """The torch engine serving a Hugging Face model against transformers' own batched ``generate``.
 
-One run, side by side, on the same tiny Qwen2 model built offline (``cluster.hf.make_tiny_model``,
+One run, side by side, on the same tiny Qwen2 model built offline (``models.hf.make_tiny_model``,
 random weights, 4 layers × 256 hidden by default): at concurrency c, ``--per-slot`` × c requests
 (``--requests`` fixes the number instead) whose response budgets are drawn (seeded) from
 ``[--min-len, --max-len]``, sampled at temperature 1 with EOS ignored so both sides generate
@@ -40,8 +40,8 @@ import torch  # noqa: E402
 
 from cluster.engines.hf_runner import HFRunner  # noqa: E402
 from cluster.engines.torch_engine import TorchEngine  # noqa: E402
-from cluster.hf import load_model, load_tokenizer, make_tiny_model  # noqa: E402
-from cluster.types import GenerationRequest, SamplingSpec  # noqa: E402
+from models.hf import load_model, load_tokenizer, make_tiny_model  # noqa: E402
+from data.types import GenerationRequest, SamplingSpec  # noqa: E402
 
 TEXTS = ("what is 12 + 7?", "count to ten", "3 * 4 =", "the answer is", "copy abc", "what is 39 - 21? Let's think")
 

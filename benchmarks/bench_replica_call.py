@@ -30,9 +30,9 @@ from config import ConfigError, load_config  # noqa: E402
 async def _drive(generate, prompts, n: int, concurrency: int, group: int = 1) -> None:
     """Send ``n`` seeded requests through ``generate`` with up to ``concurrency`` in flight,
     ``group`` at a time starting together with request ids of one sample (``g{k}-r{i}``, as
-    ``cluster.rollouter.response_request_id`` makes them)."""
-    from cluster.rollouter import response_request_id
-    from cluster.types import GenerationRequest, SamplingSpec
+    ``rollout.rollouter.response_request_id`` makes them)."""
+    from rollout.rollouter import response_request_id
+    from data.types import GenerationRequest, SamplingSpec
 
     sent = 0
 
@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from cluster.actors import RemoteEngine, ReplicaActor
     from cluster.builders import engine_factory, model_config, requests_per_replica
-    from cluster.model import TinyLM
-    from cluster.problems import CharTokenizer, make_problems
+    from models.model import TinyLM
+    from data.problems import CharTokenizer, make_problems
     from cluster.ray_cluster import LocalRayCluster
 
     tok = CharTokenizer()

@@ -8,7 +8,7 @@ tokens/s (``fully_async/rollouter/step_generated_tokens`` over the steps' wall t
 the peak RSS of the trainer actor (which also hosts the hybrid replica) and of the standalone engine
 actors (``VmHWM`` of the run's Ray worker processes, read from ``/proc`` every second while the
 run lives), the mean train reward and the validation accuracy before / after. The model and the
-GSM8K parquet are built once into ``--files`` (``cluster.smollm2.ensure_smollm2``).
+GSM8K parquet are built once into ``--files`` (``models.smollm2.ensure_smollm2``).
 
 Usage:
     .venv/bin/python benchmarks/bench_smollm2.py [--engine torch|vllm] [--steps 3] [--val-samples 50]
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.train_curve import read_steps, run_training  # noqa: E402
-from cluster.smollm2 import SMOLLM2_PRESET, SMOLLM2_ROOT, SmolLM2Error, ensure_smollm2  # noqa: E402
+from models.smollm2 import SMOLLM2_PRESET, SMOLLM2_ROOT, SmolLM2Error, ensure_smollm2  # noqa: E402
 
 TOKENS = "fully_async/rollouter/step_generated_tokens"
 VAL = "val-core/openai/gsm8k/reward/mean@1"
@@ -159,8 +159,8 @@ def engine_dtype_speed(model_dir: Path, dtype: str, concurrency: int = 8, budget
     from benchmarks.bench_hf_engine import engine_run
     from cluster.engines.hf_runner import HFRunner
     from cluster.engines.torch_engine import TorchEngine
-    from cluster.hf import load_model, load_tokenizer
-    from cluster.types import GenerationRequest, SamplingSpec
+    from models.hf import load_model, load_tokenizer
+    from data.types import GenerationRequest, SamplingSpec
 
     tok = load_tokenizer(model_dir)
     text = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "

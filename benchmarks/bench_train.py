@@ -64,9 +64,9 @@ from cluster.backends import (  # noqa: E402
 )
 from cluster.backends import distributed as dp  # noqa: E402
 from cluster.data_builders import prompt_length, response_length, tokenizer_for  # noqa: E402
-from cluster.model import TinyLMConfig  # noqa: E402
-from cluster.problems import EOS, CharTokenizer, make_problems  # noqa: E402
-from cluster.types import Response, Sample  # noqa: E402
+from models.model import TinyLMConfig  # noqa: E402
+from data.problems import EOS, CharTokenizer, make_problems  # noqa: E402
+from data.types import Response, Sample  # noqa: E402
 from config import load_config  # noqa: E402
 
 MARK = "bench_train"
@@ -124,7 +124,7 @@ def make_hf_batch(cfg, tokenizer, seed: int = 0) -> list[Sample]:
 
 def load_preset(name: str):
     """The preset's config; the tiny HF presets first get their files, as ``tidal run`` does."""
-    from cluster.hf import TINY_PRESETS, ensure_tiny
+    from models.hf import TINY_PRESETS, ensure_tiny
 
     if name in TINY_PRESETS and not Path(name).exists():
         root, heads = TINY_PRESETS[name]
@@ -156,7 +156,7 @@ class Parts:
         if self.hf_path is not None:
             from transformers.utils import logging as hf_logging
 
-            from cluster.hf import load_model
+            from models.hf import load_model
 
             hf_logging.disable_progress_bar()  # "Loading weights" on every load is noise here
             kwargs["model"] = load_model(self.hf_path, dtype="float32")

@@ -35,9 +35,9 @@ async def timed(call) -> float:
 async def bench(kind: str, args: argparse.Namespace) -> dict:
     import torch
 
-    from cluster.model import TinyLM, TinyLMConfig
-    from cluster.problems import CharTokenizer, make_problems
-    from cluster.types import GenerationRequest, SamplingSpec
+    from models.model import TinyLM, TinyLMConfig
+    from data.problems import CharTokenizer, make_problems
+    from data.types import GenerationRequest, SamplingSpec
     from config import load_config
 
     cfg = load_config(args.config, args.set)

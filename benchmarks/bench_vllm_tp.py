@@ -104,7 +104,7 @@ def rank_main(rank: int, world: int, port: int, spec: dict[str, Any]) -> None:
     from cluster.actors.trainer_rank import load_worker_in_rank
     from cluster.engines.vllm_engine import VLLMEngine, hf_model, vllm_unavailable_reason
     from cluster.engines.vllm_ranks import RankWorker
-    from cluster.types import GenerationRequest, SamplingSpec
+    from data.types import GenerationRequest, SamplingSpec
 
     vllm_unavailable_reason()  # vLLM's environment defaults before it is imported
     device = spec["device"]
@@ -227,7 +227,7 @@ def rank_main(rank: int, world: int, port: int, spec: dict[str, Any]) -> None:
 
 
 def make_model(folder: Path, hidden: int, layers: int, heads: int) -> Path:
-    from cluster.hf import make_tiny_model
+    from models.hf import make_tiny_model
 
     return make_tiny_model(folder, "qwen2", n_layer=layers, n_embd=hidden, n_head=heads, initializer_range=0.2)
 

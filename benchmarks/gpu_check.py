@@ -363,7 +363,7 @@ def random_ids(dev: Device, count: int, length: int, vocab: int, seed: int) -> l
 
 
 def requests(prefix: str, prompts: list[list[int]], new_tokens: int) -> list[Any]:
-    from cluster.types import GenerationRequest, SamplingSpec
+    from data.types import GenerationRequest, SamplingSpec
 
     return [GenerationRequest(f"{prefix}-{i}", p, SamplingSpec(new_tokens, temperature=1.0, seed=i, ignore_eos=True))
             for i, p in enumerate(prompts)]
@@ -444,7 +444,7 @@ def memory_returned(held: int, held_after: int, kv: int, before: dict[str, int],
 
 def train_samples(shape: Shape, work: Workload, dev: Device) -> list[Any]:
     """One GRPO group of ``train_responses`` responses, scored half 1, half 0."""
-    from cluster.types import Response, Sample
+    from data.types import Response, Sample
 
     ids = random_ids(dev, 1 + shape.train_responses, max(work.train_prompt_tokens, work.train_response_tokens),
                      shape.vocab, 7)

@@ -175,7 +175,7 @@ def plot(preset: str, curves: Mapping[str, Mapping[int, Mapping[int, float]]], p
 def preset_config(preset: str, work: Path) -> tuple[str, list[str]]:
     """What to pass `tidal run` for ``preset``: a tiny-hf preset's model and data are built once
     into ``work`` and named by absolute path (each run has a working directory of its own)."""
-    from cluster.hf import TINY_PRESETS, ensure_tiny
+    from models.hf import TINY_PRESETS, ensure_tiny
 
     if preset not in TINY_PRESETS:
         return preset, []

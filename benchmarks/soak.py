@@ -381,7 +381,7 @@ def analyse(spec: SoakSpec, work: Path, watch: Watch) -> dict:
     import sqlalchemy as sa
 
     from cluster.builders import prompts_for
-    from cluster.rollouter import sample_uid
+    from rollout.rollouter import sample_uid
     from config import load_config
     from storage import make_engine, run_summaries, session_scope
     from storage.models import SwitchEvent

@@ -28,11 +28,11 @@ from cluster.actors import (
 )
 from cluster.actors.replica import KILL_IN_SYNC_ENV
 from cluster.actors.trainer_rank import RankGroup, TrainRankActor, hybrid_hosts, rank_name
-from cluster.model import TinyLMConfig
+from models.model import TinyLMConfig
 from cluster.data_builders import dataset_for, prompt_length, response_length, scorer_factory, tokenizer_for
-from cluster.problems import CharTokenizer, Problem, make_problems
+from data.problems import CharTokenizer, Problem, make_problems
 from cluster.placement import place, release_placement
-from cluster.types import SamplingSpec
+from data.types import SamplingSpec
 from config import TidalConfig
 from loop.plans import RunSizes
 from loop.workload import replica_costs
@@ -85,7 +85,7 @@ def _hf_torch_engine(spec: HFModelSpec, max_batch: int, device: str, threads: in
     """The torch engine serving ``spec``'s folder: EOS ids from its tokenizer and generation config."""
     from cluster.engines.hf_runner import HFRunner
     from cluster.engines.torch_engine import TorchEngine
-    from cluster.hf import eos_ids, load_model, load_tokenizer
+    from models.hf import eos_ids, load_model, load_tokenizer
 
     device = "cpu" if device == "auto" else device
     tokenizer = load_tokenizer(spec.tokenizer_path, custom_chat_template=spec.custom_chat_template,
@@ -254,7 +254,7 @@ def _hf_train_model(cfg: TidalConfig) -> Any:
     if m.path is None:
         return None
     from cluster.backends.torch_backend import resolve_device
-    from cluster.hf import load_model
+    from models.hf import load_model
 
     return load_model(m.path, dtype="float32", trust_remote_code=m.trust_remote_code,
                       device=str(resolve_device(cfg.engines.device)))

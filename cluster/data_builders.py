@@ -13,20 +13,20 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cluster.datasets import DatasetError, RLDataset, task_rows
-from cluster.problems import CharTokenizer
-from cluster.reward import SampleScorer, ScoreFn, check_builtin, load_reward_function
+from data.datasets import DatasetError, RLDataset, task_rows
+from data.problems import CharTokenizer
+from data.reward import SampleScorer, ScoreFn, check_builtin, load_reward_function
 from config import TidalConfig
 
 
 def tokenizer_for(cfg: TidalConfig) -> Any:
     """The tokenizer of the run's model: the HF folder's (``tokenizer_path``, else ``path``, with
     ``custom_chat_template`` applied) when ``actor_rollout_ref.model.path`` is set, else the
-    built-in character tokenizer. Prompts go through its chat template (``cluster.datasets``)."""
+    built-in character tokenizer. Prompts go through its chat template (``data.datasets``)."""
     m = cfg.actor_rollout_ref.model
     if m.path is None:
         return CharTokenizer()
-    from cluster.hf import load_tokenizer
+    from models.hf import load_tokenizer
 
     return load_tokenizer(m.tokenizer_folder, custom_chat_template=m.custom_chat_template,
                           trust_remote_code=m.trust_remote_code)

@@ -334,7 +334,7 @@ def trainer_parameters(cfg: TidalConfig) -> int:
     with torch.device("meta"):
         m = cfg.actor_rollout_ref.model
         if m.path is None:
-            from cluster.model import TinyLM, TinyLMConfig
+            from models.model import TinyLM, TinyLMConfig
 
             from cluster.data_builders import tokenizer_for
 

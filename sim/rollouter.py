@@ -3,7 +3,7 @@
 Owns the simulated samples' life: start (under ``loop.staleness.StalenessGate``, DESIGN §5), route
 (``loop.balance.least_loaded``, sticky per sample), abort, retry and queue; and the
 ``(t, in flight, capacity)`` history (``loop.staleness.record_change``). The rules are the loop
-package's, shared with ``cluster.rollouter``; docs/simulator.md says what is modelled.
+package's, shared with ``rollout.rollouter``; docs/simulator.md says what is modelled.
 Must not decide anything of the control plane (the simulator calls the verbs below).
 """
 

@@ -1,6 +1,6 @@
 """What every task needs to find a run's actors and build a policy context: small and JSON-able.
 
-Also names ``MicroReport`` (``cluster.types``), the trainer's report of a micro-step, which the
+Also names ``MicroReport`` (``data.types``), the trainer's report of a micro-step, which the
 ``train`` task returns as it came across the actor boundary (with the refills it made).
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, field_serializer
 
-from cluster.types import MicroReport
+from data.types import MicroReport
 from config import TidalConfig
 from storage import redact_url
 

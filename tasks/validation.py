@@ -1,7 +1,7 @@
 """The `validate` task: one validation pass on the run's routable standalone replicas.
 
 A thin adapter: the run's resolved config gives the validation dataset, the scorer and
-``rollout.val_kwargs``; ``cluster.validation`` does the work. Never retried (it generates).
+``rollout.val_kwargs``; ``data.validation`` does the work. Never retried (it generates).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import ray
 
 from cluster.actors import ROLLOUT_SERVICE
 from cluster.data_builders import dataset_for, response_length, sample_scorer, tokenizer_for
-from cluster.validation import run_validation, val_sampling
+from data.validation import run_validation, val_sampling
 from config import load_config
 from config.loader import RESOLVED_FILENAME
 from tasks.phases import _actor, phase

@@ -13,8 +13,8 @@ import pytest
 
 def smollm2_stub_cwd(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A working directory whose ``runs/smollm2/model`` is a tiny Llama folder (built once)."""
-    from cluster.hf import make_tiny_model
-    from cluster.smollm2 import SMOLLM2_ROOT
+    from models.hf import make_tiny_model
+    from models.smollm2 import SMOLLM2_ROOT
 
     cwd = tmp_path_factory.getbasetemp() / "smollm2-stub-cwd"
     model = cwd / SMOLLM2_ROOT / "model"

@@ -8,22 +8,27 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = {"config", "policies", "metrics", "loop", "cluster", "sim", "tasks", "flows", "storage", "deployments"}
+OURS = {"config", "policies", "metrics", "loop", "data", "models", "rollout", "cluster", "sim", "tasks", "flows", "storage",
+        "deployments"}
 ALLOWED = {
     "config": set(),
     "policies": {"config"},
     "metrics": set(),
     "loop": {"config", "policies", "metrics"},
-    "cluster": {"config", "policies", "metrics", "loop"},
+    "data": {"config", "loop"},
+    "models": {"config", "data"},
+    "rollout": {"config", "metrics", "loop", "data"},
+    "cluster": {"config", "policies", "metrics", "loop", "data", "models", "rollout"},
     "sim": {"config", "policies", "metrics", "loop"},
     "storage": {"config"},
-    "tasks": {"cluster", "policies", "metrics", "storage", "config", "loop"},
-    "flows": {"tasks", "cluster", "config", "storage", "sim", "policies", "metrics", "loop"},
+    "tasks": {"cluster", "data", "models", "rollout", "policies", "metrics", "storage", "config", "loop"},
+    "flows": {"tasks", "cluster", "data", "models", "rollout", "config", "storage", "sim", "policies", "metrics", "loop"},
     "deployments": {"flows", "config"},
 }
 # Pure packages must not pull heavy runtimes in either.
 FORBIDDEN_THIRD_PARTY = {"config": {"ray", "torch"}, "policies": {"ray", "torch"}, "metrics": {"ray", "torch"},
-                         "loop": {"ray", "torch", "prefect", "time"}, "sim": {"ray", "torch", "prefect"}}
+                         "loop": {"ray", "torch", "prefect", "time"},
+                         "data": {"ray", "torch", "prefect"}, "rollout": {"ray", "torch", "prefect"}, "sim": {"ray", "torch", "prefect"}}
 
 
 def imported_top_levels(path: Path) -> set[str]:

@@ -12,7 +12,7 @@ from typing import Any
 import ray
 
 from cluster.engines.base import request_sample_uid
-from cluster.types import GenerationRequest, GenerationResult
+from data.types import GenerationRequest, GenerationResult
 
 def kill_actor(handle: Any) -> None:
     try:

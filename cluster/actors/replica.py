@@ -13,7 +13,7 @@ from typing import Any
 
 import ray
 
-from cluster.types import GenerationRequest, GenerationResult
+from data.types import GenerationRequest, GenerationResult
 
 
 async def generate_each(engine: Any, requests: Sequence[GenerationRequest]) -> list[GenerationResult | BaseException]:

@@ -19,11 +19,11 @@ import ray
 
 from cluster.actors.names import CONTROLLER
 from cluster.actors.remote_engine import RemoteEngine, actor_is_dead, kill_actor
-from cluster.load_balancer import LoadBalancer
-from cluster.message_queue import MessageQueue, PullRecord
+from rollout.load_balancer import LoadBalancer
+from rollout.message_queue import MessageQueue, PullRecord
 from cluster.replacement import ReplicaReplacer
-from cluster.rollouter import Rollouter
-from cluster.types import Sample, SamplingSpec
+from rollout.rollouter import Rollouter
+from data.types import Sample, SamplingSpec
 from loop.plans import RolloutCounters
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class PulledBatch:
 
 @ray.remote(num_cpus=0, max_concurrency=10000)
 class RolloutService:
-    """The data plane's hub; see the module docstring of ``cluster.rollouter`` for the rules.
+    """The data plane's hub; see the module docstring of ``rollout.rollouter`` for the rules.
 
     Replacing dead standalone replicas (when ``replica_starters`` is given: per slot, a callable
     that starts a replica actor under the id it is given). When the rollouter takes a
@@ -81,7 +81,7 @@ class RolloutService:
     ):
         self.lb = LoadBalancer()
         self._scorer = scorer_factory() if scorer_factory is not None else None
-        """Scores each finished sample where it completes (``cluster.reward.SampleScorer``)."""
+        """Scores each finished sample where it completes (``data.reward.SampleScorer``)."""
         self.queue = MessageQueue(max_required_samples)
         engines = {rid: RemoteEngine(rid, h, False) for rid, h in standalone.items()}
         # a hybrid's generate calls go to the actor hosting it: a trainer rank, else the trainer

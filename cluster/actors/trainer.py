@@ -27,7 +27,7 @@ import ray
 from cluster import weight_sync as ws
 from cluster.actors.names import ROLLOUT_SERVICE
 from cluster.actors.trainer_rank import HybridHost, RankGroup, load_in_rank, rollout_shapes, send_from
-from cluster.types import MicroReport, Sample
+from data.types import MicroReport, Sample
 
 if TYPE_CHECKING:
     from cluster.actors.rollout_service import PulledBatch

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from cluster.actors.replica import generate_each
-from cluster.types import GenerationRequest, GenerationResult, Sample
+from data.types import GenerationRequest, GenerationResult, Sample
 
 if TYPE_CHECKING:  # torch is imported where a backend runs, not where the actors are named
     from cluster import weight_sync as ws

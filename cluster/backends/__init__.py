@@ -30,7 +30,7 @@ from cluster.backends.torch_backend import TorchBackend, TrainBatch, build_batch
 if TYPE_CHECKING:
     from config import TidalConfig
 
-    from cluster.problems import CharTokenizer, Problem
+    from data.problems import CharTokenizer, Problem
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -126,7 +126,7 @@ def build_backend(
             tokenizer=tokenizer,
             seed=cfg.trainer.seed,
         )
-    from cluster.model import TinyLMConfig
+    from models.model import TinyLMConfig
 
     model_cfg = None if model is not None else TinyLMConfig(
         vocab_size=tokenizer.vocab_size,

@@ -35,7 +35,7 @@ from typing import IO, Any, Protocol, runtime_checkable
 
 import torch
 
-from cluster.types import Sample
+from data.types import Sample
 
 CHECKPOINT_FORMAT = "tidal-train/1"
 

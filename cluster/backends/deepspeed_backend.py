@@ -38,9 +38,9 @@ import torch
 
 from cluster.backends.base import CheckpointError
 from cluster.backends.torch_backend import _ADAM_KEYS, TorchBackend
-from cluster.model import TinyLMConfig
+from models.model import TinyLMConfig
 from cluster.ports import free_port
-from cluster.problems import Problem
+from data.problems import Problem
 
 
 def deepspeed_available() -> bool:
@@ -161,7 +161,7 @@ class DeepSpeedBackend(TorchBackend):
     def _backward(self, loss: torch.Tensor, *, last: bool) -> None:
         # Micro-batches accumulate into one update: the engine's boundary is set by hand (the
         # count varies per step, so ``gradient_accumulation_steps`` stays 1 and never rescales
-        # the loss, which ``cluster.grpo`` already normalises by the whole mini-batch).
+        # the loss, which ``cluster.backends.grpo`` already normalises by the whole mini-batch).
         # the boundary is set before each backward; ``_step`` then calls ``engine.step()`` once
         self.engine.set_gradient_accumulation_boundary(last)
         self.engine.backward(loss)

@@ -26,8 +26,8 @@ from cluster.backends.base import (
     read_checkpoint,
     write_checkpoint,
 )
-from cluster.problems import CharTokenizer, Problem, reward
-from cluster.types import Sample
+from data.problems import CharTokenizer, Problem, reward
+from data.types import Sample
 
 DEFAULT_PHASE_FRACTIONS: dict[str, float] = {
     "reward": 0.05,

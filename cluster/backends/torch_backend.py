@@ -1,4 +1,4 @@
-"""The torch train backend: TinyLM or an HF causal LM + AdamW + the GRPO loss (``cluster.grpo``),
+"""The torch train backend: TinyLM or an HF causal LM + AdamW + the GRPO loss (``cluster.backends.grpo``),
 on CPU or one CUDA device.
 
 One ``train_step`` = rewards (``sample.scores``, else the built-in task's rule) → old log-probs
@@ -40,7 +40,7 @@ from cluster.backends.base import (
     write_checkpoint,
 )
 from cluster.backends import distributed as dp
-from cluster.grpo import (
+from cluster.backends.grpo import (
     ISWeights,
     agg_loss,
     compute_advantages,
@@ -52,9 +52,9 @@ from cluster.grpo import (
     policy_loss,
     rollout_is_weights,
 )
-from cluster.model import TinyLM, TinyLMConfig
-from cluster.problems import Problem, reward
-from cluster.types import Sample
+from models.model import TinyLM, TinyLMConfig
+from data.problems import Problem, reward
+from data.types import Sample
 
 _ADAM_KEYS = ("exp_avg", "exp_avg_sq")
 

@@ -3,7 +3,7 @@
 ``TorchEngine`` (a model runner on a KV cache: the tiny LM, or a Hugging Face model through
 ``hf_runner.HFRunner``) and ``SimulatedEngine`` (a cost model, no compute) share one
 continuous-batching core (``batching``); ``VLLMEngine`` lets vLLM schedule. Imports only
-``cluster.types`` and ``cluster.model`` of ours: never Ray, the other actors, or anything above
+``data.types`` and ``models.model`` of ours: never Ray, the other actors, or anything above
 ``cluster``; importing this package loads neither torch nor transformers. Details: ``docs/engines.md``.
 """
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from loop.readonly import ReadOnly
-from cluster.types import FinishReason, GenerationRequest, GenerationResult
+from data.types import FinishReason, GenerationRequest, GenerationResult
 
 
 @runtime_checkable

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.engines.base import build_result
-from cluster.types import FinishReason, GenerationRequest, GenerationResult
+from data.types import FinishReason, GenerationRequest, GenerationResult
 
 
 @dataclass(eq=False)

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from cluster.model import TinyLMConfig
-from cluster.problems import CharTokenizer
+from models.model import TinyLMConfig
+from data.problems import CharTokenizer
 
 ARCHITECTURE = "GPT2LMHeadModel"
 WEIGHTS_FILE = "model.safetensors"

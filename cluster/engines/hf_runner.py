@@ -16,7 +16,7 @@ true position. Running sequences fill rows ``0..n-1``: a finished sequence's row
 moving the last row into it, admitted prompts take the rows after. Columns that are padding in
 every row leave the live window for free; the buffers are re-laid out (window moved to the left,
 capacity doubled) only when the window reaches their end. Must not schedule, sample or load
-models from disk (``cluster.hf`` does); runs only on the torch engine's worker thread.
+models from disk (``models.hf`` does); runs only on the torch engine's worker thread.
 
 Why not transformers' ``ContinuousBatchingManager``: it owns admission and scheduling (which the
 batching core owns here), samples with one generation config for all requests (no per-request

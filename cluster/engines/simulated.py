@@ -18,7 +18,7 @@ from typing import Any
 
 from cluster.engines.base import EngineState, check_request
 from cluster.engines.batching import Batcher, SequenceState, StepOutput
-from cluster.types import GenerationRequest, GenerationResult
+from data.types import GenerationRequest, GenerationResult
 
 LengthModel = Callable[[str, int], int]
 """``lengths(request_id, version) -> tokens``: the response length of a request at a version."""

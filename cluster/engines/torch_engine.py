@@ -20,10 +20,10 @@ from typing import Any, Protocol
 import torch
 
 from cluster import weight_sync as ws
-from cluster.model import KVCache, TinyLM, TinyLMConfig
+from models.model import KVCache, TinyLM, TinyLMConfig
 from cluster.engines.base import EngineState, check_request, check_state_dict
 from cluster.engines.batching import Batcher, SequenceState, StepOutput
-from cluster.types import GenerationRequest, GenerationResult
+from data.types import GenerationRequest, GenerationResult
 
 
 class ModelRunner(Protocol):

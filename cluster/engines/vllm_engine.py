@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from cluster import weight_sync as ws
-from cluster.model import TinyLMConfig
+from models.model import TinyLMConfig
 from cluster.engines.base import EngineState, build_result, check_request, check_state_dict
 from cluster.engines.vllm_ranks import (EXECUTOR, IDENT_KEY, WORKERS_KEY, quiet_expected_reload_warnings,
                                         reload_layerwise, where)
-from cluster.types import FinishReason, GenerationRequest, GenerationResult
+from data.types import FinishReason, GenerationRequest, GenerationResult
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -230,14 +230,14 @@ def hf_model(path: str, *, tokenizer_path: str | None = None, trust_remote_code:
              max_model_len: int | None = None, custom_chat_template: str | None = None) -> ServedModel:
     """A Hugging Face model folder (any decoder-only causal LM vLLM knows): its config on the meta
     device gives the names and shapes, its tokenizer and generation config the EOS ids
-    (``cluster.hf.eos_ids``, as the torch engine). ``max_model_len`` caps the context (default:
+    (``models.hf.eos_ids``, as the torch engine). ``max_model_len`` caps the context (default:
     ``max_position_embeddings``), and with it the KV cache reserved."""
     import types
 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    from cluster.hf import eos_ids, load_tokenizer
+    from models.hf import eos_ids, load_tokenizer
 
     tokenizer_path = tokenizer_path or path
     config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
@@ -497,7 +497,7 @@ def _model_dir(cfg: TinyLMConfig, eos_id: int, dtype: str) -> str:
     import json
 
     from cluster.engines.hf_export import gpt2_config, write_config
-    from cluster.problems import BOS
+    from data.problems import BOS
 
     bos_id = BOS  # vLLM never uses it: prompts arrive as token ids
     key = json.dumps(gpt2_config(cfg, bos_id=bos_id, eos_id=eos_id, dtype=dtype), sort_keys=True)
@@ -810,7 +810,7 @@ class _Request:
 def _tinylm_shapes(cfg: TinyLMConfig) -> dict[str, tuple[int, ...]]:
     import torch
 
-    from cluster.model import TinyLM
+    from models.model import TinyLM
 
     with torch.device("meta"):
         model = TinyLM(cfg)

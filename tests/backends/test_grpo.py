@@ -1,4 +1,4 @@
-"""The RL core (cluster/grpo.py) on hand-computed numbers: advantages, aggregation, the clipped
+"""The RL core (cluster/backends/grpo.py) on hand-computed numbers: advantages, aggregation, the clipped
 and dual-clipped policy loss, entropy, each KL estimator and the rollout IS correction."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from cluster.grpo import (
+from cluster.backends.grpo import (
     agg_loss,
     compute_advantages,
     count_seqs,

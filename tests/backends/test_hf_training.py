@@ -13,8 +13,8 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 tokenizers = pytest.importorskip("tokenizers", reason="tokenizers is not installed")
 
 from cluster.backends import TorchBackend  # noqa: E402
-from cluster.grpo import logprobs_from_logits  # noqa: E402
-from cluster.types import Response, Sample  # noqa: E402
+from cluster.backends.grpo import logprobs_from_logits  # noqa: E402
+from data.types import Response, Sample  # noqa: E402
 
 VOCAB = 96
 GOOD = 7

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from cluster.backends import TIMING_KEYS, CheckpointError, SimulatedBackend, TorchBackend
-from cluster.model import TinyLMConfig
-from cluster.problems import CharTokenizer, make_problems
-from cluster.types import Response, Sample
+from models.model import TinyLMConfig
+from data.problems import CharTokenizer, make_problems
+from data.types import Response, Sample
 
 TOK = CharTokenizer()
 

@@ -20,9 +20,9 @@ from cluster.backends import (
     build_batch,
 )
 from cluster.backends import base as backend_base
-from cluster.model import TinyLM, TinyLMConfig, sequence_logprobs
-from cluster.problems import EOS, CharTokenizer, make_problems, reward
-from cluster.types import Response, Sample
+from models.model import TinyLM, TinyLMConfig, sequence_logprobs
+from data.problems import EOS, CharTokenizer, make_problems, reward
+from data.types import Response, Sample
 
 TOK = CharTokenizer()
 PROBLEMS = make_problems("count", 4, seed=0)
@@ -227,7 +227,7 @@ def test_the_rollout_is_correction_logs_its_weights_statistics():
     batch = build_batch(samples, pad_id=TOK.pad_id, max_seq_len=CFG.max_seq_len)
     with torch.no_grad():
         old = sequence_logprobs(backend.model, batch.tokens, batch.prompt_lens, batch.total_lens)
-    from cluster.grpo import rollout_is_weights
+    from cluster.backends.grpo import rollout_is_weights
 
     expected = rollout_is_weights(old, batch.rollout_logp, batch.mask, level="token", threshold=2.0).stats
     m = backend.train_step(samples).metrics

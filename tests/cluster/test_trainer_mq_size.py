@@ -9,7 +9,7 @@ import types
 import cluster.actors.trainer as actors
 from cluster.actors.rollout_service import PulledBatch
 from cluster.backends.base import StepResult
-from cluster.message_queue import PullRecord
+from rollout.message_queue import PullRecord
 
 Trainer = actors.TrainerActor.__ray_metadata__.modified_class  # the plain class behind the Ray actor
 

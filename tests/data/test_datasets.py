@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from data_support import bpe_tokenizer, row
 
-from cluster.datasets import DatasetError, RLDataset, read_rows, task_rows, truncate, write_rows
-from cluster.problems import CharTokenizer, epoch_order, make_problems, prompt_stream
+from data.datasets import DatasetError, RLDataset, read_rows, task_rows, truncate, write_rows
+from data.problems import CharTokenizer, epoch_order, make_problems, prompt_stream
 
 
 def load(files, tokenizer=None, **kw):

@@ -11,10 +11,10 @@ import time
 import pytest
 from data_support import gsm8k_test_rows
 
-from cluster.load_balancer import LoadBalancer
-from cluster.message_queue import MessageQueue
-from cluster.problems import EOS, CharTokenizer, Problem, reward
-from cluster.reward import (
+from rollout.load_balancer import LoadBalancer
+from rollout.message_queue import MessageQueue
+from data.problems import EOS, CharTokenizer, Problem, reward
+from data.reward import (
     RewardConfigError,
     RewardFailed,
     SampleScorer,
@@ -26,8 +26,8 @@ from cluster.reward import (
     score_math,
     score_tidal,
 )
-from cluster.rollouter import Rollouter
-from cluster.types import GenerationRequest, GenerationResult, Response, Sample, SamplingSpec
+from rollout.rollouter import Rollouter
+from data.types import GenerationRequest, GenerationResult, Response, Sample, SamplingSpec
 from flows.errors import EXIT_REWARD_FAILED, reward_failure
 
 HAS_MATH_VERIFY = importlib.util.find_spec("math_verify") is not None

@@ -15,10 +15,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from cluster import smollm2  # noqa: E402
-from cluster.datasets import gsm8k_rows, read_rows  # noqa: E402
-from cluster.hf import load_model, load_tokenizer, make_tiny_model  # noqa: E402
-from cluster.smollm2 import (  # noqa: E402
+from models import smollm2  # noqa: E402
+from data.datasets import gsm8k_rows, read_rows  # noqa: E402
+from models.hf import load_model, load_tokenizer, make_tiny_model  # noqa: E402
+from models.smollm2 import (  # noqa: E402
     GSM8K_ENV,
     MARKER,
     MODEL_FILES,

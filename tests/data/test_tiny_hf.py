@@ -16,8 +16,8 @@ pytest.importorskip("transformers")
 
 from tiny_hf_support import tiny_hf_cwd  # noqa: E402
 
-from cluster.hf import TINY_FILES, TINY_HF_ROOT, TinyFolderError, ensure_tiny  # noqa: E402
-from cluster.types import GenerationRequest, SamplingSpec  # noqa: E402
+from models.hf import TINY_FILES, TINY_HF_ROOT, TinyFolderError, ensure_tiny  # noqa: E402
+from data.types import GenerationRequest, SamplingSpec  # noqa: E402
 from config import ConfigError, load_config  # noqa: E402
 from flows.cli import main  # noqa: E402
 
@@ -57,7 +57,7 @@ def test_make_tiny_writes_the_same_model_tokenizer_and_dataset_for_the_same_seed
 def test_the_tiny_folder_holds_a_chat_tokenizer_and_arithmetic_rows_in_verl_schema(cwd):
     import pyarrow.parquet as pq
 
-    from cluster.hf import CHAT_TEMPLATE, EOS_TOKEN, load_model, load_tokenizer
+    from models.hf import CHAT_TEMPLATE, EOS_TOKEN, load_model, load_tokenizer
 
     root = cwd / TINY_HF_ROOT
     tok = load_tokenizer(root / "model")
@@ -195,7 +195,7 @@ def test_the_vllm_engine_factory_of_an_hf_config_pickles_and_refuses_a_head_size
 
 
 def test_make_tiny_with_two_heads_writes_the_tiny_hf_vllm_presets_folder_and_refuses_heads_that_do_not_divide(tmp_path):
-    from cluster.hf import make_tiny
+    from models.hf import make_tiny
 
     root = make_tiny(tmp_path / "v", train=4, val=2, n_head=2)
     config = json.loads((root / "model" / "config.json").read_text())

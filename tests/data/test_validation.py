@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from data_support import row
 
-from cluster.datasets import RLDataset
-from cluster.problems import EOS, CharTokenizer
-from cluster.reward import SampleScorer, score_tidal
-from cluster.types import GenerationResult, SamplingSpec
-from cluster.validation import run_validation, val_sampling, validation_requests
+from data.datasets import RLDataset
+from data.problems import EOS, CharTokenizer
+from data.reward import SampleScorer, score_tidal
+from data.types import GenerationResult, SamplingSpec
+from data.validation import run_validation, val_sampling, validation_requests
 
 TOK = CharTokenizer()
 

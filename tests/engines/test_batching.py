@@ -11,7 +11,7 @@ import asyncio
 import pytest
 
 from cluster.engines.batching import Batcher, SequenceState
-from cluster.types import GenerationRequest, GenerationResult, SamplingSpec
+from data.types import GenerationRequest, GenerationResult, SamplingSpec
 
 pytestmark = pytest.mark.timeout(10)
 

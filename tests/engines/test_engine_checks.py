@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from cluster.engines.base import check_request, check_state_dict, request_sample_uid
-from cluster.types import GenerationRequest, SamplingSpec
+from data.types import GenerationRequest, SamplingSpec
 
 
 def test_a_response_id_names_its_sample_and_any_other_id_is_its_own_sample():

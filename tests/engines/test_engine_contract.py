@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from cluster.engines import RolloutEngine, SimulatedEngine
-from cluster.problems import CharTokenizer
-from cluster.types import GenerationRequest, GenerationResult, SamplingSpec
+from data.problems import CharTokenizer
+from data.types import GenerationRequest, GenerationResult, SamplingSpec
 
 pytestmark = pytest.mark.timeout(20)  # a scheduler bug hangs rather than fails
 
@@ -51,7 +51,7 @@ def _torch_case() -> EngineCase:
     import torch
 
     from cluster.engines.torch_engine import TorchEngine
-    from cluster.model import TinyLM, TinyLMConfig
+    from models.model import TinyLM, TinyLMConfig
 
     cfg = TinyLMConfig(vocab_size=TOK.vocab_size, n_layer=2, n_head=4, n_embd=32, max_seq_len=64)
 
@@ -75,7 +75,7 @@ def _hf_case(arch: str) -> EngineCase:
 
     from cluster.engines.hf_runner import HFRunner
     from cluster.engines.torch_engine import TorchEngine
-    from cluster.hf import tiny_config
+    from models.hf import tiny_config
 
     cfg = tiny_config(arch, 384, eos_id=TOK.eos_id, pad_id=0, n_layer=2, n_embd=32, initializer_range=0.2)
 

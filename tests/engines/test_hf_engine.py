@@ -17,8 +17,8 @@ pytest.importorskip("transformers")
 
 from cluster.engines.hf_runner import HFRunner  # noqa: E402
 from cluster.engines.torch_engine import TorchEngine  # noqa: E402
-from cluster.hf import ARCHITECTURES, CHAT_TEMPLATE, EOS_TOKEN, load_model, load_tokenizer, make_tiny_model  # noqa: E402
-from cluster.types import GenerationRequest, SamplingSpec  # noqa: E402
+from models.hf import ARCHITECTURES, CHAT_TEMPLATE, EOS_TOKEN, load_model, load_tokenizer, make_tiny_model  # noqa: E402
+from data.types import GenerationRequest, SamplingSpec  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -182,7 +182,7 @@ def test_the_engine_factory_of_a_config_with_a_model_path_builds_the_hf_torch_en
     import pickle
 
     from cluster.builders import engine_factory
-    from cluster.problems import CharTokenizer
+    from data.problems import CharTokenizer
     from config import load_config
 
     cfg = load_config("tiny-cpu", [f"actor_rollout_ref.model.path={folder}"])
@@ -242,7 +242,7 @@ def test_rows_freed_by_finished_requests_are_reused_and_every_response_still_equ
 
 
 def test_the_eos_ids_are_the_tokenizers_then_the_generation_configs_others(folder, tok):
-    from cluster.hf import eos_ids
+    from models.hf import eos_ids
 
     model = load_model(folder)
     assert eos_ids(model, tok) == [tok.eos_token_id]

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from cluster.engines.simulated import SimulatedEngine
-from cluster.types import GenerationRequest, SamplingSpec
+from data.types import GenerationRequest, SamplingSpec
 
 pytestmark = pytest.mark.timeout(20)  # a scheduler bug hangs rather than fails
 

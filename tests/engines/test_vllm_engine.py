@@ -19,9 +19,9 @@ import vllm_shared
 from vllm_shared import CFG, TOK
 
 from cluster.engines.torch_engine import TorchEngine
-from cluster.model import TinyLM
-from cluster.problems import make_problems
-from cluster.types import GenerationRequest, SamplingSpec
+from models.model import TinyLM
+from data.problems import make_problems
+from data.types import GenerationRequest, SamplingSpec
 
 pytestmark = [
     pytest.mark.timeout(60),

@@ -13,7 +13,7 @@ import asyncio
 import pytest
 import vllm_shared
 
-from cluster.types import GenerationRequest, SamplingSpec
+from data.types import GenerationRequest, SamplingSpec
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -25,7 +25,7 @@ TEXTS = ("12 + 7 =", "what is 3 * 4", "the answer is", "count 0123", "copy abc",
 
 @pytest.fixture(scope="module")
 def tok():
-    from cluster.hf import load_tokenizer
+    from models.hf import load_tokenizer
 
     return load_tokenizer(vllm_shared.hf_folder())
 

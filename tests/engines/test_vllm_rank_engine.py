@@ -15,8 +15,8 @@ import pytest
 import vllm_shared
 from vllm_shared import TOK
 
-from cluster.problems import make_problems
-from cluster.types import GenerationRequest, SamplingSpec
+from data.problems import make_problems
+from data.types import GenerationRequest, SamplingSpec
 
 pytestmark = [
     pytest.mark.timeout(120),

@@ -13,7 +13,7 @@ pytest.importorskip("safetensors")
 
 from cluster.engines.hf_export import save_state_file  # noqa: E402
 from cluster.engines.vllm_engine import hf_model  # noqa: E402
-from cluster.hf import load_model, load_tokenizer, make_tiny_model  # noqa: E402
+from models.hf import load_model, load_tokenizer, make_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

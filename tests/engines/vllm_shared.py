@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cluster.model import TinyLMConfig
-from cluster.problems import CharTokenizer
+from models.model import TinyLMConfig
+from data.problems import CharTokenizer
 
 TOK = CharTokenizer()
 # vLLM's CPU attention needs head_dim >= 32 (TinyLM's test shape, n_embd 32 / 4 heads, has 8).
@@ -55,7 +55,7 @@ def hf_folder() -> Path:
     """The tiny Qwen2 folder (built on first call; wide init, so greedy choices are never near-ties)."""
     global _folder
     if _folder is None:
-        from cluster.hf import make_tiny_model
+        from models.hf import make_tiny_model
 
         _folder = make_tiny_model(Path(tempfile.mkdtemp(prefix="tidal-vllm-hf-")) / "qwen2", "qwen2",
                                   n_head=HF_HEADS, initializer_range=0.2)
@@ -128,7 +128,7 @@ def weights(seed: int) -> dict[str, Any]:
     """TinyLM weights with a wide head, so greedy choices are never near-ties."""
     import torch
 
-    from cluster.model import TinyLM
+    from models.model import TinyLM
 
     torch.manual_seed(seed)
     model = TinyLM(CFG)

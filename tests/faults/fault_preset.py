@@ -75,6 +75,6 @@ def build_preset(name: str, tmp_path_factory: pytest.TempPathFactory) -> FaultPr
         return FaultPreset(name)
     from tiny_hf_support import tiny_hf_cwd
 
-    from cluster.hf import TINY_HF_ROOT
+    from models.hf import TINY_HF_ROOT
 
     return FaultPreset(name, (tiny_hf_cwd(tmp_path_factory) / TINY_HF_ROOT).resolve())

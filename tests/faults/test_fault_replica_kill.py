@@ -28,7 +28,7 @@ import sqlalchemy as sa
 
 from cluster.actors import ControllerHost, call, replica_name
 from cluster.builders import DataPlane, prompts_for
-from cluster.rollouter import sample_uid
+from rollout.rollouter import sample_uid
 from config import load_config, to_plain, write_resolved
 from fault_report import record
 from flows.training_step import training_step

@@ -42,8 +42,8 @@ import torch
 from pg_support import running_postgres
 
 from cluster.backends import CheckpointError, TorchBackend, UnsafeCheckpointError
-from cluster.model import TinyLMConfig
-from cluster.problems import CharTokenizer, make_problems
+from models.model import TinyLMConfig
+from data.problems import CharTokenizer, make_problems
 from flows.prefect_server import LocalPrefectServer
 
 PASSWORD = "Tidal-s3cret-7f3a9e"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from driver_support import config_args, final_state, run_tidal, store_url
 
-from cluster.datasets import task_rows, write_rows
+from data.datasets import task_rows, write_rows
 
 pytestmark = pytest.mark.slow
 KEY = "val-core/tidal/arith/reward/mean@2"

@@ -38,8 +38,8 @@ def _config(tmp_path, tp: int):
 
 
 def _requests(tokenizer, n: int = 6):
-    from cluster.problems import make_problems
-    from cluster.types import GenerationRequest, SamplingSpec
+    from data.problems import make_problems
+    from data.types import GenerationRequest, SamplingSpec
 
     prompts = [tokenizer.encode(p.prompt) for p in make_problems("arith", n, seed=3)]
     return [GenerationRequest(f"g{i}", p, SamplingSpec(max_new_tokens=8, temperature=0.0, ignore_eos=True))
@@ -48,7 +48,7 @@ def _requests(tokenizer, n: int = 6):
 
 def _samples(requests, results) -> list:
     """Training samples from the hybrid's own responses, scored by hand (a spread of rewards)."""
-    from cluster.types import Response, Sample
+    from data.types import Response, Sample
 
     samples = []
     for i, (request, result) in enumerate(zip(requests, results, strict=True)):

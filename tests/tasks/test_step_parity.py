@@ -336,7 +336,7 @@ TWIN_ONLY_METRICS = frozenset({
     "waste/reprefilled_tokens",
 })
 """Step metrics the twin names and production's fold does not: production takes these from the
-rollout service's window (``cluster.rollouter.Rollouter.on_weight_sync``), which the fake leaves
+rollout service's window (``rollout.rollouter.Rollouter.on_weight_sync``), which the fake leaves
 empty, as it leaves the trainer's own metrics."""
 
 

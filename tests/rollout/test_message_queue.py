@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from cluster.message_queue import MessageQueue, PullRecord, QueueClosed, wait_samples
+from rollout.message_queue import MessageQueue, PullRecord, QueueClosed, wait_samples
 
 
 class FakeClock:

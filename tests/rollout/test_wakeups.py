@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from cluster.wakeups import Wakeup
+from rollout.wakeups import Wakeup
 
 
 async def settle(rounds: int = 5) -> None:

@@ -31,7 +31,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
 
-from cluster.wakeups import Wakeup
+from rollout.wakeups import Wakeup
 from loop.balance import least_loaded
 
 __all__ = ["LoadBalancer"]

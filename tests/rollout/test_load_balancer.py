@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loop.controller import LoadBalancer as LoadBalancerProtocol
-from cluster.load_balancer import LoadBalancer
+from rollout.load_balancer import LoadBalancer
 
 
 def test_a_new_request_goes_to_the_least_loaded_replica_and_ties_go_to_the_first_in_replica_order():

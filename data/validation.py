@@ -13,9 +13,9 @@ import dataclasses
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 
-from cluster.datasets import RLDataset
-from cluster.reward import SampleScorer
-from cluster.types import GenerationRequest, GenerationResult, Response, Sample, SamplingSpec
+from data.datasets import RLDataset
+from data.reward import SampleScorer
+from data.types import GenerationRequest, GenerationResult, Response, Sample, SamplingSpec
 
 GenerateBatch = Callable[[Sequence[GenerationRequest]], Sequence["GenerationResult | BaseException"]]
 """One replica's ``generate_batch`` (blocking): results in request order, an exception per failure."""

@@ -156,7 +156,7 @@ def make_tiny(directory: str | os.PathLike[str], *, train: int = 512, val: int =
     schema, ``data_source: tidal/arith``; seeds ``seed`` and ``seed + 1``). The same arguments
     write the same bytes. Everything is built in a temporary folder beside ``directory`` and
     renamed into place: a failure leaves nothing behind. Raises ``TinyFolderError`` (one line)."""
-    from cluster.datasets import task_rows, write_rows
+    from data.datasets import task_rows, write_rows
 
     if n_head < 1 or 64 % n_head:
         raise TinyFolderError(f"{n_head} heads do not divide the tiny model's width 64")

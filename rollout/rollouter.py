@@ -55,7 +55,7 @@ Counting (all cumulative, the metrics are per window):
   into every replica before the rollouter hears of it, so ``behind`` stays 0 unless a replica
   serves stale weights (a replacement that missed a broadcast, say).
 
-Rewards: with ``score`` (``cluster.reward.SampleScorer``) a sample whose responses all finished
+Rewards: with ``score`` (``data.reward.SampleScorer``) a sample whose responses all finished
 is scored in a worker thread before it is queued (``Sample.scores``); a reward call that raises or
 hangs past its timeout fails the rollouter with the scorer's one-line error.
 
@@ -81,11 +81,11 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from cluster.message_queue import QueueClosed
+from rollout.message_queue import QueueClosed
 from loop.readonly import ReadOnly
-from cluster.reward import RewardFailed
-from cluster.types import GenerationRequest, GenerationResult, Response, Sample, SamplingSpec
-from cluster.wakeups import Wakeup
+from data.reward import RewardFailed
+from data.types import GenerationRequest, GenerationResult, Response, Sample, SamplingSpec
+from rollout.wakeups import Wakeup
 from loop.staleness import StalenessGate, record_change
 from metrics import (
     ROLLOUT_RESOURCE_UTILIZATION,
@@ -137,7 +137,7 @@ class _QueueLike(Protocol):
 
 
 def sample_uid(epoch: int, prompt_index: int) -> str:
-    """The sample uid of ``cluster.types.Sample``: ``e{epoch}-p{index}``."""
+    """The sample uid of ``data.types.Sample``: ``e{epoch}-p{index}``."""
     return f"e{epoch}-p{prompt_index}"
 
 

@@ -5,7 +5,7 @@ Owns: reading rows (``data_source``, the prompt column as chat messages or a str
 and truncating over-long prompts, the ``train_max_samples`` cap, the seeded prompt order, the
 built-in tasks as rows of the same schema (``data_source: tidal/<task>``) and writing rows out.
 Must not: read a config (``cluster.builders`` turns it into arguments), score responses
-(``cluster.reward``) or import Ray.
+(``data.reward``) or import Ray.
 
 A prompt is identified by its position in the loaded dataset (after the cap and the filter), so
 the same files and keys give the same ``(epoch, index)`` pairs: resume skips the consumed ones.
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from cluster.problems import epoch_order, make_problems
+from data.problems import epoch_order, make_problems
 
 Truncation = Literal["error", "left", "right", "middle"]
 REQUIRED_COLUMNS = ("data_source", "reward_model")
@@ -144,7 +144,7 @@ class RLDataset:
         self, *, epochs: int, skip: Iterable[tuple[int, int]] = (), limit: int | None = None
     ) -> Iterator[tuple[int, int, list[int]]]:
         """(epoch, prompt index, prompt tokens) in the seeded per-epoch order (the order
-        ``cluster.problems.prompt_stream`` gives the built-in tasks), minus ``skip``."""
+        ``data.problems.prompt_stream`` gives the built-in tasks), minus ``skip``."""
         for epoch, index in epoch_order(len(self.rows), epochs=epochs, seed=self._seed, shuffle=self._shuffle,
                                         skip=skip, limit=limit):
             yield epoch, index, list(self.rows[index].prompt_tokens)
@@ -208,7 +208,7 @@ def read_rows(path: str, *, key: str = "data.train_files") -> list[tuple[str, di
 
 
 def task_rows(name: str, num: int, seed: int) -> list[dict[str, Any]]:
-    """The built-in task ``name`` (``cluster.problems``) as rows of verl's schema, one per problem
+    """The built-in task ``name`` (``data.problems``) as rows of verl's schema, one per problem
     in problem order: ``data_source: tidal/<name>``, the prompt as one user message."""
     return [
         {

@@ -174,7 +174,7 @@ def ensure_smollm2(directory: str | os.PathLike[str] = SMOLLM2_ROOT, *, say: Say
     the installed package's GGUF) and ``data/{train,test}.parquet`` (from ``gsm8k_dir()``).
     Returns the relative paths it built (empty when all were there). Raises ``SmolLM2Error`` (one
     line) naming what is missing when a part cannot be built."""
-    from cluster.datasets import DatasetError, gsm8k_rows, write_rows
+    from data.datasets import DatasetError, gsm8k_rows, write_rows
 
     root = Path(directory)
     built = []

@@ -93,7 +93,7 @@ class Sample:
     started_version: int
     """Param version when generation of this sample started (staleness accounting)."""
     scores: list[float] | None = None
-    """One reward per response, set where the sample completed (``cluster.reward.SampleScorer``);
+    """One reward per response, set where the sample completed (``data.reward.SampleScorer``);
     None = not scored yet (the train backend then scores it itself)."""
     reward_extras: list[dict[str, float]] | None = None
     """Per response, the numeric extras a reward function returned beside ``score`` (logged)."""

@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cluster.problems import CharTokenizer
-from cluster.types import Sample
+from data.problems import CharTokenizer
+from data.types import Sample
 
 ScoreFn = Callable[[str, str, Any, dict[str, Any]], "float | dict[str, Any]"]
 
@@ -78,7 +78,7 @@ def score_math(solution_str: str, ground_truth: Any) -> float:
 
 def score_tidal(solution_str: str, ground_truth: Any) -> float:
     """The built-in tasks' dense rule on text: matched prefix of the answer, plus one for nothing
-    after it, over (answer length + 1); exactly the answer = 1.0 (``cluster.problems.reward``'s
+    after it, over (answer length + 1); exactly the answer = 1.0 (``data.problems.reward``'s
     rule, with the end of the text standing in for the end-of-sequence token)."""
     answer = str(ground_truth)
     matched = 0
@@ -172,7 +172,7 @@ def response_text(tokenizer: Any, tokens: Sequence[int]) -> str:
     """The ``solution_str`` of a response: an HF tokenizer's decode without special tokens; for the
     built-in character tokenizer the text up to ``<eos>`` with every other special token, and a
     missing ``<eos>``, shown as U+FFFD, so that ``score_tidal`` on it equals the token rule of
-    ``cluster.problems.reward`` exactly (a stray ``<bos>`` breaks the match, a response cut by
+    ``data.problems.reward`` exactly (a stray ``<bos>`` breaks the match, a response cut by
     the length budget lacks the end)."""
     if not isinstance(tokenizer, CharTokenizer):
         return tokenizer.decode(list(tokens), skip_special_tokens=True)

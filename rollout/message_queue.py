@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from cluster.wakeups import Wakeup
+from rollout.wakeups import Wakeup
 
 __all__ = ["MessageQueue", "PullRecord", "QueueClosed", "wait_samples"]
 

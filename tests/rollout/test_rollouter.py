@@ -17,10 +17,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from cluster.load_balancer import LoadBalancer
-from cluster.message_queue import MessageQueue
-from cluster.rollouter import Rollouter
-from cluster.types import GenerationRequest, GenerationResult, SamplingSpec
+from rollout.load_balancer import LoadBalancer
+from rollout.message_queue import MessageQueue
+from rollout.rollouter import Rollouter
+from data.types import GenerationRequest, GenerationResult, SamplingSpec
 from metrics import ROLLOUT_RESOURCE_UTILIZATION, STEP_GENERATED_SAMPLES, STEP_GENERATED_TOKENS
 
 PROMPT_LEN = 5

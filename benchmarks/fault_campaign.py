@@ -52,10 +52,10 @@ PLATFORM = (["tests/faults/test_fault_store_restart.py", "tests/faults/test_faul
 
 
 def run_pytest(preset: str, report: Path, junit: Path, extra: list[str],
-               paths: list[str] | None = None) -> tuple[list[str], int, float]:
+               paths: list[str] | None = None, plane: dict[str, str] | None = None) -> tuple[list[str], int, float]:
     paths = paths or CAMPAIGNS[preset][0]
     cmd = [sys.executable, "-m", "pytest", "-q", *paths, f"--junitxml={junit}", "-p", "no:cacheprovider", *extra]
-    env = dict(os.environ, TIDAL_FAULT_REPORT=str(report), TIDAL_FAULT_PRESET=preset)
+    env = dict(os.environ, TIDAL_FAULT_REPORT=str(report), TIDAL_FAULT_PRESET=preset, **(plane or {}))
     t0 = time.perf_counter()
     code = subprocess.call(cmd, cwd=ROOT, env=env)
     return cmd, code, time.perf_counter() - t0
@@ -108,8 +108,13 @@ def tally(records: list[dict], cases: list[dict]) -> dict:
                       "skipped": sum(c["outcome"] == "skipped" for c in cases)}}
 
 
+def plane_words(ranks: int | None, transport: str | None) -> str:
+    rank_words = f"{ranks} rank{'s' if ranks != 1 else ''}" if ranks else "the preset's one rank"
+    return f"{rank_words}, weights to the standalones by {transport or 'the collective (the preset default)'}"
+
+
 def markdown(command: str, t: dict, records: list[dict], took: float, preset: str = "tiny-cpu",
-             platform: bool = False) -> str:
+             platform: bool = False, ranks: int | None = None, transport: str | None = None) -> str:
     paths = " ".join(p.removeprefix("tests/faults/") for p in (PLATFORM if platform else CAMPAIGNS[preset])[0])
     title = "## Fault campaign (`fault_campaign.py`)" if preset == "tiny-cpu" else (
         f"## Fault campaign on {preset} (`fault_campaign.py --preset {preset}`)")
@@ -121,6 +126,7 @@ def markdown(command: str, t: dict, records: list[dict], took: float, preset: st
         f"Command: `{command}`",
         "",
         f"`pytest {paths}` (`TIDAL_FAULT_PRESET={preset}`) with every fault test recording what it injected and found; "
+        f"the trainer as {plane_words(ranks, transport)} (a test that sets its own keeps them); "
         f"{t['tests']['passed']} passed, {t['tests']['failed']} failed, {t['tests']['skipped']} skipped in {took:.0f} s. "
         f"**{t['injected']} faults injected, {t['survived']} survived, {t['samples_lost']} samples lost, "
         f"{t['samples_duplicated']} duplicated.** (Security checks are listed but not counted as faults.)",
@@ -151,22 +157,34 @@ def main(argv: list[str] | None = None) -> int:
                     help="tiny-cpu: every fault test; tiny-hf: replica kills, driver SIGKILLs, store faults")
     ap.add_argument("--platform", action="store_true",
                     help="only the platform's faults: PostgreSQL restarted mid-run, four runs on one store and server")
+    ap.add_argument("--ranks", type=int, default=None, metavar="N",
+                    help="the trainer's rank count in every run a fault test builds from the preset (TIDAL_FAULT_TRAINER_RANKS)")
+    ap.add_argument("--transport", choices=("collective", "object_store"), default=None,
+                    help="the standalones' weight transport (TIDAL_FAULT_TRANSPORT); default: the preset's (collective)")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--write", type=Path, default=RESULTS_MD, metavar="FILE",
                     help="the markdown file whose section this replaces (default benchmarks/RESULTS.md)")
     ap.add_argument("--json-out", type=Path, default=None, metavar="FILE",
                     help="the figures' JSON file (default benchmarks/results/faults.json or faults_hf.json)")
     args = ap.parse_args(argv)
+    if args.ranks is not None and not 1 <= args.ranks <= 8:
+        ap.error(f"--ranks {args.ranks}: a rank count from 1 to 8")
     paths, section, name = PLATFORM if args.platform else CAMPAIGNS[args.preset]
+    plane = {**({"TIDAL_FAULT_TRAINER_RANKS": str(args.ranks)} if args.ranks else {}),
+             **({"TIDAL_FAULT_TRANSPORT": args.transport} if args.transport else {})}
+    if args.transport == "object_store" and not args.platform:  # the collective's figures stay where they are
+        section, name = f"{section}_object_store", f"{name}_object_store"
     with tempfile.TemporaryDirectory(prefix="tidal-faults-") as tmp:
         report, junit = Path(tmp) / "faults.jsonl", Path(tmp) / "junit.xml"
-        cmd, code, took = run_pytest(args.preset, report, junit, extra, paths)
+        cmd, code, took = run_pytest(args.preset, report, junit, extra, paths, plane)
         records = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
         cases = read_junit(junit) if junit.exists() else []
     t = tally(records, cases)
-    options = ([] if args.preset == "tiny-cpu" else ["--preset", args.preset]) + (["--platform"] if args.platform else [])
+    options = (([] if args.preset == "tiny-cpu" else ["--preset", args.preset]) + (["--platform"] if args.platform else [])
+               + (["--ranks", str(args.ranks)] if args.ranks else [])
+               + (["--transport", args.transport] if args.transport else []))
     command = shlex.join([".venv/bin/python", "benchmarks/fault_campaign.py", *options, *(["--", *extra] if extra else [])])
-    text = markdown(command, t, records, took, args.preset, args.platform)
+    text = markdown(command, t, records, took, args.preset, args.platform, args.ranks, args.transport)
     print(text)
     if not args.no_write:
         write_section(section, text, args.write)
@@ -175,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                                 text=True).stdout.strip()
         print("wrote", write_json(name, {**t, "preset": args.preset, "command": command, "pytest_exit": code,
                                          "seconds": took, "commit": commit,
+                                         "trainer_ranks": args.ranks or 1, "transport": args.transport or "collective",
                                          "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                          "records": records, "cases": cases}, out))
         if args.platform and args.write == RESULTS_MD:  # faults.platform in results.json, as run_all.py merges it

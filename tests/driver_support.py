@@ -34,12 +34,15 @@ CLI = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(m
 def ray_head_cluster(env: Mapping[str, str] | None = None) -> Iterator[Any]:
     """A local Ray head of its own (2 CPUs, 4 emulated GPUs, 4 GiB), this process attached to it;
     yields the ``LocalRayCluster`` and ends it after. ``env`` goes to the head and its workers (e.g.
-    PYTHONPATH). The session's one is ``tests/conftest.py``'s ``ray_cluster``."""
+    PYTHONPATH). The session's one is ``tests/conftest.py``'s ``ray_cluster``. A fault campaign
+    with a trainer of N ranks (``TIDAL_FAULT_TRAINER_RANKS``) gets N - 1 more emulated GPUs."""
     import ray
 
     from cluster.ray_cluster import LocalRayCluster
 
-    cluster = LocalRayCluster(num_cpus=2, gpus=4, memory_gb=4.0, object_store_memory_gb=0.5, env=dict(env or {})).start()
+    ranks = os.environ.get("TIDAL_FAULT_TRAINER_RANKS", "").strip()
+    gpus = 3 + (int(ranks) if ranks.isdigit() and int(ranks) > 0 else 1)
+    cluster = LocalRayCluster(num_cpus=2, gpus=gpus, memory_gb=4.0, object_store_memory_gb=0.5, env=dict(env or {})).start()
     try:
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
         yield cluster

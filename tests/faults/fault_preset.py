@@ -20,6 +20,31 @@ import pytest
 ENV = "TIDAL_FAULT_PRESET"
 PRESETS = ("tiny-cpu", "tiny-hf")
 DEFAULT = "tiny-cpu"
+RANKS_ENV = "TIDAL_FAULT_TRAINER_RANKS"
+"""The trainer's rank count for every run a fault test builds from the preset (``fault_campaign.py
+--ranks``); unset: the preset's own (one rank)."""
+TRANSPORT_ENV = "TIDAL_FAULT_TRANSPORT"
+"""The standalones' weight transport (``collective`` or ``object_store``; ``fault_campaign.py
+--transport``); unset: the preset's own (``auto``: the collective)."""
+TRANSPORTS = ("collective", "object_store")
+
+
+def compute_plane(environ: dict[str, str] | None = None) -> list[str]:
+    """The ``--set`` overrides ``TIDAL_FAULT_TRAINER_RANKS`` and ``TIDAL_FAULT_TRANSPORT`` ask for, so
+    that a campaign's kills hit a rank group and the transport users run; a bad value is a usage error."""
+    env = os.environ if environ is None else environ
+    out = []
+    ranks = env.get(RANKS_ENV, "").strip()
+    if ranks:
+        if not ranks.isdigit() or not 1 <= int(ranks) <= 8:
+            raise pytest.UsageError(f"{RANKS_ENV}={ranks!r}: a rank count from 1 to 8")
+        out.append(f"trainer.n_gpus_per_node={int(ranks)}")
+    transport = env.get(TRANSPORT_ENV, "").strip()
+    if transport:
+        if transport not in TRANSPORTS:
+            raise pytest.UsageError(f"{TRANSPORT_ENV}={transport!r}: choose one of {', '.join(TRANSPORTS)}")
+        out.append(f"actor_rollout_ref.rollout.weight_sync.transport={transport}")
+    return out
 
 
 def preset_name(environ: dict[str, str] | None = None) -> str:
@@ -44,12 +69,14 @@ class FaultPreset:
 
     def overrides(self) -> list[str]:
         """Dotted ``key=value`` overrides that make the preset load from any working directory:
-        ``tiny-hf``'s model and data as absolute paths into the session's folder."""
+        ``tiny-hf``'s model and data as absolute paths into the session's folder; then the
+        campaign's compute plane (``compute_plane``: the trainer's ranks, the weight transport)."""
+        plane = compute_plane()
         if self.files is None:
-            return []
+            return plane
         return [f"actor_rollout_ref.model.path={self.files / 'model'}",
                 f"data.train_files={self.files / 'data' / 'train.parquet'}",
-                f"data.val_files={self.files / 'data' / 'test.parquet'}"]
+                f"data.val_files={self.files / 'data' / 'test.parquet'}", *plane]
 
     def rollout_overrides(self, simulated: list[str]) -> list[str]:
         """The rollout engine of a test that runs the simulated engine on ``tiny-cpu`` (its

@@ -27,7 +27,7 @@ import ray
 import sqlalchemy as sa
 
 from cluster.actors import ControllerHost, call, replica_name
-from cluster.builders import DataPlane, prompts_for
+from cluster.builders import DataPlane, hybrid_ids, prompts_for
 from rollout.rollouter import sample_uid
 from config import load_config, to_plain, write_resolved
 from fault_report import record
@@ -66,7 +66,7 @@ def _start(preset, tmp_path, ray_address, *overrides, lend_hybrid=True, simulate
         f"rollout.n_gpus_per_node={STANDALONE}", "actor_rollout_ref.rollout.response_length=8",
         *preset.overrides(), *preset.rollout_overrides(simulated), *overrides,
     ])
-    assert cfg.hybrid_replicas == 1
+    assert cfg.hybrid_replicas == cfg.trainer_gpus  # one per trainer rank (TIDAL_FAULT_TRAINER_RANKS)
     uid = f"kill-{uuid.uuid4().hex[:8]}"
     engine = make_engine(cfg.storage.url)
     migrate(engine)
@@ -273,8 +273,8 @@ def test_standalone_replicas_killed_at_random_moments_lose_and_duplicate_no_samp
         stats = ray.get(plane.rollout.stats.remote())
         # the loss is reflected: no standalone replica left, capacity of the hybrid alone at most
         assert sorted(stats["failed_replicas"]) == sorted(plane.standalone)
-        assert set(stats["active_replicas"]) <= {"hybrid-0"}
-        assert stats["max_concurrent_samples"] <= PER_REPLICA
+        assert set(stats["active_replicas"]) <= set(hybrid_ids(cfg))
+        assert stats["max_concurrent_samples"] <= PER_REPLICA * cfg.hybrid_replicas
         assert stats["failed_requests"] >= STANDALONE
         assert _standalones_reached(plane, _version(engine, run.uid)) == 0
         print("per step (step, dead, routable standalone, max_concurrent_samples):", per_step)
@@ -396,7 +396,7 @@ def test_killed_standalone_replicas_are_replaced_and_rejoin_at_the_current_versi
         assert sorted(stats["standalone_replicas"]) == sorted(alive) and len(alive) == STANDALONE, stats
         active = stats["active_replicas"]
         assert stats["max_concurrent_samples"] == min(len(active) * PER_REPLICA, stats["max_required_samples"])
-        assert len(active) in (STANDALONE, STANDALONE + 1)  # + the hybrid when lent
+        assert len(active) in (STANDALONE, STANDALONE + cfg.hybrid_replicas)  # + the hybrids when lent
         assert sorted(stats["failed_replicas"]) == sorted(killed)
         assert _standalones_reached(plane, _version(engine, run.uid)) == STANDALONE
 
@@ -561,7 +561,7 @@ def test_the_last_standalone_replica_dying_while_the_hybrid_sleeps_does_not_stal
             rows = s.execute(sa.select(Decision.hook, Decision.answer_json).where(Decision.step == kill_at[0])
                              .order_by(Decision.id)).all()
         assert [(hook, answer) for hook, answer in rows] == [
-            ("refill_if_stranded", True), ("should_activate_after_step", 1), ("request_rebalance", False),
+            ("refill_if_stranded", True), ("should_activate_after_step", cfg.hybrid_replicas), ("request_rebalance", False),
             ("update_after_step", None)]
     finally:
         plane.shutdown()

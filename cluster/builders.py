@@ -415,13 +415,14 @@ class DataPlane:
             replacement_state=replacement_state,
             scorer_factory=None if cfg.engines.rollout == "simulated" else scorer_factory(cfg),
             hybrid_handles=ray.get(trainer.hybrid_handles.remote()),
+            heartbeat_timeout_s=r.heartbeat_timeout_s,
         )
         ray.get([trainer.ping.remote(), rollout.ping.remote(), *(h.ping.remote() for h in standalone.values())])
         controller = ControllerActor.options(name=CONTROLLER, **placement.control, **opts).remote(
             policy_factory(cfg), namespace=namespace, standalone_ids=list(standalone), hybrid_ids=hyb,
             enable_rebalance=a.dynamic_schedule_enable_rebalance, only_hybrid=cfg.only_hybrid,
             rebalance_timeout_s=a.dynamic_schedule_rebalance_timeout_s, sizes=run_sizes(cfg, consumed_before=len(consumed)), keep_broadcast_weights=r.replace_failed_replicas and cfg.standalone_transport == "object_store",
-            **sync_options(cfg),
+            switch_timeout_s=a.switch_call_timeout_s, **sync_options(cfg),
         )
         ray.get(controller.ping.remote())
         return cls(namespace, trainer, rollout, controller, standalone, ranks)

@@ -26,6 +26,7 @@ from cluster.actors import (
     TrainerActor,
     replica_name,
 )
+from cluster.actors.controller_actor import HANG_TRAINER_AT_ENV
 from cluster.actors.replica import KILL_IN_SYNC_ENV
 from cluster.actors.trainer_rank import RankGroup, TrainRankActor, hybrid_hosts, rank_name
 from models.model import TinyLMConfig
@@ -305,7 +306,8 @@ def sync_options(cfg: TidalConfig) -> dict[str, Any]:
     """The controller's weight-sync keywords: the standalones' transport and, for the collective,
     the timeout (the wire dtype and bucket size are the sender's: ``sender_options``)."""
     return dict(transport=cfg.standalone_transport, sync_timeout_s=cfg.actor_rollout_ref.rollout.weight_sync.timeout_s,
-                kill_in_sync=os.environ.get(KILL_IN_SYNC_ENV) or None)  # a failpoint of the driver's
+                kill_in_sync=os.environ.get(KILL_IN_SYNC_ENV) or None,  # failpoints of the driver's
+                hang_trainer_at=os.environ.get(HANG_TRAINER_AT_ENV) or None)
 
 
 def sender_options(cfg: TidalConfig) -> dict[str, Any]:

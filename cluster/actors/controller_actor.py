@@ -15,6 +15,8 @@ tasks go through ``call(handle, ControllerHost.method, ...)`` so go-to-definitio
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +26,7 @@ import ray
 
 from cluster import weight_sync as ws
 from cluster.actors.names import ROLLOUT_SERVICE, TRAINER, replica_name
-from cluster.actors.remote_engine import ActorHung, actor_is_dead, kill_hung
+from cluster.actors.remote_engine import ActorHung, actor_is_dead, kill_hung, local_pid
 from loop.controller import DynamicResourceController
 from loop.membership import Membership
 from loop.plans import RolloutCounters
@@ -42,6 +44,15 @@ from loop.plans import (
 log = logging.getLogger(__name__)
 
 SWITCH_TIMEOUT_KEY = "async_training.switch_call_timeout_s"
+
+HANG_TRAINER_AT_ENV = "TIDAL_HANG_TRAINER_AT"
+"""Failpoint ``<moment>:<n>[@<pid file>]``, read by the driver (``builders.sync_options``): the
+controller SIGSTOPs the trainer's process (it hosts the hybrids) as ``moment`` begins, where
+``moment`` is ``take_back`` (step ``n``'s take-back of the hybrids), ``hybrid_sync`` (step
+``n``'s wake and load of the lent hybrids) or ``broadcast`` (the broadcast of version ``n``), and
+writes its pid to ``pid file``. The trainer hangs rather than dies: the moment's calls meet their
+deadline (``tests/faults/test_fault_hang.py``)."""
+HANG_MOMENTS = ("take_back", "hybrid_sync", "broadcast")
 
 
 def get_within(ref: Any, timeout_s: float, what: str, handle: Any, key: str = SWITCH_TIMEOUT_KEY) -> Any:
@@ -327,7 +338,9 @@ class ControllerHost:
         sync_timeout_s: float = 60.0,
         kill_in_sync: str | None = None,
         switch_timeout_s: float = 300.0,
+        hang_trainer_at: str | None = None,
     ):
+        self._hang_at = hang_trainer_at
         self.switch_timeout_s = float(switch_timeout_s)
         """``async_training.switch_call_timeout_s``: the deadline of every call this actor makes."""
         self.service = ray.get_actor(ROLLOUT_SERVICE, namespace=namespace)
@@ -354,6 +367,22 @@ class ControllerHost:
         self.sync = CollectiveSync(self.trainer, self.members, sync_timeout_s, kill_in_sync=kill_in_sync,
                                    call_timeout_s=self.switch_timeout_s) if transport == ws.COLLECTIVE else None
 
+    def _hang_point(self, moment: str, n: int) -> None:
+        """The failpoint of ``HANG_TRAINER_AT_ENV``: SIGSTOP the trainer here, once."""
+        if not self._hang_at:
+            return
+        where, _, pid_file = self._hang_at.partition("@")
+        if where != f"{moment}:{n}":
+            return
+        self._hang_at = None
+        pid = local_pid(self.trainer)
+        assert pid is not None, "the trainer's process is not on the controller's node"
+        if pid_file:
+            with open(pid_file, "w") as f:
+                f.write(f"{pid} {time.time()}\n")
+        log.warning("failpoint %s: SIGSTOP the trainer (pid %d)", where, pid)
+        os.kill(pid, signal.SIGSTOP)
+
     def _counters(self) -> RolloutCounters:
         """One read of the rollout service per policy question. Membership is what this actor
         already knows: the rollout service reports each death as it sees it (a failed request,
@@ -379,6 +408,8 @@ class ControllerHost:
         then take them back."""
         waited = self._service(self.service.wait_for_queue.remote(plan.wait_samples, timeout_s), "wait_for_queue",
                                timeout_s)
+        if plan.deactivate:
+            self._hang_point("take_back", plan.step)
         report = self.ctl.deactivate()
         return WaitReport(waited_s=waited["waited_s"], mq_size=waited["mq_size"], exhausted=waited["exhausted"],
                           deactivate=report)
@@ -400,6 +431,7 @@ class ControllerHost:
         ``lend`` (a plan that lends), the lent hybrids wake and load ``version`` in the trainer's
         process while the standalones' loads are in flight (``overlap_hybrid_sync``)."""
         assert lend is None or lend.lends, f"a broadcast that syncs the hybrids for a plan that lends nothing: {lend}"
+        self._hang_point("broadcast", int(version))
         t0 = time.perf_counter()
         synced = self._sync_standalone({rid: self.standalone[rid] for rid in self.members.routable()}, int(version))
         hybrid = self.ctl.hybrid_sync(version, lend.count) if lend is not None else None
@@ -455,6 +487,7 @@ class ControllerHost:
     def hybrid_sync(self, plan: LendPlan, version: int) -> SwitchReport:
         """Wake the hybrids and load ``version`` in the trainer's process (only when ``plan`` lends)."""
         assert plan.lends, f"hybrid_sync for a plan that lends nothing: {plan}"
+        self._hang_point("hybrid_sync", plan.step)
         return self.ctl.hybrid_sync(version, plan.count)
 
     def activate(self, plan: LendPlan, micro: Sequence[MicroSummary]) -> tuple[SwitchReport, ...]:

@@ -44,19 +44,25 @@ def kill_actor(handle: Any) -> None:
         pass
 
 
+def local_pid(handle: Any) -> int | None:
+    """The pid of ``handle``'s actor process as the GCS records it, when it runs on this node
+    (None elsewhere, or when the GCS has no record)."""
+    try:
+        info = ray._private.state.actors(handle._actor_id.hex())
+        address = info.get("Address") or {}
+        if address.get("IPAddress") in (None, "", ray.util.get_node_ip_address()):
+            return int(info.get("Pid") or 0) or None
+    except Exception:  # noqa: BLE001 - no GCS record
+        pass
+    return None
+
+
 def kill_hung(handle: Any) -> None:
     """End an actor that stopped answering. ``ray.kill`` marks it dead at once (its callers' calls
     fail, its resources are freed) but a stopped process (SIGSTOP, a wedged kernel call) never
     runs its exit, so the process is also SIGKILLed by the pid the GCS holds for it, when it
     lives on this node."""
-    pid = None
-    try:
-        info = ray._private.state.actors(handle._actor_id.hex())
-        address = info.get("Address") or {}
-        if address.get("IPAddress") in (None, "", ray.util.get_node_ip_address()):
-            pid = int(info.get("Pid") or 0) or None
-    except Exception:  # noqa: BLE001 - no GCS record: ray.kill alone
-        pass
+    pid = local_pid(handle)
     kill_actor(handle)
     if pid is not None and pid != os.getpid():
         try:

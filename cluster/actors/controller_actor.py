@@ -26,6 +26,7 @@ import ray
 
 from cluster import weight_sync as ws
 from cluster.actors.names import ROLLOUT_SERVICE, TRAINER, replica_name
+from cluster.actors.trainer_rank import rank_name
 from cluster.actors.remote_engine import ActorHung, actor_is_dead, kill_hung, local_pid
 from loop.controller import DynamicResourceController
 from loop.membership import Membership
@@ -46,8 +47,9 @@ log = logging.getLogger(__name__)
 SWITCH_TIMEOUT_KEY = "async_training.switch_call_timeout_s"
 
 HANG_TRAINER_AT_ENV = "TIDAL_HANG_TRAINER_AT"
-"""Failpoint ``<moment>:<n>[@<pid file>]``, read by the driver (``builders.sync_options``): the
-controller SIGSTOPs the trainer's process (it hosts the hybrids) as ``moment`` begins, where
+"""Failpoint ``<moment>:<n>[/rank<K>][@<pid file>]``, read by the driver (``builders.sync_options``): the
+controller SIGSTOPs the trainer's process (it hosts the hybrids; with ``/rank<K>``: its rank
+``K``'s) as ``moment`` begins, where
 ``moment`` is ``take_back`` (step ``n``'s take-back of the hybrids), ``hybrid_sync`` (step
 ``n``'s wake and load of the lent hybrids) or ``broadcast`` (the broadcast of version ``n``), and
 writes its pid to ``pid file``. The trainer hangs rather than dies: the moment's calls meet their
@@ -57,14 +59,33 @@ HANG_MOMENTS = ("take_back", "hybrid_sync", "broadcast")
 
 def get_within(ref: Any, timeout_s: float, what: str, handle: Any, key: str = SWITCH_TIMEOUT_KEY) -> Any:
     """``ray.get(ref)`` within ``timeout_s``. An actor that has not answered by then hangs: it is
-    ended (``kill_hung``) and ``ActorHung`` raised, a ``RayActorError`` like a death, so the run
-    stops with exit 3 and the resume line (``flows.errors.actor_lost``) instead of waiting forever."""
+    ended (``kill_hung``; ``handle`` may be a callable giving every actor to end, e.g. the trainer
+    and its ranks, one of which it may be waiting on) and ``ActorHung`` raised, a
+    ``RayActorError`` like a death, so the run stops with exit 3 and the resume line
+    (``flows.errors.actor_lost``) instead of waiting forever."""
     try:
         return ray.get(ref, timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
         log.error("%s did not answer within %gs (%s): declared lost", what, timeout_s, key)
-        kill_hung(handle)
+        for h in (handle() if callable(handle) and not hasattr(handle, "_actor_id") else [handle]):
+            kill_hung(h)
         raise ActorHung(f"{what} did not answer within {timeout_s:g}s ({key})") from None
+
+
+def trainer_group(trainer: Any, namespace: str | None) -> Callable[[], list[Any]]:
+    """The trainer actor and its rank actors (found by name when asked): what a hang of the
+    trainer's ends, since the stopped process may be a rank the trainer waits on."""
+
+    def group() -> list[Any]:
+        handles = [trainer]
+        for rank in range(1024):
+            try:
+                handles.append(ray.get_actor(rank_name(rank), namespace=namespace))
+            except ValueError:
+                break
+        return handles
+
+    return group
 
 
 class _BalancerAdapter:
@@ -106,12 +127,14 @@ class _PoolAdapter:
     hangs) raises ``ActorHung``: the run stops with exit 3, as when it dies.
     """
 
-    def __init__(self, standalone: Mapping[str, Any], trainer: Any, members: Membership, timeout_s: float = 300.0):
+    def __init__(self, standalone: Mapping[str, Any], trainer: Any, members: Membership, timeout_s: float = 300.0,
+                 namespace: str | None = None):
         self.standalone, self.trainer, self.members = dict(standalone), trainer, members
         self.timeout_s = float(timeout_s)
+        self.trainer_group = trainer_group(trainer, namespace)
 
     def _trainer(self, ref: Any, what: str) -> Any:
-        return get_within(ref, self.timeout_s, f"the trainer ({what})", self.trainer)
+        return get_within(ref, self.timeout_s, f"the trainer ({what})", self.trainer_group)
 
     def _split(self, ids: Sequence[str]) -> tuple[list[str], list[str]]:
         hybrids = set(self.members.hybrid_ids)
@@ -226,8 +249,10 @@ class CollectiveSync:
     """
 
     def __init__(self, trainer: Any, members: Membership, timeout_s: float, retries: int = 2,
-                 kill_in_sync: str | None = None, call_timeout_s: float = 300.0):
+                 kill_in_sync: str | None = None, call_timeout_s: float = 300.0,
+                 trainer_group: Callable[[], list[Any]] | None = None):
         self.trainer, self.members = trainer, members
+        self.trainer_group = trainer_group or (lambda: [trainer])
         self.call_timeout_s = float(call_timeout_s)  # the sender's setup, a replica's rank count
         self._kill = kill_in_sync  # failpoint "<replica>:<version>" (replica.KILL_IN_SYNC_ENV)
         self.timeout_s, self.retries = float(timeout_s), retries
@@ -247,7 +272,7 @@ class CollectiveSync:
         """Sync ``version`` into ``handles``' replicas."""
         if self._sender is None:
             self._sender = get_within(self.trainer.weight_sender.remote(), self.call_timeout_s,
-                                      "the trainer (weight_sender)", self.trainer)
+                                      "the trainer (weight_sender)", self.trainer_group)
         sender = self._sender
         fresh = False
         for attempt in range(self.retries + 1):
@@ -294,7 +319,8 @@ class CollectiveSync:
                 what = f"the trainer (send_weights of version {version})"
                 log.error("%s did not answer within %gs (weight_sync.timeout_s + 30): declared lost",
                           what, self.timeout_s + 30)
-                kill_hung(self.trainer)
+                for handle in self.trainer_group():
+                    kill_hung(handle)
                 raise ActorHung(f"{what} did not answer within {self.timeout_s + 30:g}s "
                                 "(actor_rollout_ref.rollout.weight_sync.timeout_s + 30)")
             try:
@@ -341,6 +367,7 @@ class ControllerHost:
         hang_trainer_at: str | None = None,
     ):
         self._hang_at = hang_trainer_at
+        self._namespace = namespace
         self.switch_timeout_s = float(switch_timeout_s)
         """``async_training.switch_call_timeout_s``: the deadline of every call this actor makes."""
         self.service = ray.get_actor(ROLLOUT_SERVICE, namespace=namespace)
@@ -348,7 +375,7 @@ class ControllerHost:
         self.standalone = {rid: ray.get_actor(replica_name(rid), namespace=namespace) for rid in standalone_ids}
         self.policy = policy_factory()
         self.members = Membership(standalone_ids, hybrid_ids)
-        self.pool = _PoolAdapter(self.standalone, self.trainer, self.members, self.switch_timeout_s)
+        self.pool = _PoolAdapter(self.standalone, self.trainer, self.members, self.switch_timeout_s, namespace)
         self.ctl = DynamicResourceController(
             self.policy, list(hybrid_ids), _BalancerAdapter(self.service, self.switch_timeout_s), self.pool,
             membership=self.members, sizes=sizes, counters=self._counters,
@@ -365,22 +392,25 @@ class ControllerHost:
         if transport not in ws.STANDALONE_TRANSPORTS:
             raise ValueError(f"standalone transport {transport!r}: expected one of {ws.STANDALONE_TRANSPORTS}")
         self.sync = CollectiveSync(self.trainer, self.members, sync_timeout_s, kill_in_sync=kill_in_sync,
-                                   call_timeout_s=self.switch_timeout_s) if transport == ws.COLLECTIVE else None
+                                   call_timeout_s=self.switch_timeout_s, trainer_group=self.pool.trainer_group) if transport == ws.COLLECTIVE else None
 
     def _hang_point(self, moment: str, n: int) -> None:
         """The failpoint of ``HANG_TRAINER_AT_ENV``: SIGSTOP the trainer here, once."""
         if not self._hang_at:
             return
         where, _, pid_file = self._hang_at.partition("@")
-        if where != f"{moment}:{n}":
+        point, _, target = where.partition("/")
+        if point != f"{moment}:{n}":
             return
         self._hang_at = None
-        pid = local_pid(self.trainer)
-        assert pid is not None, "the trainer's process is not on the controller's node"
+        actor = self.trainer if not target else ray.get_actor(rank_name(int(target.removeprefix("rank"))),
+                                                               namespace=self._namespace)
+        pid = local_pid(actor)
+        assert pid is not None, f"the process of {target or 'the trainer'} is not on the controller's node"
         if pid_file:
             with open(pid_file, "w") as f:
                 f.write(f"{pid} {time.time()}\n")
-        log.warning("failpoint %s: SIGSTOP the trainer (pid %d)", where, pid)
+        log.warning("failpoint %s: SIGSTOP %s (pid %d)", where, target or "the trainer", pid)
         os.kill(pid, signal.SIGSTOP)
 
     def _counters(self) -> RolloutCounters:
@@ -456,7 +486,7 @@ class ControllerHost:
 
         def wait() -> SyncReport:
             # the weights first: a trainer that hangs must not pass for every replica hanging
-            get_within(weights, self.switch_timeout_s, "the trainer (weights)", self.trainer)
+            get_within(weights, self.switch_timeout_s, "the trainer (weights)", self.pool.trainer_group)
             report = SyncReport(loaded=self.pool.get_alive(loads))
             if self._keep_weights:
                 self._last_broadcast = (weights, version)

@@ -163,23 +163,25 @@ MOMENTS = [  # (failpoint, its deadline in seconds, the config key of that deadl
 ]
 
 
-@pytest.mark.timeout(1500)
-@pytest.mark.skipif(not os.environ.get("TIDAL_FAULT_REPORT"),
-                    reason="three stopped runs and their resumes run with the fault campaign "
-                           "(benchmarks/fault_campaign.py sets TIDAL_FAULT_REPORT), not in CI")
-def test_a_trainer_that_hangs_in_a_switch_or_a_sync_stops_the_run_in_one_line_and_resumes_exactly(
-        tmp_path, ray_address, uninterrupted):
-    straight = store_url(uninterrupted(STEPS), "straight")
+CAMPAIGN_ONLY = pytest.mark.skipif(
+    not os.environ.get("TIDAL_FAULT_REPORT"),
+    reason="stopped runs and their resumes run with the fault campaign (benchmarks/fault_campaign.py sets "
+           "TIDAL_FAULT_REPORT), not in CI")
+
+
+def _stop_and_resume(tmp_path, ray_address, straight: str, moments, extra: list[str]) -> tuple[int, int, list]:
+    """`tidal run` (then `tidal resume`) with each failpoint of ``moments`` in turn, each stopping
+    the driver with exit 3 and the resume line within its deadline; then a resume to the end.
+    Returns (samples lost, samples duplicated, per moment: seconds from the stop to the exit)."""
     stopped = store_url(tmp_path, "stopped")
     pids: list[int] = []
-    uid = None
+    uid, took = None, []
     try:
-        for i, (moment, deadline_s, key) in enumerate(MOMENTS):
+        for i, (moment, deadline_s, _key) in enumerate(moments):
             pid_file = tmp_path / f"hang-{i}.pid"
-            args = (["run", "tiny-cpu", *config_args(tmp_path, ray_address, "stopped", STEPS)] if uid is None
-                    else ["resume", uid, "--storage", stopped])
-            t0 = time.time()
-            code, log = run_tidal([*args, *DEADLINES], tmp_path, extra={HANG_TRAINER_AT_ENV: f"{moment}@{pid_file}"},
+            args = (["run", "tiny-cpu", *config_args(tmp_path, ray_address, "stopped", STEPS), *extra, *DEADLINES]
+                    if uid is None else ["resume", uid, "--storage", stopped])  # a resume keeps the run's config
+            code, log = run_tidal(args, tmp_path, extra={HANG_TRAINER_AT_ENV: f"{moment}@{pid_file}"},
                                   timeout=600)
             ended = time.time()
             assert pid_file.exists(), f"{moment}: the failpoint never fired (exit {code}): {log[-3000:]}"
@@ -189,16 +191,41 @@ def test_a_trainer_that_hangs_in_a_switch_or_a_sync_stops_the_run_in_one_line_an
             assert code == 3, (moment, log[-3000:])
             last = log.strip().splitlines()[-1]
             assert "an actor of the run died" in last and "ActorHung" in last and f"tidal resume {uid}" in last, last
-            assert ended - float(stopped_at) <= deadline_s + SHUTDOWN_S, (moment, ended - float(stopped_at))
-            assert not _alive(int(pid)), f"{moment}: the stopped trainer process was not ended"
-            print(moment, "stopped the run in", round(ended - float(stopped_at), 1), "s; run took",
-                  round(ended - t0, 1), "s:", last[:160])
+            took.append(round(ended - float(stopped_at), 1))
+            assert took[-1] <= deadline_s + SHUTDOWN_S, (moment, took[-1])
+            assert not _alive(int(pid)), f"{moment}: the stopped process was not ended"
+            print(moment, "stopped the run in", took[-1], "s:", last[:200])
         code, log = run_tidal(["resume", uid, "--storage", stopped], tmp_path, timeout=600)
         assert code == 0, log[-3000:]
         lost, duplicated = assert_resumed_exactly(straight, stopped, STEPS)
     finally:
         for pid in pids:
             _end(pid)
-    for moment, deadline_s, key in MOMENTS:
+    return lost, duplicated, took
+
+
+@pytest.mark.timeout(1800)
+@CAMPAIGN_ONLY
+def test_a_trainer_that_hangs_in_a_switch_or_a_sync_stops_the_run_in_one_line_and_resumes_exactly(
+        tmp_path, ray_address, uninterrupted):
+    straight = store_url(uninterrupted(STEPS), "straight")
+    lost, duplicated, took = _stop_and_resume(tmp_path, ray_address, straight, MOMENTS, [])
+    for (moment, deadline_s, key), s in zip(MOMENTS, took, strict=True):
         record("trainer_hang", injected=1, survived=1, samples_lost=lost, samples_duplicated=duplicated,
-               moment=moment.split(":")[0], point=moment, deadline_key=key, deadline_s=deadline_s)
+               moment=moment.split(":")[0], point=moment, deadline_key=key, deadline_s=deadline_s, stopped_in_s=s)
+
+
+RANKS = ["--set", "trainer.n_gpus_per_node=2"]
+RANK_MOMENTS = [("take_back:2/rank0", SWITCH_S, "async_training.switch_call_timeout_s")]
+"""Rank 0 of a 2-rank trainer hosts the lent hybrid: the take-back's first call (pause) waits on it."""
+
+
+@pytest.mark.timeout(1500)
+@CAMPAIGN_ONLY
+def test_a_trainer_rank_that_hangs_in_a_take_back_stops_the_run_in_one_line_and_resumes_exactly(
+        tmp_path, ray_address, uninterrupted):
+    straight = store_url(uninterrupted(STEPS, *RANKS), "straight")  # the one test_fault_rank_kill.py compares with
+    lost, duplicated, took = _stop_and_resume(tmp_path, ray_address, straight, RANK_MOMENTS, RANKS)
+    for (moment, deadline_s, key), s in zip(RANK_MOMENTS, took, strict=True):
+        record("trainer_hang", injected=1, survived=1, samples_lost=lost, samples_duplicated=duplicated,
+               moment="take_back", point=moment, deadline_key=key, deadline_s=deadline_s, stopped_in_s=s)

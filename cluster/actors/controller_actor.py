@@ -8,6 +8,12 @@ Each step phase is one method returning a frozen plan or report of ``loop.plans`
 run's standalone membership (``loop.membership``): the rollout service reports deaths and
 replacements to it, and a failed call or ping of its own counts too.
 
+Every call it makes has a deadline (``async_training.switch_call_timeout_s``, on top of a call's
+own wait; the collective send: ``actor_rollout_ref.rollout.weight_sync.timeout_s`` + 30 s): an
+actor that has not answered by then hangs and is ended (``get_within``). A standalone replica is
+then marked dead and replaced; the trainer (or a rank), a hybrid it hosts or the rollout service
+raises ``ActorHung``, a ``RayActorError``, so the run stops with exit 3 and the resume line.
+
 Must not: hold policy logic (the controller asks ``loop.Decider``), or be called by name strings:
 tasks go through ``call(handle, ControllerHost.method, ...)`` so go-to-definition leads here.
 """

@@ -26,6 +26,7 @@ from cluster.actors import (
     TrainerActor,
     replica_name,
 )
+from cluster.actors.controller_actor import HANG_TRAINER_AT_ENV
 from cluster.actors.replica import KILL_IN_SYNC_ENV
 from cluster.actors.trainer_rank import RankGroup, TrainRankActor, hybrid_hosts, rank_name
 from models.model import TinyLMConfig
@@ -305,7 +306,8 @@ def sync_options(cfg: TidalConfig) -> dict[str, Any]:
     """The controller's weight-sync keywords: the standalones' transport and, for the collective,
     the timeout (the wire dtype and bucket size are the sender's: ``sender_options``)."""
     return dict(transport=cfg.standalone_transport, sync_timeout_s=cfg.actor_rollout_ref.rollout.weight_sync.timeout_s,
-                kill_in_sync=os.environ.get(KILL_IN_SYNC_ENV) or None)  # a failpoint of the driver's
+                kill_in_sync=os.environ.get(KILL_IN_SYNC_ENV) or None,  # failpoints of the driver's
+                hang_trainer_at=os.environ.get(HANG_TRAINER_AT_ENV) or None)
 
 
 def sender_options(cfg: TidalConfig) -> dict[str, Any]:
@@ -415,13 +417,14 @@ class DataPlane:
             replacement_state=replacement_state,
             scorer_factory=None if cfg.engines.rollout == "simulated" else scorer_factory(cfg),
             hybrid_handles=ray.get(trainer.hybrid_handles.remote()),
+            heartbeat_timeout_s=r.heartbeat_timeout_s,
         )
         ray.get([trainer.ping.remote(), rollout.ping.remote(), *(h.ping.remote() for h in standalone.values())])
         controller = ControllerActor.options(name=CONTROLLER, **placement.control, **opts).remote(
             policy_factory(cfg), namespace=namespace, standalone_ids=list(standalone), hybrid_ids=hyb,
             enable_rebalance=a.dynamic_schedule_enable_rebalance, only_hybrid=cfg.only_hybrid,
             rebalance_timeout_s=a.dynamic_schedule_rebalance_timeout_s, sizes=run_sizes(cfg, consumed_before=len(consumed)), keep_broadcast_weights=r.replace_failed_replicas and cfg.standalone_transport == "object_store",
-            **sync_options(cfg),
+            switch_timeout_s=a.switch_call_timeout_s, **sync_options(cfg),
         )
         ray.get(controller.ping.remote())
         return cls(namespace, trainer, rollout, controller, standalone, ranks)

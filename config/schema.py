@@ -75,6 +75,13 @@ class AsyncTraining(_Section):
     """How long the trainer waits for one micro-step's samples, and the take-back for its queued
     samples, before the step fails with one line (seconds; a stranded trainer is refilled meanwhile)."""
 
+    switch_call_timeout_s: float = Field(300.0, gt=0.0, le=86_400.0)
+    """Deadline of each control-plane call of a switch or a sync (sleep, wake, load, offload,
+    reload, resume, abort, hold, drain; on top of a call's own wait, e.g. a drain's or a sample
+    wait's): an actor that has not answered by then hangs and is declared lost. A standalone
+    replica is ended and replaced as a dead one is; the trainer (or a rank it waits on), a lent
+    hybrid or the rollout service stops the run with exit 3 and the resume line (seconds)."""
+
     dynamic_schedule_overlap_hybrid_sync: bool = False
     """Ask the lend question before the weight broadcast and, on a step that lends, wake the
     hybrids and load the new weights while the standalones load theirs, so the hybrid sync is off
@@ -125,6 +132,12 @@ class RolloutPool(_Section):
     replacement_timeout_s: float = Field(300.0, gt=0.0, le=86_400.0)
     """Seconds a replacement may take to be scheduled, build its engine and load the weights; a
     slower one is killed and counts as one spent replacement."""
+
+    heartbeat_timeout_s: float | None = Field(120.0, gt=0.0, le=86_400.0)
+    """A standalone replica is pinged every quarter of this; one that does not answer a ping within
+    it hangs (a stopped process, a wedged engine) and is declared lost as a dead one is: out of the
+    load balancer, its unanswered requests retried elsewhere, its actor ended, and replaced when
+    `replace_failed_replicas` is on (seconds; null = no heartbeat, only deaths are seen)."""
 
 
 class WeightSyncSection(_Section):

@@ -8,6 +8,12 @@ Each step phase is one method returning a frozen plan or report of ``loop.plans`
 run's standalone membership (``loop.membership``): the rollout service reports deaths and
 replacements to it, and a failed call or ping of its own counts too.
 
+Every call it makes has a deadline (``async_training.switch_call_timeout_s``, on top of a call's
+own wait; the collective send: ``actor_rollout_ref.rollout.weight_sync.timeout_s`` + 30 s): an
+actor that has not answered by then hangs and is ended (``get_within``). A standalone replica is
+then marked dead and replaced; the trainer (or a rank), a hybrid it hosts or the rollout service
+raises ``ActorHung``, a ``RayActorError``, so the run stops with exit 3 and the resume line.
+
 Must not: hold policy logic (the controller asks ``loop.Decider``), or be called by name strings:
 tasks go through ``call(handle, ControllerHost.method, ...)`` so go-to-definition leads here.
 """
@@ -15,6 +21,8 @@ tasks go through ``call(handle, ControllerHost.method, ...)`` so go-to-definitio
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +32,8 @@ import ray
 
 from cluster import weight_sync as ws
 from cluster.actors.names import ROLLOUT_SERVICE, TRAINER, replica_name
-from cluster.actors.remote_engine import actor_is_dead, kill_actor
+from cluster.actors.trainer_rank import rank_name
+from cluster.actors.remote_engine import ActorHung, actor_is_dead, kill_hung, local_pid
 from loop.controller import DynamicResourceController
 from loop.membership import Membership
 from loop.plans import RolloutCounters
@@ -41,41 +50,97 @@ from loop.plans import (
 
 log = logging.getLogger(__name__)
 
+SWITCH_TIMEOUT_KEY = "async_training.switch_call_timeout_s"
+
+HANG_TRAINER_AT_ENV = "TIDAL_HANG_TRAINER_AT"
+"""Failpoint ``<moment>:<n>[/rank<K>][@<pid file>]``, read by the driver (``builders.sync_options``): the
+controller SIGSTOPs the trainer's process (it hosts the hybrids; with ``/rank<K>``: its rank
+``K``'s) as ``moment`` begins, where
+``moment`` is ``take_back`` (step ``n``'s take-back of the hybrids), ``hybrid_sync`` (step
+``n``'s wake and load of the lent hybrids) or ``broadcast`` (the broadcast of version ``n``), and
+writes its pid to ``pid file``. The trainer hangs rather than dies: the moment's calls meet their
+deadline (``tests/faults/test_fault_hang.py``)."""
+HANG_MOMENTS = ("take_back", "hybrid_sync", "broadcast")
+
+
+def get_within(ref: Any, timeout_s: float, what: str, handle: Any, key: str = SWITCH_TIMEOUT_KEY) -> Any:
+    """``ray.get(ref)`` within ``timeout_s``. An actor that has not answered by then hangs: it is
+    ended (``kill_hung``; ``handle`` may be a callable giving every actor to end, e.g. the trainer
+    and its ranks, one of which it may be waiting on) and ``ActorHung`` raised, a
+    ``RayActorError`` like a death, so the run stops with exit 3 and the resume line
+    (``flows.errors.actor_lost``) instead of waiting forever."""
+    try:
+        return ray.get(ref, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        log.error("%s did not answer within %gs (%s): declared lost", what, timeout_s, key)
+        for h in (handle() if callable(handle) and not hasattr(handle, "_actor_id") else [handle]):
+            kill_hung(h)
+        raise ActorHung(f"{what} did not answer within {timeout_s:g}s ({key})") from None
+
+
+def trainer_group(trainer: Any, namespace: str | None) -> Callable[[], list[Any]]:
+    """The trainer actor and its rank actors (found by name when asked): what a hang of the
+    trainer's ends, since the stopped process may be a rank the trainer waits on."""
+
+    def group() -> list[Any]:
+        handles = [trainer]
+        for rank in range(1024):
+            try:
+                handles.append(ray.get_actor(rank_name(rank), namespace=namespace))
+            except ValueError:
+                break
+        return handles
+
+    return group
+
 
 class _BalancerAdapter:
-    """The controller's ``LoadBalancer`` protocol, spoken to the rollout service."""
+    """The controller's ``LoadBalancer`` protocol, spoken to the rollout service; each call within
+    ``timeout_s`` (``get_within``)."""
 
-    def __init__(self, service: Any):
-        self.service = service
+    def __init__(self, service: Any, timeout_s: float = 300.0):
+        self.service, self.timeout_s = service, float(timeout_s)
+
+    def _get(self, ref: Any, what: str, extra_s: float = 0.0) -> Any:
+        return get_within(ref, self.timeout_s + extra_s, f"the rollout service ({what})", self.service)
 
     def add_replicas(self, ids: Sequence[str]) -> None:
-        ray.get(self.service.lb_add.remote(list(ids)))
+        self._get(self.service.lb_add.remote(list(ids)), "lb_add")
 
     def remove_replicas(self, ids: Sequence[str]) -> None:
-        ray.get(self.service.lb_remove.remote(list(ids)))
+        self._get(self.service.lb_remove.remote(list(ids)), "lb_remove")
 
     def clear_sticky(self) -> int:
-        return ray.get(self.service.lb_clear_sticky.remote())
+        return self._get(self.service.lb_clear_sticky.remote(), "lb_clear_sticky")
 
     def wait_drained(self, ids: Sequence[str], timeout_s: float) -> int:
-        return ray.get(self.service.lb_wait_drained.remote(list(ids), timeout_s))
+        return self._get(self.service.lb_wait_drained.remote(list(ids), timeout_s), "lb_wait_drained", timeout_s)
 
     def hold(self) -> None:
-        ray.get(self.service.lb_hold.remote())
+        self._get(self.service.lb_hold.remote(), "lb_hold")
 
     def unhold(self) -> None:
-        ray.get(self.service.lb_unhold.remote())
+        self._get(self.service.lb_unhold.remote(), "lb_unhold")
 
 
 class _PoolAdapter:
     """The controller's ``ReplicaPool`` protocol over standalone actors and the trainer's hybrids.
 
-    A standalone replica whose call fails because its actor died is reported to ``members`` and
-    skipped from then on (the run goes on without it).
+    A standalone replica whose call fails because its actor died, or that does not answer within
+    ``timeout_s`` (it hangs: it is then ended, ``kill_hung``), is reported to ``members`` and
+    skipped from then on (the run goes on without it; the rollout service sees it gone and
+    replaces it). The trainer not answering within ``timeout_s`` (it, or a rank it waits on,
+    hangs) raises ``ActorHung``: the run stops with exit 3, as when it dies.
     """
 
-    def __init__(self, standalone: Mapping[str, Any], trainer: Any, members: Membership):
+    def __init__(self, standalone: Mapping[str, Any], trainer: Any, members: Membership, timeout_s: float = 300.0,
+                 namespace: str | None = None):
         self.standalone, self.trainer, self.members = dict(standalone), trainer, members
+        self.timeout_s = float(timeout_s)
+        self.trainer_group = trainer_group(trainer, namespace)
+
+    def _trainer(self, ref: Any, what: str) -> Any:
+        return get_within(ref, self.timeout_s, f"the trainer ({what})", self.trainer_group)
 
     def _split(self, ids: Sequence[str]) -> tuple[list[str], list[str]]:
         hybrids = set(self.members.hybrid_ids)
@@ -83,9 +148,19 @@ class _PoolAdapter:
         return hyb, [i for i in ids if i not in hybrids and not self.members.is_dead(i)]
 
     def get_alive(self, refs: Mapping[str, Any]) -> dict[str, Any]:
-        """``ray.get`` each standalone replica's result; a dead actor is reported and left out."""
+        """``ray.get`` each standalone replica's result within ``timeout_s`` (all together); a dead
+        actor, or one that has not answered by then (ended first), is reported and left out."""
         out = {}
+        if refs:
+            ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.timeout_s)
+            ready_set = set(ready)
         for rid, ref in refs.items():
+            if ref not in ready_set:
+                log.error("standalone replica %s did not answer within %gs (%s): declared lost",
+                          rid, self.timeout_s, SWITCH_TIMEOUT_KEY)
+                kill_hung(self.standalone[rid])  # the rollout service sees it dead and replaces it
+                self.members.died(rid)
+                continue
             try:
                 out[rid] = ray.get(ref)
             except Exception as exc:  # noqa: BLE001 - only actor death is tolerated
@@ -101,7 +176,8 @@ class _PoolAdapter:
         hyb, std = self._split(ids)
         total = sum(r or 0 for r in self.get_alive({i: standalone(self.standalone[i]).remote() for i in std}).values())
         if hyb:
-            total += ray.get(hybrids(self.trainer).remote(hyb)) or 0
+            method = hybrids(self.trainer)
+            total += self._trainer(method.remote(hyb), getattr(method, "_method_name", "hybrids")) or 0
         return int(total)
 
     def abort(self, ids: Sequence[str]) -> int:
@@ -117,12 +193,12 @@ class _PoolAdapter:
     def offload(self, ids: Sequence[str]) -> dict[str, float]:
         """Before hybrids wake on the trainer's devices: its state to host memory (``TrainerRoom``)."""
         hyb, _ = self._split(ids)
-        return ray.get(self.trainer.offload.remote()) if hyb else {}
+        return self._trainer(self.trainer.offload.remote(), "offload") if hyb else {}
 
     def reload(self, ids: Sequence[str]) -> dict[str, float]:
         """After they sleep: the trainer's state back on its devices."""
         hyb, _ = self._split(ids)
-        return ray.get(self.trainer.reload.remote()) if hyb else {}
+        return self._trainer(self.trainer.reload.remote(), "reload") if hyb else {}
 
     def resume(self, ids: Sequence[str]) -> None:
         self._each(ids, lambda a: a.resume, lambda t: t.hybrid_resume)
@@ -133,7 +209,7 @@ class _PoolAdapter:
             weights = self.trainer.weights.remote()
             self.get_alive({i: self.standalone[i].load_weights.remote(weights, version) for i in std})
         if hyb:
-            ray.get(self.trainer.hybrid_load_weights.remote(hyb, version))
+            self._trainer(self.trainer.hybrid_load_weights.remote(hyb, version), "hybrid_load_weights")
 
 
 class _InThread:
@@ -179,8 +255,11 @@ class CollectiveSync:
     """
 
     def __init__(self, trainer: Any, members: Membership, timeout_s: float, retries: int = 2,
-                 kill_in_sync: str | None = None):
+                 kill_in_sync: str | None = None, call_timeout_s: float = 300.0,
+                 trainer_group: Callable[[], list[Any]] | None = None):
         self.trainer, self.members = trainer, members
+        self.trainer_group = trainer_group or (lambda: [trainer])
+        self.call_timeout_s = float(call_timeout_s)  # the sender's setup, a replica's rank count
         self._kill = kill_in_sync  # failpoint "<replica>:<version>" (replica.KILL_IN_SYNC_ENV)
         self.timeout_s, self.retries = float(timeout_s), retries
         self._sender: ws.SenderEndpoint | None = None
@@ -198,7 +277,8 @@ class CollectiveSync:
     def run(self, handles: Mapping[str, Any], version: int) -> SyncReport:
         """Sync ``version`` into ``handles``' replicas."""
         if self._sender is None:
-            self._sender = ray.get(self.trainer.weight_sender.remote())
+            self._sender = get_within(self.trainer.weight_sender.remote(), self.call_timeout_s,
+                                      "the trainer (weight_sender)", self.trainer_group)
         sender = self._sender
         fresh = False
         for attempt in range(self.retries + 1):
@@ -207,7 +287,16 @@ class CollectiveSync:
                 return SyncReport(retries=attempt)
             for rid, handle in alive.items():
                 if rid not in self._ranks:
-                    self._ranks[rid] = int(ray.get(handle.weight_ranks.remote()))
+                    try:
+                        self._ranks[rid] = int(ray.get(handle.weight_ranks.remote(), timeout=self.call_timeout_s))
+                    except Exception as exc:  # noqa: BLE001 - dead or hung: out of this sync
+                        if not (actor_is_dead(exc) or isinstance(exc, ray.exceptions.GetTimeoutError)):
+                            raise
+                        kill_hung(handle)
+                        self.members.died(rid)
+            alive = {rid: h for rid, h in alive.items() if rid in self._ranks and not self.members.is_dead(rid)}
+            if not alive:
+                return SyncReport(retries=attempt)
             layout, rank = [], 1
             for rid in alive:
                 layout.append((rid, rank))
@@ -228,11 +317,19 @@ class CollectiveSync:
                 except Exception as exc:  # noqa: BLE001 - a lost member; the others sync again
                     errors[rid] = exc
                     if actor_is_dead(exc) or isinstance(exc, TimeoutError):
-                        kill_actor(alive[rid])  # a hung one too: the rollout service replaces it
+                        kill_hung(alive[rid])  # a hung one too: the rollout service replaces it
                         self.members.died(rid)
+            if send not in ready:
+                # the group's own timeout fails a send whose receivers are gone or hung, so a send
+                # still unanswered 30 s past it is the trainer's (or a rank's) own hang: the run stops
+                what = f"the trainer (send_weights of version {version})"
+                log.error("%s did not answer within %gs (weight_sync.timeout_s + 30): declared lost",
+                          what, self.timeout_s + 30)
+                for handle in self.trainer_group():
+                    kill_hung(handle)
+                raise ActorHung(f"{what} did not answer within {self.timeout_s + 30:g}s "
+                                "(actor_rollout_ref.rollout.weight_sync.timeout_s + 30)")
             try:
-                if send not in ready:
-                    raise TimeoutError(f"the trainer did not finish sending in {self.timeout_s:g}s")
                 sent = ray.get(send)
             except Exception as exc:  # noqa: BLE001
                 if actor_is_dead(exc):
@@ -272,15 +369,21 @@ class ControllerHost:
         transport: str = ws.OBJECT_STORE,
         sync_timeout_s: float = 60.0,
         kill_in_sync: str | None = None,
+        switch_timeout_s: float = 300.0,
+        hang_trainer_at: str | None = None,
     ):
+        self._hang_at = hang_trainer_at
+        self._namespace = namespace
+        self.switch_timeout_s = float(switch_timeout_s)
+        """``async_training.switch_call_timeout_s``: the deadline of every call this actor makes."""
         self.service = ray.get_actor(ROLLOUT_SERVICE, namespace=namespace)
         self.trainer = ray.get_actor(TRAINER, namespace=namespace)
         self.standalone = {rid: ray.get_actor(replica_name(rid), namespace=namespace) for rid in standalone_ids}
         self.policy = policy_factory()
         self.members = Membership(standalone_ids, hybrid_ids)
-        self.pool = _PoolAdapter(self.standalone, self.trainer, self.members)
+        self.pool = _PoolAdapter(self.standalone, self.trainer, self.members, self.switch_timeout_s, namespace)
         self.ctl = DynamicResourceController(
-            self.policy, list(hybrid_ids), _BalancerAdapter(self.service), self.pool,
+            self.policy, list(hybrid_ids), _BalancerAdapter(self.service, self.switch_timeout_s), self.pool,
             membership=self.members, sizes=sizes, counters=self._counters,
             enable_rebalance=enable_rebalance, only_hybrid=only_hybrid, clock=time.time,
             rebalance_timeout_s=rebalance_timeout_s,
@@ -294,15 +397,41 @@ class ControllerHost:
         """The last step's outcome, answered again to a retried ``update_after_step``."""
         if transport not in ws.STANDALONE_TRANSPORTS:
             raise ValueError(f"standalone transport {transport!r}: expected one of {ws.STANDALONE_TRANSPORTS}")
-        self.sync = CollectiveSync(self.trainer, self.members, sync_timeout_s,
-                                   kill_in_sync=kill_in_sync) if transport == ws.COLLECTIVE else None
+        self.sync = CollectiveSync(self.trainer, self.members, sync_timeout_s, kill_in_sync=kill_in_sync,
+                                   call_timeout_s=self.switch_timeout_s, trainer_group=self.pool.trainer_group) if transport == ws.COLLECTIVE else None
+
+    def _hang_point(self, moment: str, n: int) -> None:
+        """The failpoint of ``HANG_TRAINER_AT_ENV``: SIGSTOP the trainer here, once."""
+        if not self._hang_at:
+            return
+        where, _, pid_file = self._hang_at.partition("@")
+        point, _, target = where.partition("/")
+        if point != f"{moment}:{n}":
+            return
+        self._hang_at = None
+        actor = self.trainer if not target else ray.get_actor(rank_name(int(target.removeprefix("rank"))),
+                                                               namespace=self._namespace)
+        pid = local_pid(actor)
+        assert pid is not None, f"the process of {target or 'the trainer'} is not on the controller's node"
+        if pid_file:
+            with open(pid_file, "w") as f:
+                f.write(f"{pid} {time.time()}\n")
+        log.warning("failpoint %s: SIGSTOP %s (pid %d)", where, target or "the trainer", pid)
+        os.kill(pid, signal.SIGSTOP)
 
     def _counters(self) -> RolloutCounters:
         """One read of the rollout service per policy question. Membership is what this actor
         already knows: the rollout service reports each death as it sees it (a failed request,
         or the replica's ``watch`` failing when it died idle), and a failed switch call reports
         its own; nothing asks the replicas."""
-        return ray.get(self.service.counters.remote())
+        return self._service(self.service.counters.remote(), "counters")
+
+    def _service(self, ref: Any, what: str, extra_s: float | None = 0.0) -> Any:
+        """A rollout service call within the switch deadline (plus ``extra_s``, the call's own wait;
+        None: it has none, so neither has this)."""
+        if extra_s is None:
+            return ray.get(ref)
+        return get_within(ref, self.switch_timeout_s + extra_s, f"the rollout service ({what})", self.service)
 
     # ------------------------------------------------------------------ step phases
 
@@ -313,7 +442,10 @@ class ControllerHost:
     def wait_for_samples(self, plan: DeactivatePlan, timeout_s: float | None) -> WaitReport:
         """Let the hybrids generate until ``plan.wait_samples`` are queued (or data runs out),
         then take them back."""
-        waited = ray.get(self.service.wait_for_queue.remote(plan.wait_samples, timeout_s))
+        waited = self._service(self.service.wait_for_queue.remote(plan.wait_samples, timeout_s), "wait_for_queue",
+                               timeout_s)
+        if plan.deactivate:
+            self._hang_point("take_back", plan.step)
         report = self.ctl.deactivate()
         return WaitReport(waited_s=waited["waited_s"], mq_size=waited["mq_size"], exhausted=waited["exhausted"],
                           deactivate=report)
@@ -325,7 +457,8 @@ class ControllerHost:
         (``loop.step_switch_seconds``)."""
         version = 0 if self._version is None else self._version
         before = len(self.ctl.switch_log)
-        self.ctl.refill_if_stranded(step, version, lambda k: ray.get(self.service.wait_for_queue.remote(k, timeout_s)))
+        self.ctl.refill_if_stranded(step, version, lambda k: self._service(
+            self.service.wait_for_queue.remote(k, timeout_s), "wait_for_queue", timeout_s))
         return tuple(self.ctl.switch_log[before:])
 
     def broadcast_sync(self, version: int, window: bool = True, lend: LendPlan | None = None) -> BroadcastReport:
@@ -334,13 +467,14 @@ class ControllerHost:
         ``lend`` (a plan that lends), the lent hybrids wake and load ``version`` in the trainer's
         process while the standalones' loads are in flight (``overlap_hybrid_sync``)."""
         assert lend is None or lend.lends, f"a broadcast that syncs the hybrids for a plan that lends nothing: {lend}"
+        self._hang_point("broadcast", int(version))
         t0 = time.perf_counter()
         synced = self._sync_standalone({rid: self.standalone[rid] for rid in self.members.routable()}, int(version))
         hybrid = self.ctl.hybrid_sync(version, lend.count) if lend is not None else None
         report = synced()
         self._version = int(version)
         broadcast_s = time.perf_counter() - t0
-        metrics = ray.get(self.service.on_weight_sync.remote(version)) if window else {}
+        metrics = self._service(self.service.on_weight_sync.remote(version), "on_weight_sync") if window else {}
         return BroadcastReport(version=int(version), broadcast_s=broadcast_s,
                                max_replica_load_s=max(report.loaded.values(), default=0.0),
                                replicas=len(report.loaded), window=dict(metrics), hybrid=hybrid,
@@ -357,6 +491,8 @@ class ControllerHost:
         loads = {rid: handle.load_weights.remote(weights, version) for rid, handle in targets.items()}
 
         def wait() -> SyncReport:
+            # the weights first: a trainer that hangs must not pass for every replica hanging
+            get_within(weights, self.switch_timeout_s, "the trainer (weights)", self.pool.trainer_group)
             report = SyncReport(loaded=self.pool.get_alive(loads))
             if self._keep_weights:
                 self._last_broadcast = (weights, version)
@@ -387,6 +523,7 @@ class ControllerHost:
     def hybrid_sync(self, plan: LendPlan, version: int) -> SwitchReport:
         """Wake the hybrids and load ``version`` in the trainer's process (only when ``plan`` lends)."""
         assert plan.lends, f"hybrid_sync for a plan that lends nothing: {plan}"
+        self._hang_point("hybrid_sync", plan.step)
         return self.ctl.hybrid_sync(version, plan.count)
 
     def activate(self, plan: LendPlan, micro: Sequence[MicroSummary]) -> tuple[SwitchReport, ...]:
@@ -406,7 +543,7 @@ class ControllerHost:
             return self._outcome
         replacements = self.service.replacement_state.remote()  # read while the policy adapts
         self.ctl.update_after_step(step, micro)
-        replaced = ray.get(replacements)
+        replaced = self._service(replacements, "replacement_state")
         self._outcome = StepOutcome(
             step=step,
             hybrid_active=self.ctl.is_hybrid_active,
@@ -442,7 +579,9 @@ class ControllerHost:
             version = self._version
         elif self._last_broadcast is not None:
             weights, version = self._last_broadcast
-            ray.get(handle.load_weights.remote(weights, version))  # a dead new actor raises: not adopted
+            # a dead (or hung) new actor raises: not adopted
+            get_within(handle.load_weights.remote(weights, version), self.switch_timeout_s,
+                       f"replacement {new} (load_weights)", handle)
         for handles in (self.standalone, self.pool.standalone):
             handles[new] = handle
         self.members.joined(old, new)

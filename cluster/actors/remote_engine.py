@@ -7,6 +7,9 @@ to end an actor that may already be gone. Must not: route or retry (the rolloute
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import signal
 from typing import Any
 
 import ray
@@ -14,11 +17,59 @@ import ray
 from cluster.engines.base import request_sample_uid
 from data.types import GenerationRequest, GenerationResult
 
+log = logging.getLogger(__name__)
+
+
+class ActorHung(ray.exceptions.RayActorError):
+    """An actor that did not answer within its deadline (a stopped process, a wedged driver call):
+    declared lost exactly as a dead one is, so every path that handles a death handles it (a
+    standalone replica is taken out and replaced; the trainer's loss stops the run with exit 3
+    and the resume line, ``flows.errors.actor_lost``)."""
+
+    def __init__(self, what: str = "an actor did not answer within its deadline"):
+        super().__init__(error_msg=what)
+        self.what = what
+
+    def __reduce__(self):  # crosses Ray's boundary inside a RayTaskError
+        return (ActorHung, (self.what,))
+
+    def __str__(self) -> str:
+        return self.what
+
+
 def kill_actor(handle: Any) -> None:
     try:
         ray.kill(handle, no_restart=True)
     except Exception:  # noqa: BLE001 - already gone
         pass
+
+
+def local_pid(handle: Any) -> int | None:
+    """The pid of ``handle``'s actor process as the GCS records it, when it runs on this node
+    (None elsewhere, or when the GCS has no record)."""
+    try:
+        info = ray._private.state.actors(handle._actor_id.hex())
+        address = info.get("Address") or {}
+        if address.get("IPAddress") in (None, "", ray.util.get_node_ip_address()):
+            return int(info.get("Pid") or 0) or None
+    except Exception:  # noqa: BLE001 - no GCS record
+        pass
+    return None
+
+
+def kill_hung(handle: Any) -> None:
+    """End an actor that stopped answering. ``ray.kill`` marks it dead at once (its callers' calls
+    fail, its resources are freed) but a stopped process (SIGSTOP, a wedged kernel call) never
+    runs its exit, so the process is also SIGKILLed by the pid the GCS holds for it, when it
+    lives on this node."""
+    pid = local_pid(handle)
+    kill_actor(handle)
+    if pid is not None and pid != os.getpid():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        log.warning("killed hung actor process %d", pid)
 
 
 def actor_is_dead(exc: BaseException) -> bool:
@@ -44,6 +95,8 @@ class RemoteEngine:
         self.replica_id, self.handle, self.hybrid = replica_id, handle, hybrid
         self._pending: dict[str, list[tuple[GenerationRequest, asyncio.Future[GenerationResult]]]] = {}
         self._sending: set[asyncio.Task[None]] = set()
+        self._in_flight: dict[int, list[asyncio.Future[GenerationResult]]] = {}
+        """The callers' futures of each call sent and not yet answered (``fail_in_flight``)."""
         self.calls = 0  # Ray calls made (for tests and benchmarks)
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -65,6 +118,7 @@ class RemoteEngine:
     async def _send(self, batch: list[tuple[GenerationRequest, asyncio.Future[GenerationResult]]]) -> None:
         requests = [request for request, _ in batch]
         self.calls += 1
+        self._in_flight[id(batch)] = [future for _, future in batch]
         try:
             if self.hybrid:
                 results = await self.handle.hybrid_generate_batch.remote(self.replica_id, requests)
@@ -79,6 +133,8 @@ class RemoteEngine:
                 if not future.done():
                     future.set_exception(exc)
             return
+        finally:
+            self._in_flight.pop(id(batch), None)
         for (request, future), result in zip(batch, results, strict=True):
             if future.done():  # the caller gave up (cancelled)
                 continue
@@ -88,4 +144,19 @@ class RemoteEngine:
                 future.set_exception(result)
             else:
                 future.set_result(result)
+
+    def fail_in_flight(self, exc: BaseException) -> int:
+        """The replica was declared lost while calls to it were unanswered (it hung): fail each
+        of their requests with ``exc`` now, so the rollouter retries them elsewhere, and stop
+        waiting on the calls. Returns how many requests it failed."""
+        failed = 0
+        for futures in self._in_flight.values():
+            for future in futures:
+                if not future.done():
+                    future.set_exception(exc)
+                    failed += 1
+        self._in_flight.clear()
+        for task in list(self._sending):
+            task.cancel()  # its futures are done: the cancellation reaches no caller
+        return failed
 

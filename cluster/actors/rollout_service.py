@@ -18,7 +18,7 @@ from typing import Any
 import ray
 
 from cluster.actors.names import CONTROLLER
-from cluster.actors.remote_engine import RemoteEngine, actor_is_dead, kill_actor
+from cluster.actors.remote_engine import ActorHung, RemoteEngine, actor_is_dead, kill_actor, kill_hung
 from rollout.load_balancer import LoadBalancer
 from rollout.message_queue import MessageQueue, PullRecord
 from cluster.replacement import ReplicaReplacer
@@ -78,6 +78,7 @@ class RolloutService:
         replacement_state: Mapping[str, Any] | None = None,
         scorer_factory: Callable[[], Any] | None = None,
         hybrid_handles: Mapping[str, Any] | None = None,
+        heartbeat_timeout_s: float | None = None,
     ):
         self.lb = LoadBalancer()
         self._scorer = scorer_factory() if scorer_factory is not None else None
@@ -97,6 +98,10 @@ class RolloutService:
         self._replacing: dict[str, asyncio.Task[None]] = {}
         self._watching: dict[str, asyncio.Task[None]] = {}
         """A wait on each standalone's ``watch`` (``_watch``): how a death is seen while idle."""
+        self._heartbeat_timeout_s = None if heartbeat_timeout_s is None else float(heartbeat_timeout_s)
+        """``rollout.heartbeat_timeout_s``: a standalone that does not answer a ping within it is lost."""
+        self._hung: list[dict[str, Any]] = []
+        """Each standalone declared lost because it hung: id, when, in-flight requests failed over."""
         self._stopping = False
         self._rollouter_args = dict(
             n=n, sampling=sampling, lb=self.lb, engine_for=engines.__getitem__, queue=self.queue,
@@ -209,7 +214,8 @@ class RolloutService:
         base = {"queue_size": self.queue.size(), "active_replicas": list(self.lb.active_ids()),
                 "standalone_replicas": self._routable_standalone(),
                 "replaced_replicas": self._replacer.records() if self._replacer else [],
-                "replacements_in_progress": sorted(self._replacing)}
+                "replacements_in_progress": sorted(self._replacing),
+                "hung_replicas": [dict(h) for h in self._hung]}
         if self.rollouter is not None:
             base.update(self.rollouter.stats())
             base["failed_replicas"] = self.rollouter.failed_replicas
@@ -251,14 +257,52 @@ class RolloutService:
         """Wait on the replica's ``watch``, which returns only by failing: when its actor died, the
         rollouter takes it out of the balancer and reports it (``Rollouter.replica_lost``), as a
         failed request would, unless one already did. So the controller's membership knows every
-        death without asking the replicas (a policy question reads it; nothing polls)."""
+        death without asking the replicas (a policy question reads it).
+
+        A replica that hangs (its process stopped, its event loop wedged) never fails its
+        ``watch``, so with ``heartbeat_timeout_s`` it is also pinged every quarter of that
+        deadline; one that does not answer within it is declared lost (``_declare_hung``), at most
+        1.25 deadlines after it stopped. A ping, not a deadline per request: a healthy engine
+        answers it in milliseconds however long its responses are, so the deadline need not
+        exceed the longest generation, and an idle hung replica is found too."""
+        watch = asyncio.ensure_future(handle.watch.remote())
         try:
-            await handle.watch.remote()
+            timeout = self._heartbeat_timeout_s
+            while True:
+                done, _ = await asyncio.wait({watch}, timeout=None if timeout is None else timeout / 4)
+                if done:
+                    watch.result()  # raises: the actor is gone
+                    return
+                assert timeout is not None
+                try:
+                    await asyncio.wait_for(handle.ping.remote(), timeout)
+                except TimeoutError:
+                    if not self._stopping and self.rollouter is not None:
+                        self._declare_hung(replica_id, handle, timeout)
+                    return
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - only a death is acted on
             if not self._stopping and actor_is_dead(exc) and self.rollouter is not None:
                 self.rollouter.replica_lost(replica_id)
+        finally:
+            watch.cancel()
+
+    def _declare_hung(self, replica_id: str, handle: Any, timeout_s: float) -> None:
+        """``replica_id`` did not answer a ping within ``timeout_s``: take it out of the balancer
+        and report it as a death (the replacement path), fail its unanswered requests so the
+        rollouter retries them elsewhere (each response goes on from the tokens it had, so no
+        sample is lost or generated twice), then end its actor and process."""
+        assert self.rollouter is not None
+        log.error("standalone replica %s did not answer a ping within %gs (rollout.heartbeat_timeout_s): "
+                  "declared lost", replica_id, timeout_s)
+        exc = ActorHung(f"standalone replica {replica_id} did not answer a ping within {timeout_s:g}s "
+                        "(rollout.heartbeat_timeout_s)")
+        self.rollouter.replica_lost(replica_id)
+        engine = self._engines.get(replica_id)
+        failed = engine.fail_in_flight(exc) if isinstance(engine, RemoteEngine) else 0
+        self._hung.append({"replica": replica_id, "at": time.time(), "requests_failed_over": failed})
+        kill_hung(handle)
 
     def _on_replica_removed(self, replica_id: str) -> None:
         """The rollouter took ``replica_id`` out because its actor died."""

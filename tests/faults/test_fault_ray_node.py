@@ -93,10 +93,11 @@ def _actor_nodes() -> dict[str, str]:
     return {a["Name"]: a["Address"]["NodeID"] for a in actors if a["Name"]}
 
 
-def _run_and_lose(nodes: LocalMultiNodeCluster, args: list[str], tmp_path, url: str, actor: str, *,
+def _run_and_lose(nodes: LocalMultiNodeCluster, args: list[str], tmp_path, url: str, actors: list[str], *,
                   after_step: int, timeout: float = 600) -> tuple[int, str, dict]:
-    """Start `tidal ARGS`; once ``after_step`` is committed, kill the worker node ``actor`` runs on;
-    wait for the driver's end. Returns (exit code, log, what was lost: node, pids, placement)."""
+    """Start `tidal ARGS`; once ``after_step`` is committed, kill the worker node the first of
+    ``actors`` that runs on a worker node (not the head) runs on; wait for the driver's end.
+    Returns (exit code, log, what was lost: node, actor, pids, placement)."""
     log = next_log(tmp_path)
     lost: dict = {}
     with open(log, "w") as out:
@@ -108,8 +109,10 @@ def _run_and_lose(nodes: LocalMultiNodeCluster, args: list[str], tmp_path, url: 
                 time.sleep(0.2)
             assert proc.poll() is None, log.read_text()[-3000:]
             placed = _actor_nodes()
-            victim = next(n for n in nodes.workers if n.node_id == placed[actor])  # never the head
-            lost = {"node": victim.node_id, "placed": placed, "at": time.monotonic(),
+            workers = {n.node_id: n for n in nodes.workers}
+            actor = next(a for a in actors if placed[a] in workers)  # never the head
+            victim = workers[placed[actor]]
+            lost = {"node": victim.node_id, "actor": actor, "placed": placed, "at": time.monotonic(),
                     "pids": nodes.kill(victim), "step": _committed_steps(url)}
             code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
             lost["ended_after_s"] = time.monotonic() - lost["at"]
@@ -154,7 +157,7 @@ def test_the_node_of_a_standalone_replica_lost_it_is_replaced_on_another_node_an
                                "async_training.sample_wait_timeout_s=240")
         t0 = time.monotonic()
         code, text, lost = _run_and_lose(nodes, _args(["run", "tiny-cpu"], overrides), tmp_path, url,
-                                         replica_name("standalone-0"), after_step=1)
+                                         [replica_name("standalone-0")], after_step=1)
         took = time.monotonic() - t0
         assert code == 0, text[-3000:]
         assert not _alive(lost["node"])
@@ -192,19 +195,18 @@ def test_the_node_of_a_trainer_rank_lost_the_run_stops_in_one_line_and_resumes_t
         head = nodes.cluster.head_node.node_id
         trainer_node = nodes.workers[0].node_id
         code, text, lost = _run_and_lose(nodes, _args(["run", "tiny-cpu"], overrides), tmp_path, url,
-                                         rank_name(1), after_step=1)
-        assert lost["placed"][rank_name(1)] != head or lost["placed"][rank_name(0)] != head
-        if lost["placed"][rank_name(1)] == head:  # bundle 1 on the head: rank 0 is the worker node's
-            pytest.fail("rank 1 landed on the head; _run_and_lose killed rank 0's node instead")
+                                         [rank_name(1), rank_name(0)], after_step=1)
+        # one rank on each trainer node (STRICT_SPREAD); the one on the worker node was lost
+        assert {lost["placed"][rank_name(0)], lost["placed"][rank_name(1)]} == {head, trainer_node}
         assert lost["node"] == trainer_node
         lines = [line for line in text.strip().splitlines() if line.strip()]
         assert code == 3, text[-3000:]
         summary, state, *_ = final_state(url)
         uid = summary.uid
         assert "an actor of the run died" in lines[-1] and f"tidal resume {uid}" in lines[-1], lines[-5:]
-        assert sum("tidal resume" in line for line in lines) == 1, lines[-5:]
+        assert [line for line in lines if line.startswith("tidal:")] == [lines[-1]], lines[-5:]
         stopped_at = state.step
-        print(f"lost node after step {lost['step']}: exit {code} {lost['ended_after_s']:.1f}s later, "
+        print(f"lost {lost['actor']}'s node after step {lost['step']}: exit {code} {lost['ended_after_s']:.1f}s later, "
               f"at step {stopped_at}: {lines[-1]}")
 
         # the resume on the remaining nodes alone is refused in one line: one trainer node is missing

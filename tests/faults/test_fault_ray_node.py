@@ -143,7 +143,7 @@ def test_the_node_of_a_standalone_replica_lost_it_is_replaced_on_another_node_an
     """Head (trainer), two rollout nodes, one standalone replica and no hybrid: its node is lost
     after step 1; the replacement lands on the other rollout node, joins, and generates the rest:
     the run finishes, every prompt once."""
-    steps = 5
+    steps = 4
     nodes = _cluster(NodeSpec(labels={ROLE: "rollout"}), NodeSpec(labels={ROLE: "rollout"}))
     with attached_to(nodes):
         rollout_nodes = {n.node_id for n in nodes.workers}

@@ -32,7 +32,7 @@ from cluster.actors.trainer_rank import RankGroup, TrainRankActor, hybrid_hosts,
 from models.model import TinyLMConfig
 from cluster.data_builders import dataset_for, prompt_length, response_length, scorer_factory, tokenizer_for
 from data.problems import CharTokenizer, Problem, make_problems
-from cluster.placement import place, release_placement
+from cluster.placement import ReplicaPlacement, place, release_placement
 from data.types import SamplingSpec
 from config import TidalConfig
 from loop.plans import RunSizes
@@ -335,6 +335,24 @@ def start_replica(replica_id: str, make_engine: Callable[[], Any], *, namespace:
                                 **scheduling).remote(replica_id, make_engine)
 
 
+@dataclass
+class ReplicaStarter:
+    """Starts the actors of one standalone slot: its first (``DataPlane.build``) and, called by the
+    rollout service, each replacement, with the slot's engine, where ``placement`` puts it: a
+    replacement is kept off a node that is lost but not yet declared dead
+    (``ReplicaPlacement.for_replacement``), so it never waits on a node that will not run it."""
+
+    make_engine: Callable[[], Any]
+    namespace: str
+    placement: ReplicaPlacement
+    started: int = 0
+
+    def __call__(self, replica_id: str) -> Any:
+        options = self.placement.for_replacement(replica_id) if self.started else self.placement.options
+        self.started += 1
+        return start_replica(replica_id, self.make_engine, namespace=self.namespace, scheduling=options)
+
+
 def _kill_leftovers(namespace: str, standalone: Iterable[str]) -> None:
     """A resumed run reuses its namespace: end actors a killed driver may have left behind
     (replacement replicas included: every ``replica:*`` actor of the namespace)."""
@@ -399,9 +417,8 @@ class DataPlane:
         )
         # one starter per standalone slot; a replacement is started with its slot's engine
         starters = {
-            rid: functools.partial(start_replica, make_engine=engine_factory(cfg, tokenizer, hybrid=False,
-                                                                             seed=seed * 1000 + i),
-                                   namespace=namespace, scheduling=placement.replica(rid))
+            rid: ReplicaStarter(engine_factory(cfg, tokenizer, hybrid=False, seed=seed * 1000 + i), namespace,
+                                placement.slot(rid))
             for i, rid in enumerate(standalone_ids(cfg))
         }
         standalone = {rid: start(rid) for rid, start in starters.items()}

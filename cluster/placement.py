@@ -175,6 +175,103 @@ def shortfall(demand: Demand, nodes: Sequence[NodeView], keys: PlacementSection)
     return "; ".join(missing) or None
 
 
+NODE_ID_LABEL = "ray.io/node-id"
+"""The label Ray gives every node: its node id (a label selector keeps an actor off nodes by it)."""
+RAYLET_PROBE_S = 1.0
+"""How long a node's raylet has to accept a TCP connection before the node counts as lost."""
+
+
+def unreachable_nodes(candidates: Iterable[Mapping[str, Any]] | None = None,
+                      timeout_s: float = RAYLET_PROBE_S) -> set[str]:
+    """The ids of the nodes the head still lists alive but whose raylet does not accept a TCP
+    connection within ``timeout_s`` (refused: its processes are gone; no answer: its machine is).
+    The head declares such a node dead only after its health check has failed for a while
+    (``RAY_health_check_*``: 15-30 s by default); until then Ray still places actors and bundles
+    there, and they wait for a node that will never run them. ``candidates``: entries of
+    ``ray.nodes()`` (all of them when None). Probed in parallel: at most ``timeout_s`` in all."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    import ray
+
+    nodes = [n for n in (ray.nodes() if candidates is None else candidates) if n.get("Alive")]
+
+    def down(node: Mapping[str, Any]) -> bool:
+        try:
+            with socket.create_connection((node["NodeManagerAddress"], int(node["NodeManagerPort"])), timeout=timeout_s):
+                return False
+        except (OSError, KeyError, ValueError, TypeError):
+            return True
+
+    if not nodes:
+        return set()
+    with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="raylet-probe") as pool:
+        lost = list(pool.map(down, nodes))
+    return {str(n["NodeID"]) for n, gone in zip(nodes, lost, strict=True) if gone}
+
+
+def _not_on(node_ids: Iterable[str]) -> str:
+    return f"!in({','.join(sorted(node_ids))})"
+
+
+@dataclass
+class ReplicaPlacement:
+    """Where the actors of one standalone slot go: the ``.options(...)`` of its first actor, and,
+    for each replacement (``for_replacement``), the same unless a node it would be placed on is lost
+    but not yet declared dead (``unreachable_nodes``). Then the replacement is kept off every such
+    node: labelled, the slot's placement group (whose bundle sits on the lost node, and would be
+    placed again wherever Ray chooses once the node is declared dead) is removed and a new one
+    made, on a rollout node other than the lost ones; unlabelled, the actor asks for a node other
+    than those by label (``ray.io/node-id``). Picklable: the rollout service holds it in its slot's
+    starter (``cluster/builders.py``)."""
+
+    namespace: str
+    options: dict[str, Any]
+    accelerator: str
+    gpus: int
+    selector: dict[str, str] | None = None
+    """The bundles' label selector (the rollout role); None: unlabelled, no placement group."""
+    avoided: set[str] = field(default_factory=set)
+
+    def _group(self) -> Any:
+        strategy = self.options.get("scheduling_strategy")
+        return getattr(strategy, "placement_group", None)
+
+    def for_replacement(self, replica_id: str, probe_timeout_s: float = RAYLET_PROBE_S) -> dict[str, Any]:
+        """The ``.options(...)`` of the actor replacing this slot's last one, ``replica_id``."""
+        import logging
+
+        from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+
+        group = self._group()
+        if group is None and self.selector is not None:
+            return self.options
+        lost = unreachable_nodes(timeout_s=probe_timeout_s) - self.avoided
+        if not lost:
+            return self.options
+        log = logging.getLogger(__name__)
+        if group is None:  # unlabelled: the actor asks for any node but the lost ones
+            self.avoided |= lost
+            self.options = {**self.options, "label_selector": {NODE_ID_LABEL: _not_on(self.avoided)}}
+            log.warning("%s: node(s) %s lost (raylet unreachable): placed elsewhere", replica_id, sorted(lost))
+            return self.options
+        where = set(placement_group_table(group).get("bundles_to_node_id", {}).values())
+        if not where & lost:
+            return self.options
+        self.avoided |= lost
+        try:
+            remove_placement_group(group)
+        except Exception:  # noqa: BLE001 - already gone with its job
+            pass
+        selector = {**self.selector, NODE_ID_LABEL: _not_on(self.avoided)}
+        new = placement_group([{self.accelerator: 1} for _ in range(self.gpus)], strategy="STRICT_PACK",
+                              bundle_label_selector=[selector] * self.gpus, name=f"{self.namespace}:{replica_id}")
+        self.options = _in_bundle(new, 0, self.accelerator, 1)
+        log.warning("%s: its placement group's node %s is lost (raylet unreachable): a new group avoids it",
+                    replica_id, sorted(where & lost))
+        return self.options
+
+
 @dataclass
 class Placement:
     """The ``.options(...)`` scheduling arguments of one run's actors, and the groups it holds.
@@ -190,8 +287,15 @@ class Placement:
     trainer_ranks: list[dict[str, Any]] = field(default_factory=list)
     groups: list[Any] = field(default_factory=list)
 
+    slots: dict[str, ReplicaPlacement] = field(default_factory=dict)
+    """Each standalone slot's placement over the run (``ReplicaPlacement``), by its first id."""
+
     def replica(self, replica_id: str) -> dict[str, Any]:
         return self.replicas[replica_id]
+
+    def slot(self, replica_id: str) -> ReplicaPlacement:
+        """The placement of ``replica_id``'s slot, its replacements' included."""
+        return self.slots[replica_id]
 
     def release(self) -> None:
         """Remove this run's placement groups (their GPUs go back to the cluster)."""
@@ -230,7 +334,8 @@ def replica_bundles(demand: Demand, accelerator: str) -> list[dict[str, float]]:
 
 
 def scheduling(demand: Demand, accelerator: str, replica_ids: Sequence[str], *, trainer_group: Any = None,
-               replica_groups: Mapping[str, Any] | None = None, control: Mapping[str, Any] | None = None) -> Placement:
+               replica_groups: Mapping[str, Any] | None = None, control: Mapping[str, Any] | None = None,
+               namespace: str = "", replica_selector: Mapping[str, str] | None = None) -> Placement:
     """The ``.options(...)`` arguments of every actor of a run: in ``trainer_group`` (bundles of
     ``trainer_bundles``) and ``replica_groups`` (``replica_bundles``) when given, else asked of
     Ray directly. A trainer of N > 1 ranks needs its group. Creates nothing (no Ray call)."""
@@ -242,12 +347,16 @@ def scheduling(demand: Demand, accelerator: str, replica_ids: Sequence[str], *, 
     else:
         trainer = _in_bundle(trainer_group, 0, accelerator, 0 if ranks else demand.trainer_gpus)
     per_node = demand.trainer_gpus_per_node
+    replicas = {rid: (_in_bundle(replica_groups[rid], 0, accelerator, 1) if replica_groups
+                      else asking(accelerator, demand.gpus_per_replica)) for rid in replica_ids}
+    selector = dict(replica_selector) if replica_groups and replica_selector else None
     return Placement(
         trainer=trainer,
         control=dict(control or {}),
-        replicas={rid: (_in_bundle(replica_groups[rid], 0, accelerator, 1) if replica_groups
-                        else asking(accelerator, demand.gpus_per_replica)) for rid in replica_ids},
+        replicas=replicas,
         trainer_ranks=[_in_bundle(trainer_group, r // per_node, accelerator, 1) for r in range(ranks)],
+        slots={rid: ReplicaPlacement(namespace, replicas[rid], accelerator, demand.gpus_per_replica, selector)
+               for rid in replica_ids},
     )
 
 
@@ -268,12 +377,12 @@ def place(cfg: TidalConfig, namespace: str, replica_ids: Sequence[str]) -> Place
     from ray.util.placement_group import placement_group
 
     if not labelled(nodes, keys):
-        if not demand.trainer_ranks:
-            return scheduling(demand, accelerator, replica_ids)  # nothing held: Ray places each actor
+        if not demand.trainer_ranks:  # nothing held: Ray places each actor
+            return scheduling(demand, accelerator, replica_ids, namespace=namespace)
         # PACK, soft: the ranks on as few nodes as have the room (one local node), else spread
         trainer_pg = placement_group(trainer_bundles(demand, accelerator), strategy="PACK",
                                      name=f"{namespace}:trainer")
-        held = scheduling(demand, accelerator, replica_ids, trainer_group=trainer_pg)
+        held = scheduling(demand, accelerator, replica_ids, trainer_group=trainer_pg, namespace=namespace)
         held.groups = [trainer_pg]
         _wait_placed(held, ["the trainer"], keys.timeout_s, where)
         _HELD[namespace] = held
@@ -293,6 +402,7 @@ def place(cfg: TidalConfig, namespace: str, replica_ids: Sequence[str]) -> Place
         # the driver's node: alive as long as the run; no CPU asked, so a busy head still takes them
         control=dict(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
             ray.get_runtime_context().get_node_id(), soft=False)),
+        namespace=namespace, replica_selector=on,
     )
     held.groups = [trainer_pg, *replica_pgs.values()]
     _wait_placed(held, ["the trainer", *replica_ids], keys.timeout_s, where)
@@ -397,7 +507,23 @@ def _wait_placed(held: Placement, names: Sequence[str], timeout_s: float, where:
 
 
 def release_placement(namespace: str) -> None:
-    """Give back the placement groups of the run ``namespace`` (nothing when it holds none)."""
+    """Give back the placement groups of the run ``namespace`` (nothing when it holds none), and
+    the ones made for its replacements (``ReplicaPlacement``: by the rollout service, named
+    ``NAMESPACE:ID``) while this process held the run's."""
     held = _HELD.pop(namespace, None)
-    if held is not None:
-        held.release()
+    if held is None:
+        return
+    held.release()
+    import ray
+    from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+
+    try:
+        table = placement_group_table()
+    except Exception:  # noqa: BLE001 - the cluster is gone: so are its groups
+        return
+    for group_id, info in table.items():
+        if str(info.get("name", "")).startswith(f"{namespace}:") and info.get("state") != "REMOVED":
+            try:
+                remove_placement_group(PlacementGroup(ray.PlacementGroupID.from_hex(group_id)))
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass

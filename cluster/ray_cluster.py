@@ -249,8 +249,14 @@ class LocalMultiNodeCluster:
     Ray ``GPU`` counts, labels and ports, all on the loopback address, in one temp dir of ours. For
     tests and benchmarks of multi-node placement; ``stop()`` ends only these nodes' processes."""
 
-    def __init__(self, head: NodeSpec, workers: list[NodeSpec], *, object_store_mb: int = 150) -> None:
+    def __init__(self, head: NodeSpec, workers: list[NodeSpec], *, object_store_mb: int = 150,
+                 health_check_s: float | None = None) -> None:
         self.head_spec, self.worker_specs, self.object_store_mb = head, list(workers), object_store_mb
+        self.health_check_s = health_check_s
+        """How soon the head declares a silent node dead: Ray's GCS health check, one probe a
+        second, the node dead after ``health_check_s`` of failed ones. None: Ray's defaults (a probe
+        every 3 s, dead after 5 failed: 15-30 s; ``RAY_health_check_period_ms`` and
+        ``RAY_health_check_failure_threshold`` on a real head)."""
         self.temp_dir = tempfile.mkdtemp(prefix="tidal-mn-", dir="/tmp")
         self.cluster: object | None = None
         self.workers: list[object] = []
@@ -296,6 +302,10 @@ class LocalMultiNodeCluster:
         os.environ[AUTOSCALER_PORT_ENV] = str(free_port())
         head = {**self._node_args(self.head_spec), "temp_dir": self.temp_dir, "gcs_server_port": free_port(),
                 "include_dashboard": False, "ray_client_server_port": free_port()}
+        if self.health_check_s is not None:
+            head["_system_config"] = {"health_check_initial_delay_ms": 1000, "health_check_period_ms": 1000,
+                                      "health_check_timeout_ms": 1000,
+                                      "health_check_failure_threshold": max(1, round(self.health_check_s))}
         # shutdown_at_exit: a node whose start failed half-way is still ended when this process exits
         self.cluster = Cluster(initialize_head=True, head_node_args=head)
         self.workers = []
@@ -314,6 +324,43 @@ class LocalMultiNodeCluster:
         self.cluster.remove_node(node, allow_graceful=False)  # type: ignore[union-attr]
         if node in self.workers:
             self.workers.remove(node)
+
+    def node_pids(self, node: object) -> list[int]:
+        """The processes of worker node ``node``, all started here: the ones Ray's ``Node`` started
+        (raylet, agents, log monitor...) and every descendant of its raylet (its worker processes,
+        the actors of that node among them)."""
+        import psutil
+
+        pids: list[int] = []
+        for infos in node.all_processes.values():  # type: ignore[attr-defined]
+            for info in infos:
+                if info.process.poll() is None:
+                    pids.append(info.process.pid)
+                    try:
+                        pids.extend(c.pid for c in psutil.Process(info.process.pid).children(recursive=True))
+                    except psutil.NoSuchProcess:
+                        pass
+        return sorted(set(pids))
+
+    def kill(self, node: object) -> list[int]:
+        """Lose worker node ``node`` as a machine that dies: SIGKILL its raylet and every process
+        of it at once, by pid (``node_pids``: only this node's), then reap them. Nothing of the
+        node says goodbye: the head learns of the loss by its health check
+        (``health_check_s``). Returns the pids killed."""
+        import signal
+
+        pids = self.node_pids(node)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        # reap the node's own children (raylet and the rest; its workers were the raylet's)
+        node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)  # type: ignore[attr-defined]
+        self.cluster.worker_nodes.discard(node)  # type: ignore[union-attr]
+        if node in self.workers:
+            self.workers.remove(node)
+        return pids
 
     def stop(self, *, keep_temp: bool = False) -> None:
         if self.cluster is not None:

@@ -32,8 +32,8 @@ import ray
 
 from cluster import weight_sync as ws
 from cluster.actors.names import ROLLOUT_SERVICE, TRAINER, replica_name
-from cluster.actors.trainer_rank import rank_name
 from cluster.actors.remote_engine import ActorHung, actor_is_dead, kill_hung, local_pid
+from cluster.actors.trainer_rank import rank_name
 from loop.controller import DynamicResourceController
 from loop.membership import Membership
 from loop.plans import RolloutCounters

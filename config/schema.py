@@ -355,6 +355,13 @@ class PrefectSection(_Section):
     task_runner: Literal["auto", "ray", "thread"] = "auto"
     """`auto` = Ray task runner when a server is configured, else in-process threads."""
 
+    api_outage_timeout_s: float = Field(300.0, gt=0.0, le=86_400.0)
+    """Seconds a run carries on while the Prefect API does not answer (its flow and task runs'
+    calls wait and retry meanwhile). Tidal's own temporary server is restarted at once on the same
+    port and database when its process dies; a server of yours (`prefect.api_url`,
+    `PREFECT_API_URL`) is waited for. Still silent after this long: the run stops with exit 3 and
+    one line naming the resume command; every committed step is intact."""
+
 
 class RaySection(_Section):
     """`ray.*`: the data plane cluster."""

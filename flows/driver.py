@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from config import TidalConfig
 from flows import lifecycle
@@ -55,7 +57,7 @@ def embedded(cfg: TidalConfig, uid: str, run_dir: Path, *, resume: bool, progres
                     lifecycle.take_lease(session, uid, cfg.lifecycle.lease_timeout_s)
                 lifecycle.keep_alive(cfg, uid)
             state.took_over, crashed = lifecycle.end_leftovers(run_dir)
-        stack.enter_context(_prefect(cfg, run_dir, progress))
+        stack.enter_context(_prefect(cfg, uid, run_dir, progress))
         for record in crashed:
             _mark_crashed(record)
             lifecycle.drop_record(run_dir, record.kind)
@@ -64,12 +66,17 @@ def embedded(cfg: TidalConfig, uid: str, run_dir: Path, *, resume: bool, progres
 
 
 @contextmanager
-def _prefect(cfg: TidalConfig, run_dir: Path, progress: Progress) -> Iterator[None]:
-    """The Prefect API this run talks to: the configured one, or a temporary server of its own."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+def _prefect(cfg: TidalConfig, uid: str, run_dir: Path, progress: Progress) -> Iterator[None]:
+    """The Prefect API this run talks to: the configured one, or a temporary server of its own;
+    watched while the run goes (``ApiWatch``: the API killed mid-run)."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, PREFECT_HOME, temporary_settings
 
+    outage_s = cfg.prefect.api_outage_timeout_s
+    retries = {PREFECT_CLIENT_MAX_RETRIES: max(PREFECT_CLIENT_MAX_RETRIES.value(), client_retries_for(outage_s))}
     if cfg.prefect.api_url or PREFECT_API_URL.value():
-        with temporary_settings(updates={PREFECT_API_URL: cfg.prefect.api_url or PREFECT_API_URL.value()}):
+        url = cfg.prefect.api_url or PREFECT_API_URL.value()
+        with temporary_settings(updates={PREFECT_API_URL: url, **retries}), \
+                ApiWatch(url, outage_s, on_lost=_stop_run(cfg, uid, run_dir, url)):
             yield
         return
     from flows.prefect_server import LocalPrefectServer
@@ -84,11 +91,13 @@ def _prefect(cfg: TidalConfig, run_dir: Path, progress: Progress) -> Iterator[No
         saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", lifecycle.TEMPORARY_SERVER_ENV)}
         os.environ.update(PREFECT_API_URL=server.api_url, **{lifecycle.TEMPORARY_SERVER_ENV: server.api_url})
         try:
-            with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
-                try:
-                    yield
-                finally:  # however the run ended: its last logs and events, while the server answers
-                    _drain_prefect()
+            with temporary_settings(updates={PREFECT_API_URL: server.api_url, **retries}):
+                with ApiWatch(server.api_url, outage_s, on_lost=_stop_run(cfg, uid, run_dir, server.api_url),
+                              server=server):
+                    try:
+                        yield
+                    finally:  # however the run ended: its last logs and events, while the server answers
+                        _drain_prefect()
         finally:
             for key, value in saved.items():
                 if value is None:
@@ -98,6 +107,125 @@ def _prefect(cfg: TidalConfig, run_dir: Path, progress: Progress) -> Iterator[No
     finally:
         server.stop()
         lifecycle.drop_record(run_dir, "prefect-server")
+
+
+def client_retries_for(outage_s: float) -> int:
+    """Prefect client retries whose back-off (``2 ** try`` s after the try-th failure) spans
+    ``outage_s``: a call in flight when the API went away is still retrying when ``ApiWatch``
+    restarts the server or gives up on it, never failing the step first."""
+    retries = 1
+    while 2 ** (retries + 1) - 2 < outage_s + 2:
+        retries += 1
+    return retries
+
+
+class ApiWatch:
+    """Watches the run's Prefect API while the run goes: the API server killed mid-run.
+
+    What Tidal does, and why. Measured first (a `tidal run tiny-cpu` of 8 steps, Tidal's own
+    server SIGKILLed after step 2, before this watch existed): every Prefect call of the step retried
+    for ~70 s (Prefect's client: 5 retries, ``2 ** try`` s apart), the step's task run then failed
+    with ``httpx.ConnectError``, the flow runs failed one after another behind further rounds of
+    retries, and the driver exited 1 with a page of tracebacks 6 minutes after the kill, the run
+    marked failed. Nothing of the data plane needs Prefect between two calls, and every step is
+    committed to Tidal's own store, not to Prefect's: so the run *carries on* while the API is away,
+    and stops only when it cannot come back.
+
+    - Tidal's own temporary server (``server``): when its process has ended, it is started again at
+      once on the same port, ``PREFECT_HOME`` and database (~15-25 s); the calls in flight, retrying,
+      then reach it, the step goes on and the UI shows the run's flow runs where they are. Task-run
+      states sent as events while no server listened are lost (Prefect's events client drops them),
+      so a task run of those seconds may show a stale state; the flow runs' and every later state
+      are there.
+    - A server of the user's (``prefect.api_url`` / ``PREFECT_API_URL``): Tidal cannot restart it,
+      so it waits for it, as for a restart by its owner.
+
+    Either way the wait is bounded by ``prefect.api_outage_timeout_s`` (the client's retries are
+    raised to outlast it: ``client_retries_for``): once the API has not answered for that long,
+    ``on_lost`` stops the run in one line with the resume command, exit 3 (``docs/cli.md``: as for
+    a lost store, a platform service the run needs went away and every committed step is intact).
+    """
+
+    def __init__(self, api_url: str, outage_s: float, *, on_lost: Callable[[float], None],
+                 server: Any = None, interval_s: float = 1.0) -> None:
+        self.api_url, self.outage_s, self.on_lost, self.server = api_url, outage_s, on_lost, server
+        self.interval_s = interval_s
+        self.restarts = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="tidal-prefect-watch", daemon=True)
+
+    def __enter__(self) -> ApiWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _watch(self) -> None:
+        from flows.prefect_server import api_healthy
+
+        down_since: float | None = None
+        while not self._stop.wait(self.interval_s):
+            if api_healthy(self.api_url):
+                if down_since is not None:
+                    _API_QUIET_UNTIL[0] = time.monotonic() + 10.0
+                    log.warning("the Prefect API at %s answers again after %.0f s; the run carried on",
+                                self.api_url, time.monotonic() - down_since)
+                down_since = None
+                continue
+            down_since = down_since if down_since is not None else time.monotonic()
+            _API_QUIET_UNTIL[0] = time.monotonic() + 10.0
+            left = self.outage_s - (time.monotonic() - down_since)
+            if self.server is not None and self.server.exited and left > 0 and not self._stop.is_set():
+                self._restart(left)
+                continue
+            if left <= 0 and not self._stop.is_set():
+                self.on_lost(time.monotonic() - down_since)
+                return
+
+    def _restart(self, left_s: float) -> None:
+        old = self.server.pid
+        log.warning("Tidal's Prefect server (pid %s) died mid-run; restarting it on %s (same database)",
+                    old, self.api_url)
+        try:
+            self.server.restart(timeout_s=max(left_s, 1.0))
+        except (RuntimeError, TimeoutError, OSError) as exc:
+            log.warning("restarting Tidal's Prefect server failed: %s", exc)
+            return
+        self.restarts += 1
+        log.warning("Tidal's Prefect server is back (pid %s); the run carries on", self.server.pid)
+
+
+def _stop_run(cfg: TidalConfig, uid: str, run_dir: Path, api_url: str) -> Callable[[float], None]:
+    """``ApiWatch``'s way out: one line with the resume command, the run marked failed, what this
+    driver started ended through its records, the lease released, exit 3. The flow-run record
+    stays: the resume marks that flow run Crashed once the API answers again."""
+
+    def stop(silent_s: float) -> None:
+        import sys
+
+        from flows.errors import EXIT_STORE_LOST, prefect_lost_message
+        from storage import RunStatus, load_resume_state, redact_url, set_run_status
+
+        committed = 0
+        try:
+            with session_scope(open_store(cfg.storage.url, busy_timeout_ms=cfg.storage.busy_timeout_ms)) as session:
+                state = load_resume_state(session, uid)
+                committed = state.step if state is not None else 0
+                set_run_status(session, uid, RunStatus.FAILED)
+        except Exception as exc:  # noqa: BLE001 - the line still goes out; the lease goes stale
+            log.debug("could not mark run %s failed: %s", uid, exc)
+        print(f"tidal: error: {prefect_lost_message(api_url=api_url, silent_s=silent_s, uid=uid, last_step=committed, storage_arg=redact_url(cfg.storage.url))}",
+              file=sys.stderr, flush=True)
+        try:
+            lifecycle.end_leftovers(run_dir)  # this driver's own Ray head and Prefect server, if any
+            lifecycle.let_go(uid)
+        finally:
+            sys.stdout.flush()
+            os._exit(EXIT_STORE_LOST)
+
+    return stop
 
 
 def _startup_timeout_s() -> float:
@@ -198,8 +326,16 @@ class _RunFormatter(logging.Formatter):
 def _quiet_while_stopping(record: logging.LogRecord) -> bool:
     """Once a stop signal arrived, Prefect's echoes of it ("Crash detected! Execution was aborted
     by an interrupt signal", the step's failed tasks) go to the log file only: the terminal's
-    last word is the driver's own line with the resume command."""
-    return not (lifecycle.stopping() and record.name.startswith("prefect"))
+    last word is the driver's own line with the resume command. So do Prefect's complaints while
+    its API is away (``ApiWatch``: each event it could not send, dumped whole): the driver's own
+    lines say that the server went and came back."""
+    quiet = lifecycle.stopping() or time.monotonic() < _API_QUIET_UNTIL[0]
+    return not (quiet and record.name.startswith("prefect"))
+
+
+_API_QUIET_UNTIL = [0.0]
+"""Prefect's console lines are kept off the terminal until then (monotonic): ``ApiWatch`` sets
+it while the API is away, and for a few seconds after it answers again."""
 
 
 def resume_hint(uid: str, storage: str | None) -> str:

@@ -89,6 +89,16 @@ def store_lost_message(*, url: str, reason: str, uid: str, last_step: int, stora
             f"{hint}")
 
 
+def prefect_lost_message(*, api_url: str, silent_s: float, uid: str, last_step: int, storage_arg: str) -> str:
+    """``the Prefect API at URL has not answered for N s (prefect.api_outage_timeout_s); the run
+    stopped after step K ...; resume with: ...`` (exit 3, ``flows.driver.ApiWatch``).
+    ``storage_arg`` must have its password hidden already."""
+    after = f"after step {last_step}" if last_step else "before its first step"
+    return (f"the Prefect API at {api_url} has not answered for {silent_s:.0f} s (prefect.api_outage_timeout_s); "
+            f"the run stopped {after} and every committed step is intact; once the Prefect server is back, "
+            f"resume with: tidal resume {uid} --storage '{storage_arg}'")
+
+
 class ActorLost(RunError):
     """An actor of the run died mid-step (out of memory, a lost GPU, killed): exit 3, as for a
     lost store; every committed step is intact and ``tidal resume`` continues."""

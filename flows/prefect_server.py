@@ -47,6 +47,15 @@ transaction of its own, the largest share of the server's CPU on a step (docs/co
 the UI's task runs then lag by up to a second. A value already in the environment wins."""
 
 
+def api_healthy(api_url: str, timeout_s: float = 2.0) -> bool:
+    """Whether the Prefect API at ``api_url`` answers its health check now."""
+    try:
+        with urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=timeout_s) as response:
+            return response.status == 200
+    except (OSError, ValueError):
+        return False
+
+
 @dataclass
 class LocalPrefectServer:
     """``with LocalPrefectServer() as server: ...`` — ``server.api_url``, ``server.env()``."""
@@ -99,13 +108,13 @@ class LocalPrefectServer:
             env.setdefault(key, value)
         return server_command(self.port, factory=self.factory), env
 
-    def start(self, timeout_s: float = 120.0) -> LocalPrefectServer:
+    def start(self, timeout_s: float = 120.0, *, append_log: bool = False) -> LocalPrefectServer:
         if self.home is None:
             self.home = tempfile.mkdtemp(prefix="tidal-prefect-")
             self._owns_home = True
         Path(self.home).mkdir(parents=True, exist_ok=True)
         cmd, env = self.command()
-        log = open(self.log_path or Path(self.home) / "server.log", "w")  # noqa: SIM115 - closed with the process
+        log = open(self.log_path or Path(self.home) / "server.log", "a" if append_log else "w")  # noqa: SIM115
         self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         if self.on_spawn is not None:
             self.on_spawn(self._proc.pid)
@@ -120,11 +129,21 @@ class LocalPrefectServer:
         raise TimeoutError(f"prefect server did not answer on {self.api_url} within {timeout_s:.0f}s; see {log.name}")
 
     def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
+        return api_healthy(self.api_url)
+
+    @property
+    def exited(self) -> bool:
+        """Whether the server process this object started has ended (killed, crashed)."""
+        return self._proc is not None and self._proc.poll() is not None
+
+    def restart(self, timeout_s: float = 120.0) -> LocalPrefectServer:
+        """Start the server again after its process ended: the same port, home and database (so
+        the flow runs it knew are still there and a client's retried calls find them), its output
+        appended to the same log. ``on_spawn`` is called with the new pid."""
+        if self._proc is not None and self._proc.poll() is None:
+            raise RuntimeError(f"the prefect server (pid {self._proc.pid}) is still running")
+        self._proc = None
+        return self.start(timeout_s, append_log=True)
 
     def stop(self) -> None:
         """End the server (its process group: the server and its children), then its home if we made it."""

@@ -47,7 +47,8 @@ CAMPAIGNS = {
                 "fault_campaign_hf", "faults_hf"),
 }
 PLATFORM = (["tests/faults/test_fault_store_restart.py", "tests/faults/test_fault_postgres_restart_run.py",
-             "tests/faults/test_platform_four_runs.py", "tests/faults/test_fault_ray_node.py"],
+             "tests/faults/test_platform_four_runs.py", "tests/faults/test_fault_ray_node.py",
+             "tests/faults/test_fault_prefect_server.py", "tests/faults/test_fault_resume_sync_group.py"],
             "fault_campaign_platform", "faults_platform")
 """``--platform``: the platform's own faults, on the preset ``--preset`` names (one section, whichever)."""
 

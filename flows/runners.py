@@ -197,6 +197,45 @@ def run_phase(phase: Any, *args: Any) -> Any:
     if name in DATA_PLANE_PHASES:
         for listener in _DATA_PLANE_LISTENERS:
             listener()
+    if os.environ.get(CRASH_DURING_ENV):
+        _crash_during(name, args)
     with remote_options(**PHASE_REMOTE_OPTIONS):  # read only by the Ray runner
         future = phase.submit(*args)
     return future.result()
+
+
+CRASH_DURING_ENV = "TIDAL_CRASH_DURING"
+"""Failpoint of the fault tests, ``phase:step`` (a phase whose second argument is the step, e.g.
+``broadcast_sync:3``): the driver SIGKILLs itself while that phase's call to the controller is
+in flight, submitted and not yet answered (``tasks.faults.CRASH_ENV``'s points fire after a
+phase's call returned). Unset (always, outside the fault tests): one environment lookup."""
+
+
+def _crash_during(name: str, args: tuple[Any, ...]) -> None:
+    """Arm ``CRASH_DURING_ENV`` for this phase: its task's first ``ray.get`` (the phase's call to
+    the controller, already submitted) waits 5 ms for the answer, says on stderr whether the call
+    was still in flight, then SIGKILLs this process. Only on the in-process (thread) runner."""
+    import signal
+    import sys
+
+    import ray
+
+    step = args[1] if len(args) > 1 else None
+    if os.environ.get(CRASH_DURING_ENV) != f"{name}:{step}":
+        return
+    original = ray.get
+
+    def get(refs: Any, *a: Any, **kw: Any) -> Any:
+        from prefect.context import TaskRunContext
+
+        context = TaskRunContext.get()
+        if context is None or context.task.name != name:
+            return original(refs, *a, **kw)
+        ready, _ = ray.wait(list(refs) if isinstance(refs, list) else [refs], timeout=0.005)
+        state = "answered" if ready else "in flight"
+        print(f"tidal failpoint {CRASH_DURING_ENV}={name}:{step}: SIGKILL with the phase's call {state}",
+              file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        return original(refs, *a, **kw)  # not reached
+
+    ray.get = get

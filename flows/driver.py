@@ -4,7 +4,8 @@ Owns, in order: the run's lease (a resume takes it before anything starts, so a 
 leaves in a second having written nothing), a dead driver's leftovers (ended through the run's
 records, its flow run marked Crashed), the temporary Prefect server (started here in a session of
 its own, on the user's ``PREFECT_HOME``, so a terminal's Ctrl-C reaches Tidal and not the server
-under it), where Prefect's logs go (INFO to ``<run dir>/prefect.log`` and the UI, WARNING and
+under it), the Prefect API watched while the run goes (``ApiWatch``: Tidal's own server restarted
+when it dies, a user's waited for up to ``prefect.api_outage_timeout_s``), where Prefect's logs go (INFO to ``<run dir>/prefect.log`` and the UI, WARNING and
 above to the terminal), and the way out: the server stopped, the lease released. Must not: run
 steps (the flow does) or end anything a record of this run does not name.
 """
@@ -206,24 +207,39 @@ def _stop_run(cfg: TidalConfig, uid: str, run_dir: Path, api_url: str) -> Callab
         import sys
 
         from flows.errors import EXIT_STORE_LOST, prefect_lost_message
-        from storage import RunStatus, load_resume_state, redact_url, set_run_status
+        from storage import RunStatus, get_run, load_resume_state, redact_url, set_run_status
 
-        committed = 0
+        committed, status = 0, None
         try:
             with session_scope(open_store(cfg.storage.url, busy_timeout_ms=cfg.storage.busy_timeout_ms)) as session:
-                state = load_resume_state(session, uid)
+                row = get_run(session, uid)
+                status = None if row is None else RunStatus(row.status)
+                state = load_resume_state(session, uid) if row is not None else None
                 committed = state.step if state is not None else 0
-                set_run_status(session, uid, RunStatus.FAILED)
+                if status not in (None, RunStatus.FINISHED):
+                    set_run_status(session, uid, RunStatus.FAILED)
         except Exception as exc:  # noqa: BLE001 - the line still goes out; the lease goes stale
             log.debug("could not mark run %s failed: %s", uid, exc)
-        print(f"tidal: error: {prefect_lost_message(api_url=api_url, silent_s=silent_s, uid=uid, last_step=committed, storage_arg=redact_url(cfg.storage.url))}",
-              file=sys.stderr, flush=True)
+        code = EXIT_STORE_LOST
+        if status is RunStatus.FINISHED:  # every step committed, only Prefect's last states missing
+            line = (f"tidal: run {uid} finished, but the Prefect API at {api_url} has not answered for "
+                    f"{silent_s:.0f} s (prefect.api_outage_timeout_s): its last flow-run states are missing there")
+            code = 0
+        elif status is None:
+            line = (f"tidal: error: the Prefect API at {api_url} has not answered for {silent_s:.0f} s "
+                    f"(prefect.api_outage_timeout_s); the run had not started and nothing of it was written")
+        else:
+            line = "tidal: error: " + prefect_lost_message(api_url=api_url, silent_s=silent_s, uid=uid,
+                                                          last_step=committed,
+                                                          storage_arg=redact_url(cfg.storage.url))
+        sys.stdout.flush()
+        os.write(2, (line + "\n").encode())  # fd 2 itself: Prefect's log_prints may hold a print
         try:
             lifecycle.end_leftovers(run_dir)  # this driver's own Ray head and Prefect server, if any
             lifecycle.let_go(uid)
         finally:
             sys.stdout.flush()
-            os._exit(EXIT_STORE_LOST)
+            os._exit(code)
 
     return stop
 

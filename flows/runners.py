@@ -216,7 +216,6 @@ def _crash_during(name: str, args: tuple[Any, ...]) -> None:
     the controller, already submitted) waits 5 ms for the answer, says on stderr whether the call
     was still in flight, then SIGKILLs this process. Only on the in-process (thread) runner."""
     import signal
-    import sys
 
     import ray
 
@@ -233,8 +232,9 @@ def _crash_during(name: str, args: tuple[Any, ...]) -> None:
             return original(refs, *a, **kw)
         ready, _ = ray.wait(list(refs) if isinstance(refs, list) else [refs], timeout=0.005)
         state = "answered" if ready else "in flight"
-        print(f"tidal failpoint {CRASH_DURING_ENV}={name}:{step}: SIGKILL with the phase's call {state}",
-              file=sys.stderr, flush=True)
+        # to fd 2 itself: the terminal's progress display may hold sys.stderr's lines back
+        os.write(2, f"tidal failpoint {CRASH_DURING_ENV}={name}:{step}: SIGKILL with the phase's call {state}\n"
+                 .encode())
         os.kill(os.getpid(), signal.SIGKILL)
         return original(refs, *a, **kw)  # not reached
 

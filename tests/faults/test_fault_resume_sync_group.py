@@ -12,6 +12,7 @@ once each, the same policy state, the same prompts with none trained twice."""
 
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
@@ -20,7 +21,13 @@ from fault_report import record
 
 from flows.runners import CRASH_DURING_ENV
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.slow, pytest.mark.timeout(900),
+    pytest.mark.skipif(not (os.environ.get("TIDAL_FAULT_REPORT") or os.environ.get("TIDAL_SYNC_GROUP_TEST")),
+                       reason="runs with the fault campaign (benchmarks/fault_campaign.py --platform, which sets "
+                              "TIDAL_FAULT_REPORT; or TIDAL_SYNC_GROUP_TEST=1), not in CI: 2-3 min beyond the "
+                              "session's uninterrupted 2-rank run (330 s in all here, load 13)"),
+]
 
 STEPS = 5  # the uninterrupted run is the session's, shared with test_fault_rank_kill.py and test_rank_group_run.py
 RANKS = ["--set", "trainer.n_gpus_per_node=2"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import time
@@ -51,11 +52,24 @@ def _until(what: Callable[[], Any], proc: Any, timeout_s: float, why: str) -> An
     """``what()``'s first truthy value, polled while the driver ``proc`` lives."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if (value := what()) :
+        if value := what():
             return value
         assert proc.poll() is None, f"the driver exited ({proc.returncode}) before {why}"
         time.sleep(0.2)
     raise AssertionError(f"no {why} within {timeout_s:.0f} s")
+
+
+def _alive(pid: int, wait_s: float = 10.0) -> bool:
+    """Whether ``pid`` is still a live (not zombie) process after up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return False
+        if state == "Z" or time.monotonic() > deadline:
+            return state != "Z"
+        time.sleep(0.2)
 
 
 def _server_pid(out_dir: Path) -> int | None:
@@ -83,7 +97,9 @@ def test_tidals_own_prefect_server_killed_mid_run_is_restarted_and_the_run_finis
     text = log.read_text()
     assert code == 0, text[-3000:]
     assert f"Tidal's Prefect server (pid {pid}) died mid-run" in text, text[-3000:]
-    assert "Tidal's Prefect server is back" in text, text[-3000:]
+    back = re.search(r"Tidal's Prefect server is back \(pid (\d+)\)", text)
+    assert back, text[-3000:]
+    assert not _alive(int(back.group(1))), "the restarted server outlived the run"
     summary, state, rows, prompts = final_state(url)
     assert summary.status == "finished"
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))

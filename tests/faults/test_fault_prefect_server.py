@@ -82,6 +82,19 @@ def _server_pid(out_dir: Path) -> int | None:
     return None
 
 
+def _run_states(api_url: str, uid: str) -> list[str]:
+    """The states of the ``training-run`` flow runs named ``uid`` on the server at ``api_url``, oldest first."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[uid])),
+                                     sort=FlowRunSort.START_TIME_ASC)
+    return [run.state.type.value for run in runs]
+
+
 def test_tidals_own_prefect_server_killed_mid_run_is_restarted_and_the_run_finishes(tmp_path, ray_address):
     url = store_url(tmp_path, "own")
     log = next_log(tmp_path)
@@ -153,6 +166,8 @@ def test_a_users_prefect_server_killed_mid_run_is_waited_for_then_the_run_stops_
         server.restart(timeout_s=240)
         code, text = run_tidal(["resume", summary.uid, "--storage", url], tmp_path, timeout=600, extra=env)
         assert code == 0, text[-3000:]
+        # the UI caught up: the stopped driver's flow run is Crashed (the resume marked it), the resume's Completed
+        assert _run_states(server.api_url, summary.uid) == ["CRASHED", "COMPLETED"]
     finally:
         server.stop()
     lost, duplicated = assert_resumed_exactly(straight, url, CAMPAIGN_STEPS)

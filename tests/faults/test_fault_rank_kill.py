@@ -1,5 +1,7 @@
 """Fault campaign, the trainer's ranks: a 2-rank trainer (`trainer.n_gpus_per_node=2`, FSDP2 over
-gloo) whose run is hit, one process after another, by a driver SIGKILL mid-step, a background
+gloo) whose run is hit, one process after another, by a driver SIGKILL mid-step, a driver SIGKILL
+with the broadcast in flight (the weight-sync group torn down mid-sync: the resume must build a
+new one; ``test_fault_resume_sync_group.py`` is the campaign's longer look at it), a background
 checkpoint write cut off (the last committed step's commit marker never written), a rank killed
 mid-step and a rank killed mid-commit. Each lost rank stops the driver with exit 3 and one line
 naming the resume command, within the test's timeout (no collective left hanging); `tidal
@@ -15,6 +17,7 @@ import pytest
 from driver_support import assert_resumed_exactly, config_args, final_state, run_tidal, store_url
 from fault_report import record
 
+from flows.runners import CRASH_DURING_ENV
 from tasks.faults import KILL_RANK_ENV
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -40,9 +43,11 @@ def test_killed_drivers_cut_off_writes_and_lost_ranks_resume_to_the_uninterrupte
     assert code == -signal.SIGKILL, log[-3000:]
     summary, *_ = final_state(crashed)
     uid = summary.uid
-    # 2. SIGKILLed after step 3 committed; step 3's background write then taken as cut off
-    code, log = run_tidal(["resume", uid, *store], tmp_path, crash="broadcast_sync:4")
+    # 2. SIGKILLed with step 4's broadcast in flight (step 3 committed); step 3's background write
+    # then taken as cut off
+    code, log = run_tidal(["resume", uid, *store], tmp_path, extra={CRASH_DURING_ENV: "broadcast_sync:4"})
     assert code == -signal.SIGKILL, log[-3000:]
+    assert f"{CRASH_DURING_ENV}=broadcast_sync:4: SIGKILL with the phase's call in flight" in log, log[-3000:]
     _, state, *_ = final_state(crashed)
     assert state.step == 3
     Path(state.checkpoint.path).unlink()  # its commit marker never written: incomplete
@@ -58,7 +63,13 @@ def test_killed_drivers_cut_off_writes_and_lost_ranks_resume_to_the_uninterrupte
     code, log = run_tidal(["resume", uid, *store], tmp_path)
     assert code == 0, log[-3000:]
 
+    # every step after the mid-broadcast kill went over a rebuilt collective group, at the first try
+    rows = final_state(crashed)[2]
+    assert all(r["weight_sync/collective/gb"] > 0 and r["weight_sync/collective/retries"] == 0
+               for r in rows if r["step"] >= 4), rows
     lost, duplicated = assert_resumed_exactly(straight, crashed, STEPS)
+    record("sync_group_rebuild", injected=1, survived=1, samples_lost=lost, samples_duplicated=duplicated,
+           point="broadcast_sync:4 in flight", ranks=2, transport="collective")
     record("rank_death", injected=2, survived=2, samples_lost=lost, samples_duplicated=duplicated,
            points=["train:4", "commit:4"])
     record("checkpoint_cut_off", injected=1, survived=1, samples_lost=lost, samples_duplicated=duplicated)

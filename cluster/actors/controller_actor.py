@@ -148,21 +148,18 @@ class _PoolAdapter:
         return hyb, [i for i in ids if i not in hybrids and not self.members.is_dead(i)]
 
     def get_alive(self, refs: Mapping[str, Any]) -> dict[str, Any]:
-        """``ray.get`` each standalone replica's result within ``timeout_s`` (all together); a dead
-        actor, or one that has not answered by then (ended first), is reported and left out."""
+        """``ray.get`` each standalone replica's result within ``timeout_s`` (one deadline for all);
+        a dead actor, or one that has not answered by then (ended first), is reported and left out."""
         out = {}
-        if refs:
-            ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.timeout_s)
-            ready_set = set(ready)
+        deadline = time.perf_counter() + self.timeout_s
         for rid, ref in refs.items():
-            if ref not in ready_set:
+            try:
+                out[rid] = ray.get(ref, timeout=max(0.0, deadline - time.perf_counter()))
+            except ray.exceptions.GetTimeoutError:
                 log.error("standalone replica %s did not answer within %gs (%s): declared lost",
                           rid, self.timeout_s, SWITCH_TIMEOUT_KEY)
                 kill_hung(self.standalone[rid])  # the rollout service sees it dead and replaces it
                 self.members.died(rid)
-                continue
-            try:
-                out[rid] = ray.get(ref)
             except Exception as exc:  # noqa: BLE001 - only actor death is tolerated
                 if not actor_is_dead(exc):
                     raise

@@ -191,7 +191,7 @@ DEATHS_AT_TAKE_BACK = [t for t in EXPECTED_TRANSITIONS if t[1] == "deactivate"].
 """Which take-back the standalones die at (the scripted step's)."""
 
 
-def _get(ref: Any) -> Any:
+def _get(ref: Any, timeout: float | None = None) -> Any:
     if isinstance(ref, BaseException):
         raise ref
     return ref

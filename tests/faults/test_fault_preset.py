@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from fault_preset import FaultPreset, build_preset, preset_name
+from fault_preset import RANKS_ENV, TRANSPORT_ENV, FaultPreset, build_preset, compute_plane, preset_name
 
 from config import load_config
 
@@ -20,11 +20,28 @@ def test_an_unknown_preset_is_a_one_line_usage_error():
     assert str(raised.value) == "TIDAL_FAULT_PRESET='gpu-vllm': choose one of tiny-cpu, tiny-hf"
 
 
-def test_tiny_cpu_keeps_the_tests_own_engine_and_needs_no_overrides(tmp_path):
+def test_tiny_cpu_keeps_the_tests_own_engine_and_needs_no_overrides(tmp_path, monkeypatch):
+    monkeypatch.delenv(RANKS_ENV, raising=False)  # a campaign's compute plane aside (next test)
+    monkeypatch.delenv(TRANSPORT_ENV, raising=False)
     preset = FaultPreset("tiny-cpu")
     assert (preset.overrides(), preset.rollout_overrides(["engines.rollout=simulated"]),
             preset.cli_args(tmp_path)) == ([], ["engines.rollout=simulated"], ["tiny-cpu"])
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_campaigns_compute_plane_reaches_every_run_built_from_the_preset(tmp_path, monkeypatch):
+    monkeypatch.setenv(RANKS_ENV, "2")
+    monkeypatch.setenv(TRANSPORT_ENV, "object_store")
+    preset = FaultPreset("tiny-cpu")
+    cfg = load_config(preset.name, preset.overrides())
+    assert (cfg.trainer.n_gpus_per_node, cfg.hybrid_replicas, cfg.standalone_transport) == (2, 2, "object_store")
+    assert preset.cli_args(tmp_path) == ["tiny-cpu", "--set", "trainer.n_gpus_per_node=2", "--set",
+                                         "actor_rollout_ref.rollout.weight_sync.transport=object_store"]
+    for name, bad in ((RANKS_ENV, "two"), (RANKS_ENV, "0"), (TRANSPORT_ENV, "nccl")):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(pytest.UsageError, match=name):
+            compute_plane()
+        monkeypatch.setenv(name, "2" if name == RANKS_ENV else "collective")
 
 
 def test_tiny_hf_loads_its_session_files_from_another_working_directory(tmp_path, tmp_path_factory, monkeypatch):

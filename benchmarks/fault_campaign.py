@@ -9,8 +9,15 @@ Prefect server), the ``fault_campaign_platform`` section, ``results/faults_platf
 ``faults.platform`` in ``results.json``. Must not: count a failed test as survived. How faults
 are counted and the exit status: ``docs/benchmarks.md``; the faults: ``docs/fault-campaign.md``.
 
+With ``--rerun FILE.py ...`` only those test files run again (on the same preset, ranks and
+transport as the recorded campaign, which must exist): their cases and records replace the old
+ones in the recorded figures, the totals are counted again, and ``reruns`` says which files ran
+again at which commit (a campaign of 45 minutes whose one test failed on a test's own bug need not
+run whole again).
+
 Usage:
     .venv/bin/python benchmarks/fault_campaign.py [--preset tiny-cpu|tiny-hf] [--platform] [--no-write]
+        [--ranks N] [--transport collective|object_store] [--rerun FILE.py ...]
         [--write RESULTS.md] [--json-out FILE.json] [-- extra pytest args]
 """
 
@@ -150,6 +157,41 @@ def markdown(command: str, t: dict, records: list[dict], took: float, preset: st
     return "\n".join(lines) + "\n"
 
 
+def rerun_paths(recorded: Path, files: list[str], ranks: int | None, transport: str | None) -> tuple[dict, list[str]]:
+    """The recorded campaign ``--rerun`` amends, and the test paths it runs again; a usage error
+    (``ValueError``: exit 2) when there is none or the compute plane asked for differs from the recorded one."""
+    if not recorded.exists():
+        raise ValueError(f"--rerun amends a recorded campaign; {recorded} does not exist")
+    before = json.loads(recorded.read_text())
+    want = {"trainer_ranks": ranks or 1, "transport": transport or "collective"}
+    got = {k: before.get(k, 1 if k == "trainer_ranks" else "collective") for k in want}
+    if want != got:
+        raise ValueError(f"--rerun on {want}, but {recorded.name} was recorded on {got}")
+    paths = []
+    for f in files:
+        path = f if f.startswith("tests/") else f"tests/faults/{f}"
+        if not (ROOT / path).is_file():
+            raise ValueError(f"--rerun {f}: no such test file {path}")
+        paths.append(path)
+    return before, paths
+
+
+def merged(before: dict, paths: list[str], records: list[dict], cases: list[dict], took: float,
+           code: int) -> tuple[list[dict], list[dict], float, int, list[dict]]:
+    """The recorded campaign with the cases and records of ``paths`` replaced by the rerun's."""
+    files = {Path(p).name for p in paths}
+    kept_cases = [c for c in before.get("cases", []) if c["file"] not in files]
+    kept_records = [r for r in before.get("records", []) if Path(r["test"].split("::")[0]).name not in files]
+    failed_elsewhere = any(c["outcome"] == "failed" for c in kept_cases)
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    reruns = [*before.get("reruns", []), {"files": sorted(files), "commit": commit, "seconds": round(took, 1),
+                                         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                         "campaign_commit": before.get("commit")}]
+    return (kept_records + records, kept_cases + cases, before.get("seconds", 0.0) + took,
+            code or int(failed_elsewhere), reruns)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -163,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the trainer's rank count in every run a fault test builds from the preset (TIDAL_FAULT_TRAINER_RANKS)")
     ap.add_argument("--transport", choices=("collective", "object_store"), default=None,
                     help="the standalones' weight transport (TIDAL_FAULT_TRANSPORT); default: the preset's (collective)")
+    ap.add_argument("--rerun", nargs="+", default=None, metavar="FILE.py",
+                    help="run only these test files again and replace their cases in the recorded campaign")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--write", type=Path, default=RESULTS_MD, metavar="FILE",
                     help="the markdown file whose section this replaces (default benchmarks/RESULTS.md)")
@@ -176,28 +220,40 @@ def main(argv: list[str] | None = None) -> int:
              **({"TIDAL_FAULT_TRANSPORT": args.transport} if args.transport else {})}
     if args.transport == "object_store" and not args.platform:  # the collective's figures stay where they are
         section, name = f"{section}_object_store", f"{name}_object_store"
+    out = args.json_out or RESULTS_DIR / f"{name}.json"
+    before = None
+    if args.rerun:
+        try:
+            before, paths = rerun_paths(out, args.rerun, args.ranks, args.transport)
+        except ValueError as exc:
+            ap.error(str(exc))
     with tempfile.TemporaryDirectory(prefix="tidal-faults-") as tmp:
         report, junit = Path(tmp) / "faults.jsonl", Path(tmp) / "junit.xml"
         cmd, code, took = run_pytest(args.preset, report, junit, extra, paths, plane)
         records = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
         cases = read_junit(junit) if junit.exists() else []
+    reruns = []
+    if before is not None:
+        records, cases, took, code, reruns = merged(before, paths, records, cases, took, code)
     t = tally(records, cases)
     options = (([] if args.preset == "tiny-cpu" else ["--preset", args.preset]) + (["--platform"] if args.platform else [])
                + (["--ranks", str(args.ranks)] if args.ranks else [])
                + (["--transport", args.transport] if args.transport else []))
+    if before is not None:
+        options += ["--rerun", *paths]
     command = shlex.join([".venv/bin/python", "benchmarks/fault_campaign.py", *options, *(["--", *extra] if extra else [])])
     text = markdown(command, t, records, took, args.preset, args.platform, args.ranks, args.transport)
     print(text)
     if not args.no_write:
         write_section(section, text, args.write)
-        out = args.json_out or RESULTS_DIR / f"{name}.json"
         commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()
         print("wrote", write_json(name, {**t, "preset": args.preset, "command": command, "pytest_exit": code,
                                          "seconds": took, "commit": commit,
                                          "trainer_ranks": args.ranks or 1, "transport": args.transport or "collective",
                                          "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                         "records": records, "cases": cases}, out))
+                                         "records": records, "cases": cases,
+                                         **({"reruns": reruns} if reruns else {})}, out))
         if args.platform and args.write == RESULTS_MD:  # faults.platform in results.json, as run_all.py merges it
             from run_all import write_summary
 

@@ -62,3 +62,31 @@ def test_run_all_merges_the_tiny_hf_campaign_and_checks_its_targets(tmp_path, mo
         "faults_hf.samples_lost": {"value": 0, "target": "<= 0", "met": True},
         "faults_hf.samples_duplicated": {"value": 1, "target": "<= 0", "met": False},
     }
+
+
+def test_a_rerun_replaces_the_cases_and_records_of_its_files_and_counts_again(tmp_path):
+    import fault_campaign as fc
+
+    recorded = tmp_path / "faults.json"
+    before = {"trainer_ranks": 2, "transport": "collective", "seconds": 100.0, "commit": "abc1234",
+              "cases": [{"file": "test_fault_driver_kill.py", "name": "t", "outcome": "failed", "time_s": 9.0},
+                        {"file": "test_fault_store.py", "name": "s", "outcome": "passed", "time_s": 1.0}],
+              "records": [{"test": "tests/faults/test_fault_driver_kill.py::t", "kind": "driver_sigkill",
+                           "injected": 20, "survived": 20, "samples_lost": 0, "samples_duplicated": 0}]}
+    recorded.write_text(json.dumps(before))
+    with pytest.raises(ValueError, match="recorded on"):  # another compute plane: refused
+        fc.rerun_paths(recorded, ["test_fault_driver_kill.py"], None, None)
+    with pytest.raises(ValueError, match="no such test file"):
+        fc.rerun_paths(recorded, ["test_nothing.py"], 2, None)
+    got, paths = fc.rerun_paths(recorded, ["test_fault_driver_kill.py"], 2, "collective")
+    assert paths == ["tests/faults/test_fault_driver_kill.py"]
+    again = [{"test": "tests/faults/test_fault_driver_kill.py::t", "kind": "driver_sigkill", "injected": 20,
+              "survived": 20, "samples_lost": 0, "samples_duplicated": 0}]
+    records, cases, took, code, reruns = fc.merged(
+        got, paths, again, [{"file": "test_fault_driver_kill.py", "name": "t", "outcome": "passed", "time_s": 8.0}],
+        50.0, 0)
+    t = fc.tally(records, cases)
+    assert (t["injected"], t["survived"], t["failed_tests"], t["tests"]) == (
+        21, 21, [], {"passed": 2, "failed": 0, "skipped": 0})  # the store case counts once, the rerun's kills once
+    assert (took, code, reruns[0]["files"], reruns[0]["campaign_commit"]) == (
+        150.0, 0, ["test_fault_driver_kill.py"], "abc1234")

@@ -32,6 +32,7 @@ import sqlalchemy as sa
 
 from cluster.ray_cluster import LocalRayCluster
 from config import load_config
+from fault_preset import RANKS_ENV
 from fault_report import record
 from flows.prefect_server import LocalPrefectServer
 from storage import load_resume_state, make_engine, run_summaries, session_scope
@@ -52,7 +53,9 @@ def _pythonpath() -> str:
 
 @pytest.fixture(scope="module")
 def cluster():
-    head = LocalRayCluster(num_cpus=2, gpus=2 * RUNS, memory_gb=8.0, object_store_memory_gb=0.5,
+    ranks = os.environ.get(RANKS_ENV, "").strip()  # a campaign's trainer of N ranks: N + 1 GPUs a run
+    per_run = 1 + (int(ranks) if ranks.isdigit() and int(ranks) > 0 else 1)
+    head = LocalRayCluster(num_cpus=2, gpus=per_run * RUNS, memory_gb=8.0, object_store_memory_gb=0.5,
                            env={"PYTHONPATH": _pythonpath()}).start()
     try:
         yield head

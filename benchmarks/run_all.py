@@ -73,6 +73,9 @@ TARGETS = {
 
 
 FAULT_FIGURES = ("injected", "survived", "samples_lost", "samples_duplicated")
+FAULT_PLANE = ("trainer_ranks", "transport", "reruns")
+"""The compute plane a campaign's kills hit (``fault_campaign.py --ranks / --transport``; absent in a
+campaign recorded before they existed) and the test files it ran again (``--rerun``)."""
 META = ("command", "date", "commit", "note", "superseded_by")
 """What every section of ``results.json`` says about where its figures came from: the command and
 the date of the run (both always), the tree it measured, and why a figure is to be read with care."""
@@ -136,13 +139,15 @@ def merge() -> dict:
         "emulated_tp8": ("relative_error_vs_sim", "dynamic_relative_error_vs_sim"),
         "overhead": ("fraction_at_60s_step", "worst_fraction_at_60s_step", "ray_calls_per_step",
                      "seconds_per_step_in_process", "seconds_per_step_ray_runner"),
-        "faults": FAULT_FIGURES,
-        "faults_hf": FAULT_FIGURES,
+        "faults": (*FAULT_FIGURES, *FAULT_PLANE),
+        "faults_hf": (*FAULT_FIGURES, *FAULT_PLANE),
+        "faults_object_store": (*FAULT_FIGURES, *FAULT_PLANE),
+        "faults_hf_object_store": (*FAULT_FIGURES, *FAULT_PLANE),
     }
     for name, keys in picked.items():
         figures = source(name)
         if figures:
-            out[name] = {**{k: figures.get(k) for k in keys}, **meta(figures)}
+            out[name] = {**{k: figures.get(k) for k in keys if k in figures or k not in FAULT_PLANE}, **meta(figures)}
     platform = source("faults_platform")  # fault_campaign.py --platform: each platform fault, per kind
     if platform:
         out.setdefault("faults", {})["platform"] = {

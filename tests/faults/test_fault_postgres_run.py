@@ -193,7 +193,13 @@ def _final(url: str):
         engine.dispose()
 
 
-@pytest.mark.parametrize("runner", ["in-process", "ray"])
+@pytest.mark.parametrize("runner", [
+    pytest.param("in-process", marks=pytest.mark.skipif(
+        not (os.environ.get("TIDAL_FAULT_REPORT") or os.environ.get("TIDAL_PG_STOP_BOTH")),
+        reason="runs with the fault campaign (TIDAL_FAULT_REPORT; or TIDAL_PG_STOP_BOTH=1), not in CI, to keep CI "
+               "under 45 min: CI keeps the Ray-runner case (the store's error back through Ray and Prefect); the "
+               "in-process store's outage is in CI by test_fault_postgres_restart_run.py and test_fault_store*.py")),
+    "ray"])
 def test_postgresql_stopped_mid_run_fails_in_one_line_and_the_run_resumes_to_the_uninterrupted_result(
         request, tmp_path, cluster, stoppable_pg, straight, runner, fault_preset):
     server = request.getfixturevalue("prefect_server") if runner == "ray" else None

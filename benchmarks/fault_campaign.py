@@ -243,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
         options += ["--rerun", *paths]
     command = shlex.join([".venv/bin/python", "benchmarks/fault_campaign.py", *options, *(["--", *extra] if extra else [])])
     text = markdown(command, t, records, took, args.preset, args.platform, args.ranks, args.transport)
+    if reruns:
+        text += "".join(f"\nRun again: {', '.join(r['files'])} at {r['commit']} ({r['date']}, {r['seconds']:.0f} s), their "
+                        f"cases replacing those of the campaign recorded at {r['campaign_commit']}; the seconds "
+                        f"above add both.\n" for r in reruns)
     print(text)
     if not args.no_write:
         write_section(section, text, args.write)

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -115,6 +116,19 @@ def config_args(tmp_path: Path, ray_address: str, name: str, steps: int) -> list
 
 def store_url(tmp_path: Path, name: str) -> str:
     return f"sqlite:///{tmp_path}/{name}.db"
+
+
+def steps_committed(url: str) -> int:
+    """Committed steps in a SQLite store (one run in it), read cheaply (read-only, no migration,
+    no SQLAlchemy) while a driver writes to it; 0 before the store exists or is migrated."""
+    path = Path(url.removeprefix("sqlite:///"))
+    if not path.is_file():
+        return 0
+    try:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+            return db.execute("SELECT count(*) FROM steps").fetchone()[0]
+    except sqlite3.OperationalError:  # not migrated yet
+        return 0
 
 
 def next_log(tmp_path: Path) -> Path:

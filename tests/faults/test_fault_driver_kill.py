@@ -35,19 +35,17 @@ import os
 import random
 import re
 import signal
-import sqlite3
 import statistics
 import subprocess
 import time
 from collections import Counter
-from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import ray
 from driver_support import (cli_env, config_args, end_group, final_state, live_group_members, next_log, start,
-                            store_url)
+                            steps_committed, store_url)
 from fault_preset import preset_name
 from fault_report import ENV as REPORT_ENV
 from fault_report import record
@@ -187,23 +185,12 @@ def _store_steps(url: str) -> tuple[str | None, list[dict]]:
         engine.dispose()
 
 
-def _steps_committed(url: str) -> int:
-    """Committed steps in the store (one run in it), read cheaply while a driver writes to it."""
-    path = Path(url.removeprefix("sqlite:///"))
-    if not path.is_file():
-        return 0
-    try:
-        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
-            return db.execute("SELECT count(*) FROM steps").fetchone()[0]
-    except sqlite3.OperationalError:  # not migrated yet
-        return 0
-
 
 def _wait_for_first_commit(child: subprocess.Popen, url: str, before: int, timeout: float) -> bool:
     """Until the driver's first step is in the store (True), or the driver is gone or ``timeout``
     passed (False)."""
     deadline = time.monotonic() + timeout
-    while _steps_committed(url) <= before:
+    while steps_committed(url) <= before:
         if child.poll() is not None or time.monotonic() > deadline:
             return False
         time.sleep(0.1)

@@ -17,16 +17,14 @@ import json
 import os
 import re
 import signal
-import sqlite3
 import time
 from collections.abc import Callable
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
 from driver_support import (assert_resumed_exactly, cli_env, config_args, end_group, final_state, next_log, run_tidal,
-                            start, store_url)
+                            start, steps_committed, store_url)
 from fault_report import ENV as REPORT_ENV
 from fault_report import record
 
@@ -36,16 +34,6 @@ STEPS = 4
 CAMPAIGN_STEPS = 5  # the session's uninterrupted run of 5 steps (tests/integration/test_resume.py's)
 OUTAGE_S = 30  # prefect.api_outage_timeout_s of the user's-server case
 
-
-def _committed(url: str) -> int:
-    path = Path(url.removeprefix("sqlite:///"))
-    if not path.is_file():
-        return 0
-    try:
-        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
-            return db.execute("SELECT count(*) FROM steps").fetchone()[0]
-    except sqlite3.OperationalError:  # not migrated yet
-        return 0
 
 
 def _until(what: Callable[[], Any], proc: Any, timeout_s: float, why: str) -> Any:
@@ -101,7 +89,7 @@ def test_tidals_own_prefect_server_killed_mid_run_is_restarted_and_the_run_finis
     with open(log, "w") as out:
         proc = start(["run", "tiny-cpu", *config_args(tmp_path, ray_address, "own", STEPS)], tmp_path, out, cli_env())
         try:
-            pid = _until(lambda: _committed(url) >= 1 and _server_pid(tmp_path / "own"), proc, 400,
+            pid = _until(lambda: steps_committed(url) >= 1 and _server_pid(tmp_path / "own"), proc, 400,
                          "step 1's commit")
             os.kill(pid, signal.SIGKILL)  # the server only: the run must notice by itself
             code = proc.wait(timeout=600)
@@ -143,11 +131,11 @@ def test_a_users_prefect_server_killed_mid_run_is_waited_for_then_the_run_stops_
         with open(log, "w") as out:
             proc = start(args, tmp_path, out, env)
             try:
-                _until(lambda: _committed(url) >= 1, proc, 400, "step 1's commit")
+                _until(lambda: steps_committed(url) >= 1, proc, 400, "step 1's commit")
                 kill_server()
                 time.sleep(8)  # down for a while, well within prefect.api_outage_timeout_s
                 server.restart(timeout_s=240)
-                _until(lambda: _committed(url) >= 3, proc, 600, "step 3's commit after the first outage")
+                _until(lambda: steps_committed(url) >= 3, proc, 600, "step 3's commit after the first outage")
                 kill_server()  # and left down
                 killed_at = time.monotonic()
                 code = proc.wait(timeout=OUTAGE_S + 240)

@@ -21,7 +21,7 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from driver_support import CLI, POLICY, cli_env, config_args, end_group, final_state, store_url
+from driver_support import CLI, POLICY, cli_env, config_args, end_group, final_state, steps_committed, store_url
 
 from storage.lease import process_alive
 
@@ -46,20 +46,10 @@ def _start(args: list[str], tmp_path: Path, name: str) -> tuple[subprocess.Popen
     return proc, out, err
 
 
-def _steps(url: str) -> int:
-    path = Path(url.removeprefix("sqlite:///"))
-    if not path.is_file():
-        return 0
-    try:
-        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
-            return db.execute("SELECT count(*) FROM steps").fetchone()[0]
-    except sqlite3.OperationalError:
-        return 0
-
 
 def _wait_steps(proc: subprocess.Popen, url: str, n: int, timeout: float = 900) -> None:
     deadline = time.monotonic() + timeout
-    while _steps(url) < n:
+    while steps_committed(url) < n:
         if proc.poll() is not None:
             logs = "".join(p.read_text()[-2000:] for p in Path(url.removeprefix("sqlite:///")).parent.glob("*.err"))
             raise AssertionError(f"the driver exited with {proc.returncode} before step {n}: {logs}")
@@ -146,14 +136,14 @@ def test_ctrl_c_stops_cleanly_a_second_driver_is_refused_and_the_resume_complete
     assert (code, stopped_s < 15) == (130, True), (stopped_s, text[-3000:])
     assert "Traceback" not in text, text[-3000:]
     last = [line for line in text.splitlines() if "resume with" in line]
-    assert last == [f"tidal: stopped by SIGINT after step {_steps(url)} (every committed step is intact); "
+    assert last == [f"tidal: stopped by SIGINT after step {steps_committed(url)} (every committed step is intact); "
                     f"resume with: tidal resume {uid} --storage '{url}'"]
     assert [pid for pid in pids if process_alive(pid)] == []
     summary, *_ = final_state(url)
     assert summary.status == "interrupted"
 
     # the resume completes exactly; its terminal shows one plain line per step and no Prefect INFO
-    done_before = _steps(url)
+    done_before = steps_committed(url)
     resumed, out, err = _start(["resume", uid, "--storage", url], tmp_path, "resume")
     assert _finish(resumed) == 0, err.read_text()[-3000:]
     _assert_every_prompt_once(url, STEPS)

@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from cluster.engines.torch_engine import TorchEngine  # noqa: E402
-from models.model import TinyLM, TinyLMConfig  # noqa: E402
+from config import load_config  # noqa: E402
 from data.problems import CharTokenizer, make_problems  # noqa: E402
 from data.types import GenerationRequest, SamplingSpec  # noqa: E402
-from config import load_config  # noqa: E402
+from models.model import TinyLM, TinyLMConfig  # noqa: E402
 
 
 async def timed(call) -> float:

@@ -40,8 +40,8 @@ import torch  # noqa: E402
 
 from cluster.engines.hf_runner import HFRunner  # noqa: E402
 from cluster.engines.torch_engine import TorchEngine  # noqa: E402
-from models.hf import load_model, load_tokenizer, make_tiny_model  # noqa: E402
 from data.types import GenerationRequest, SamplingSpec  # noqa: E402
+from models.hf import load_model, load_tokenizer, make_tiny_model  # noqa: E402
 
 TEXTS = ("what is 12 + 7?", "count to ten", "3 * 4 =", "the answer is", "copy abc", "what is 39 - 21? Let's think")
 

@@ -31,8 +31,8 @@ async def _drive(generate, prompts, n: int, concurrency: int, group: int = 1) ->
     """Send ``n`` seeded requests through ``generate`` with up to ``concurrency`` in flight,
     ``group`` at a time starting together with request ids of one sample (``g{k}-r{i}``, as
     ``rollout.rollouter.response_request_id`` makes them)."""
-    from rollout.rollouter import response_request_id
     from data.types import GenerationRequest, SamplingSpec
+    from rollout.rollouter import response_request_id
 
     sent = 0
 
@@ -65,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from cluster.actors import RemoteEngine, ReplicaActor
     from cluster.builders import engine_factory, model_config, requests_per_replica
-    from models.model import TinyLM
-    from data.problems import CharTokenizer, make_problems
     from cluster.ray_cluster import LocalRayCluster
+    from data.problems import CharTokenizer, make_problems
+    from models.model import TinyLM
 
     tok = CharTokenizer()
     state = TinyLM(model_config(cfg, tok)).state_dict()

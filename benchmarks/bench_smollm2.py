@@ -159,8 +159,8 @@ def engine_dtype_speed(model_dir: Path, dtype: str, concurrency: int = 8, budget
     from benchmarks.bench_hf_engine import engine_run
     from cluster.engines.hf_runner import HFRunner
     from cluster.engines.torch_engine import TorchEngine
-    from models.hf import load_model, load_tokenizer
     from data.types import GenerationRequest, SamplingSpec
+    from models.hf import load_model, load_tokenizer
 
     tok = load_tokenizer(model_dir)
     text = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "

@@ -64,10 +64,10 @@ from cluster.backends import (  # noqa: E402
 )
 from cluster.backends import distributed as dp  # noqa: E402
 from cluster.data_builders import prompt_length, response_length, tokenizer_for  # noqa: E402
-from models.model import TinyLMConfig  # noqa: E402
+from config import load_config  # noqa: E402
 from data.problems import EOS, CharTokenizer, make_problems  # noqa: E402
 from data.types import Response, Sample  # noqa: E402
-from config import load_config  # noqa: E402
+from models.model import TinyLMConfig  # noqa: E402
 
 MARK = "bench_train"
 """This script's section of RESULTS.md."""

@@ -35,10 +35,10 @@ async def timed(call) -> float:
 async def bench(kind: str, args: argparse.Namespace) -> dict:
     import torch
 
-    from models.model import TinyLM, TinyLMConfig
+    from config import load_config
     from data.problems import CharTokenizer, make_problems
     from data.types import GenerationRequest, SamplingSpec
-    from config import load_config
+    from models.model import TinyLM, TinyLMConfig
 
     cfg = load_config(args.config, args.set)
     tok = CharTokenizer()

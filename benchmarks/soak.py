@@ -381,8 +381,8 @@ def analyse(spec: SoakSpec, work: Path, watch: Watch) -> dict:
     import sqlalchemy as sa
 
     from cluster.builders import prompts_for
-    from rollout.rollouter import sample_uid
     from config import load_config
+    from rollout.rollouter import sample_uid
     from storage import make_engine, run_summaries, session_scope
     from storage.models import SwitchEvent
     from storage.store import consumed_prompts, read_step_metrics

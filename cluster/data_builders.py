@@ -13,10 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from config import TidalConfig
 from data.datasets import DatasetError, RLDataset, task_rows
 from data.problems import CharTokenizer
 from data.reward import SampleScorer, ScoreFn, check_builtin, load_reward_function
-from config import TidalConfig
 
 
 def tokenizer_for(cfg: TidalConfig) -> Any:

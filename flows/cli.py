@@ -22,8 +22,8 @@ try:  # typer >= 0.20 vendors its own click; its exceptions are not click's
 except ImportError:  # pragma: no cover - older typer uses click itself
     from click import exceptions as click_exc
 
-from data.reward import RewardFailed
 from config import ConfigError, list_presets, load_config, to_plain
+from data.reward import RewardFailed
 from flows.configs import load_checked, summarize_config
 from flows.errors import EXIT_BAD_INPUT, RunError, RunStopped, full_disk
 from policies import UnknownPolicyError

@@ -11,12 +11,12 @@ import sys
 from pathlib import Path
 
 from cluster.data_builders import check_data
-from data.datasets import DatasetError
-from models.hf import TINY_PRESETS, TinyFolderError, ensure_tiny
 from cluster.placement import check_hybrid_memory
-from data.reward import RewardConfigError
-from models.smollm2 import SMOLLM2_PRESET, SMOLLM2_ROOT, SmolLM2Error, ensure_smollm2
 from config import ConfigError, TidalConfig, load_config
+from data.datasets import DatasetError
+from data.reward import RewardConfigError
+from models.hf import TINY_PRESETS, TinyFolderError, ensure_tiny
+from models.smollm2 import SMOLLM2_PRESET, SMOLLM2_ROOT, SmolLM2Error, ensure_smollm2
 from policies import UnknownPolicyError, policy_from_config, resolve_policy_class
 
 

@@ -31,8 +31,8 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
 
-from rollout.wakeups import Wakeup
 from loop.balance import least_loaded
+from rollout.wakeups import Wakeup
 
 __all__ = ["LoadBalancer"]
 

@@ -81,11 +81,9 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from rollout.message_queue import QueueClosed
-from loop.readonly import ReadOnly
 from data.reward import RewardFailed
 from data.types import GenerationRequest, GenerationResult, Response, Sample, SamplingSpec
-from rollout.wakeups import Wakeup
+from loop.readonly import ReadOnly
 from loop.staleness import StalenessGate, record_change
 from metrics import (
     ROLLOUT_RESOURCE_UTILIZATION,
@@ -95,6 +93,8 @@ from metrics import (
     WastedWork,
     rollout_resource_utilization,
 )
+from rollout.message_queue import QueueClosed
+from rollout.wakeups import Wakeup
 
 __all__ = ["EngineLike", "Rollouter", "sample_uid"]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, field_serializer
 
-from data.types import MicroReport
 from config import TidalConfig
+from data.types import MicroReport
 from storage import redact_url
 
 __all__ = ["MicroReport", "RunRef"]

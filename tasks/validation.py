@@ -13,9 +13,9 @@ import ray
 
 from cluster.actors import ROLLOUT_SERVICE
 from cluster.data_builders import dataset_for, response_length, sample_scorer, tokenizer_for
-from data.validation import run_validation, val_sampling
 from config import load_config
 from config.loader import RESOLVED_FILENAME
+from data.validation import run_validation, val_sampling
 from tasks.phases import _actor, phase
 from tasks.run_ref import RunRef
 

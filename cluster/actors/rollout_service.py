@@ -19,12 +19,12 @@ import ray
 
 from cluster.actors.names import CONTROLLER
 from cluster.actors.remote_engine import ActorHung, RemoteEngine, actor_is_dead, kill_actor, kill_hung
-from rollout.load_balancer import LoadBalancer
-from rollout.message_queue import MessageQueue, PullRecord
 from cluster.replacement import ReplicaReplacer
-from rollout.rollouter import Rollouter
 from data.types import Sample, SamplingSpec
 from loop.plans import RolloutCounters
+from rollout.load_balancer import LoadBalancer
+from rollout.message_queue import MessageQueue, PullRecord
+from rollout.rollouter import Rollouter
 
 log = logging.getLogger(__name__)
 

@@ -38,9 +38,9 @@ import torch
 
 from cluster.backends.base import CheckpointError
 from cluster.backends.torch_backend import _ADAM_KEYS, TorchBackend
-from models.model import TinyLMConfig
 from cluster.ports import free_port
 from data.problems import Problem
+from models.model import TinyLMConfig
 
 
 def deepspeed_available() -> bool:

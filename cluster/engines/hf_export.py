@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from models.model import TinyLMConfig
 from data.problems import CharTokenizer
+from models.model import TinyLMConfig
 
 ARCHITECTURE = "GPT2LMHeadModel"
 WEIGHTS_FILE = "model.safetensors"

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from cluster.backends import DeepSpeedBackend, TorchBackend, deepspeed_available, shutdown_distributed
-from models.model import TinyLM, TinyLMConfig
 from data.problems import EOS, CharTokenizer, make_problems
 from data.types import Response, Sample
+from models.model import TinyLM, TinyLMConfig
 
 pytestmark = [
     pytest.mark.skipif(

@@ -20,9 +20,9 @@ from cluster.backends import (
     build_batch,
 )
 from cluster.backends import base as backend_base
-from models.model import TinyLM, TinyLMConfig, sequence_logprobs
 from data.problems import EOS, CharTokenizer, make_problems, reward
 from data.types import Response, Sample
+from models.model import TinyLM, TinyLMConfig, sequence_logprobs
 
 TOK = CharTokenizer()
 PROBLEMS = make_problems("count", 4, seed=0)

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from cluster.actors import RemoteEngine, generate_each
-from rollout.rollouter import response_request_id
 from data.types import GenerationRequest, GenerationResult, SamplingSpec
+from rollout.rollouter import response_request_id
 
 
 def _request(i: int, sample: str = "s") -> GenerationRequest:

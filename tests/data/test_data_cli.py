@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from data_support import GSM8K_DIR, row
 
+from config import ConfigError, load_config
 from data.datasets import write_rows
 from data.reward import default_compute_score
-from config import ConfigError, load_config
 from flows.cli import main
 
 

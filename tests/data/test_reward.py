@@ -11,8 +11,6 @@ import time
 import pytest
 from data_support import gsm8k_test_rows
 
-from rollout.load_balancer import LoadBalancer
-from rollout.message_queue import MessageQueue
 from data.problems import EOS, CharTokenizer, Problem, reward
 from data.reward import (
     RewardConfigError,
@@ -26,9 +24,11 @@ from data.reward import (
     score_math,
     score_tidal,
 )
-from rollout.rollouter import Rollouter
 from data.types import GenerationRequest, GenerationResult, Response, Sample, SamplingSpec
 from flows.errors import EXIT_REWARD_FAILED, reward_failure
+from rollout.load_balancer import LoadBalancer
+from rollout.message_queue import MessageQueue
+from rollout.rollouter import Rollouter
 
 HAS_MATH_VERIFY = importlib.util.find_spec("math_verify") is not None
 

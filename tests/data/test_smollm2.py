@@ -15,8 +15,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from models import smollm2  # noqa: E402
+from config import load_config  # noqa: E402
 from data.datasets import gsm8k_rows, read_rows  # noqa: E402
+from flows.cli import main  # noqa: E402
+from models import smollm2  # noqa: E402
 from models.hf import load_model, load_tokenizer, make_tiny_model  # noqa: E402
 from models.smollm2 import (  # noqa: E402
     GSM8K_ENV,
@@ -28,8 +30,6 @@ from models.smollm2 import (  # noqa: E402
     find_gguf,
     gsm8k_dir,
 )
-from config import load_config  # noqa: E402
-from flows.cli import main  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)  # the slow ones read a 98 MB GGUF twice (minutes on a loaded 2-core VM)
 

@@ -16,10 +16,10 @@ pytest.importorskip("transformers")
 
 from tiny_hf_support import tiny_hf_cwd  # noqa: E402
 
-from models.hf import TINY_FILES, TINY_HF_ROOT, TinyFolderError, ensure_tiny  # noqa: E402
-from data.types import GenerationRequest, SamplingSpec  # noqa: E402
 from config import ConfigError, load_config  # noqa: E402
+from data.types import GenerationRequest, SamplingSpec  # noqa: E402
 from flows.cli import main  # noqa: E402
+from models.hf import TINY_FILES, TINY_HF_ROOT, TinyFolderError, ensure_tiny  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

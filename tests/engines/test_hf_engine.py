@@ -17,8 +17,8 @@ pytest.importorskip("transformers")
 
 from cluster.engines.hf_runner import HFRunner  # noqa: E402
 from cluster.engines.torch_engine import TorchEngine  # noqa: E402
-from models.hf import ARCHITECTURES, CHAT_TEMPLATE, EOS_TOKEN, load_model, load_tokenizer, make_tiny_model  # noqa: E402
 from data.types import GenerationRequest, SamplingSpec  # noqa: E402
+from models.hf import ARCHITECTURES, CHAT_TEMPLATE, EOS_TOKEN, load_model, load_tokenizer, make_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -182,8 +182,8 @@ def test_the_engine_factory_of_a_config_with_a_model_path_builds_the_hf_torch_en
     import pickle
 
     from cluster.builders import engine_factory
-    from data.problems import CharTokenizer
     from config import load_config
+    from data.problems import CharTokenizer
 
     cfg = load_config("tiny-cpu", [f"actor_rollout_ref.model.path={folder}"])
     engine = pickle.loads(pickle.dumps(engine_factory(cfg, CharTokenizer(), hybrid=False, seed=0)))()

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from cluster.engines import hf_export
-from models.model import TinyLM, TinyLMConfig
 from data.problems import CharTokenizer
+from models.model import TinyLM, TinyLMConfig
 
 TOK = CharTokenizer()
 CFG = TinyLMConfig(vocab_size=TOK.vocab_size, n_layer=2, n_head=4, n_embd=32, max_seq_len=64)

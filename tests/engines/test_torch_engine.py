@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from cluster.engines.torch_engine import TorchEngine, sample_tokens
-from models.model import TinyLM, TinyLMConfig
 from data.types import GenerationRequest, SamplingSpec
+from models.model import TinyLM, TinyLMConfig
 
 pytestmark = pytest.mark.timeout(20)  # a scheduler bug hangs rather than fails
 

@@ -19,9 +19,9 @@ import vllm_shared
 from vllm_shared import CFG, TOK
 
 from cluster.engines.torch_engine import TorchEngine
-from models.model import TinyLM
 from data.problems import make_problems
 from data.types import GenerationRequest, SamplingSpec
+from models.model import TinyLM
 
 pytestmark = [
     pytest.mark.timeout(60),

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from models.model import TinyLMConfig
 from data.problems import CharTokenizer
+from models.model import TinyLMConfig
 
 TOK = CharTokenizer()
 # vLLM's CPU attention needs head_dim >= 32 (TinyLM's test shape, n_embd 32 / 4 heads, has 8).

@@ -42,9 +42,9 @@ import torch
 from pg_support import running_postgres
 
 from cluster.backends import CheckpointError, TorchBackend, UnsafeCheckpointError
-from models.model import TinyLMConfig
 from data.problems import CharTokenizer, make_problems
 from flows.prefect_server import LocalPrefectServer
+from models.model import TinyLMConfig
 
 PASSWORD = "Tidal-s3cret-7f3a9e"
 CLI = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main(sys.argv[1:]))"]

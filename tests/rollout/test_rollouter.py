@@ -17,11 +17,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from data.types import GenerationRequest, GenerationResult, SamplingSpec
+from metrics import ROLLOUT_RESOURCE_UTILIZATION, STEP_GENERATED_SAMPLES, STEP_GENERATED_TOKENS
 from rollout.load_balancer import LoadBalancer
 from rollout.message_queue import MessageQueue
 from rollout.rollouter import Rollouter
-from data.types import GenerationRequest, GenerationResult, SamplingSpec
-from metrics import ROLLOUT_RESOURCE_UTILIZATION, STEP_GENERATED_SAMPLES, STEP_GENERATED_TOKENS
 
 PROMPT_LEN = 5
 

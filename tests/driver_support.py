@@ -131,6 +131,16 @@ def steps_committed(url: str) -> int:
         return 0
 
 
+def actor_nodes() -> dict[str, str]:
+    """Every named actor ever created on the attached Ray cluster (dead ones too) → the id of its
+    node; for a name several runs used, the newest actor's (the table's order is by actor id, not by
+    time). Reads Ray's private state table: tests only."""
+    import ray
+
+    actors = sorted(ray._private.state.actors().values(), key=lambda a: a["StartTime"])
+    return {a["Name"]: a["Address"]["NodeID"] for a in actors if a["Name"]}
+
+
 def next_log(tmp_path: Path) -> Path:
     return tmp_path / f"cli-{len(list(tmp_path.glob('cli-*.log')))}.log"
 

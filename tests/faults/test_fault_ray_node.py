@@ -24,7 +24,8 @@ import time
 
 import pytest
 import ray
-from driver_support import POLICY, attached_to, end_group, final_state, next_log, pythonpath, start, store_url
+from driver_support import (POLICY, actor_nodes, attached_to, end_group, final_state, next_log, pythonpath, start,
+                            steps_committed, store_url)
 from fault_report import record
 
 from cluster.actors import replica_name
@@ -79,18 +80,6 @@ def _args(command: list[str], overrides: list[str]) -> list[str]:
     return [*command, *(a for o in overrides for a in ("--set", o))]
 
 
-def _committed_steps(url: str) -> int:
-    try:
-        _, state, _, _ = final_state(url)
-    except Exception:  # noqa: BLE001 - no store or no run row yet
-        return 0
-    return state.step if state else 0
-
-
-def _actor_nodes() -> dict[str, str]:
-    """Every named actor of the cluster (dead ones too) → its node id (the newest of a name)."""
-    actors = sorted(ray._private.state.actors().values(), key=lambda a: a["StartTime"])
-    return {a["Name"]: a["Address"]["NodeID"] for a in actors if a["Name"]}
 
 
 def _run_and_lose(nodes: LocalMultiNodeCluster, args: list[str], tmp_path, url: str, actors: list[str], *,
@@ -104,16 +93,16 @@ def _run_and_lose(nodes: LocalMultiNodeCluster, args: list[str], tmp_path, url: 
         proc = start(args, tmp_path, out, _env())
         try:
             deadline = time.monotonic() + timeout
-            while _committed_steps(url) < after_step and proc.poll() is None:
+            while steps_committed(url) < after_step and proc.poll() is None:
                 assert time.monotonic() < deadline, f"the run did not reach step {after_step}"
                 time.sleep(0.2)
             assert proc.poll() is None, log.read_text()[-3000:]
-            placed = _actor_nodes()
+            placed = actor_nodes()
             workers = {n.node_id: n for n in nodes.workers}
             actor = next(a for a in actors if placed[a] in workers)  # never the head
             victim = workers[placed[actor]]
             lost = {"node": victim.node_id, "actor": actor, "placed": placed, "at": time.monotonic(),
-                    "pids": nodes.kill(victim), "step": _committed_steps(url)}
+                    "pids": nodes.kill(victim), "step": steps_committed(url)}
             code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
             lost["ended_after_s"] = time.monotonic() - lost["at"]
         finally:
@@ -161,7 +150,7 @@ def test_the_node_of_a_standalone_replica_lost_it_is_replaced_on_another_node_an
         took = time.monotonic() - t0
         assert code == 0, text[-3000:]
         assert not _alive(lost["node"])
-        placed = _actor_nodes()
+        placed = actor_nodes()
         print(text[-1500:])
     print(f"lost node after step {lost['step']} ({len(lost['pids'])} processes killed); run ended "
           f"{lost['ended_after_s']:.1f}s later, {took:.1f}s in all")

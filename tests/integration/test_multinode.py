@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import ray
-from driver_support import POLICY, attached_to, end_group, final_state, next_log, pythonpath, start, store_url
+from driver_support import (POLICY, actor_nodes, attached_to, end_group, final_state, next_log, pythonpath, start,
+                            steps_committed, store_url)
 
 from cluster.actors import CONTROLLER, ROLLOUT_SERVICE, TRAINER, replica_name
 from cluster.builders import prompts_for
@@ -75,19 +76,6 @@ def _run(overrides: list[str], tmp_path, *, timeout: float) -> tuple[int, str]:
     return code, log.read_text()
 
 
-def _committed_steps(url: str) -> int:
-    try:
-        _, state, _, _ = final_state(url)
-    except Exception:  # noqa: BLE001 - no store or no run row yet
-        return 0
-    return state.step if state else 0
-
-
-def _actor_nodes() -> dict[str, str]:
-    """Every named actor ever created on the cluster (dead ones too) → the id of its node; for a
-    name several runs used, the newest actor's (the table's order is by actor id, not by time)."""
-    actors = sorted(ray._private.state.actors().values(), key=lambda a: a["StartTime"])
-    return {a["Name"]: a["Address"]["NodeID"] for a in actors if a["Name"]}
 
 
 def test_a_cluster_too_small_for_the_config_fails_at_start_in_one_line(cluster, tmp_path):
@@ -143,10 +131,10 @@ def test_a_run_places_its_actors_by_node_role_and_survives_losing_a_rollout_node
         proc = start(_args(overrides), tmp_path, out, _env())
         try:
             deadline = time.monotonic() + 600
-            while _committed_steps(url) < REMOVE_AFTER_STEP and proc.poll() is None:
+            while steps_committed(url) < REMOVE_AFTER_STEP and proc.poll() is None:
                 assert time.monotonic() < deadline, "the run did not reach step 2"
                 time.sleep(0.5)
-            placed = _actor_nodes()
+            placed = actor_nodes()
             victim_id = placed["replica:standalone-1"]
             victim = next(n for n in (rollout_a, rollout_b) if n.node_id == victim_id)
             cluster.remove(victim)
@@ -203,7 +191,7 @@ def test_a_trainer_of_two_nodes_trains_as_one_rank_group_across_them(cluster, tm
     code, text = _run(overrides, tmp_path, timeout=600)
     assert code == 0, text[-3000:]
 
-    placed = _actor_nodes()
+    placed = actor_nodes()
     assert {placed["trainer-rank-0"], placed["trainer-rank-1"]} == {n.node_id for n in trainer_nodes}
     assert placed[TRAINER] == placed["trainer-rank-0"]  # the hybrids' host: trainer node 0
     summary, state, rows, prompts = final_state(url)

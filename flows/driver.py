@@ -5,8 +5,9 @@ leaves in a second having written nothing), a dead driver's leftovers (ended thr
 records, its flow run marked Crashed), the temporary Prefect server (started here in a session of
 its own, on the user's ``PREFECT_HOME``, so a terminal's Ctrl-C reaches Tidal and not the server
 under it), the Prefect API watched while the run goes (``ApiWatch``: Tidal's own server restarted
-when it dies, a user's waited for up to ``prefect.api_outage_timeout_s``), where Prefect's logs go (INFO to ``<run dir>/prefect.log`` and the UI, WARNING and
-above to the terminal), and the way out: the server stopped, the lease released. Must not: run
+when it dies, a user's waited for up to ``prefect.api_outage_timeout_s``), where Prefect's logs go
+(INFO to ``<run dir>/prefect.log`` and the UI, WARNING and above to the terminal), and the way out:
+the server stopped, the lease released. Must not: run
 steps (the flow does) or end anything a record of this run does not name.
 """
 

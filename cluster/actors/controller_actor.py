@@ -73,7 +73,7 @@ def get_within(ref: Any, timeout_s: float, what: str, handle: Any, key: str = SW
         return ray.get(ref, timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
         log.error("%s did not answer within %gs (%s): declared lost", what, timeout_s, key)
-        for h in (handle() if callable(handle) and not hasattr(handle, "_actor_id") else [handle]):
+        for h in ([handle] if isinstance(handle, ray.actor.ActorHandle) else handle()):
             kill_hung(h)
         raise ActorHung(f"{what} did not answer within {timeout_s:g}s ({key})") from None
 
@@ -101,26 +101,27 @@ class _BalancerAdapter:
     def __init__(self, service: Any, timeout_s: float = 300.0):
         self.service, self.timeout_s = service, float(timeout_s)
 
-    def _get(self, ref: Any, what: str, extra_s: float = 0.0) -> Any:
+    def call(self, ref: Any, what: str, extra_s: float = 0.0) -> Any:
+        """The rollout service's answer to ``ref`` within the deadline plus ``extra_s`` (the call's own wait)."""
         return get_within(ref, self.timeout_s + extra_s, f"the rollout service ({what})", self.service)
 
     def add_replicas(self, ids: Sequence[str]) -> None:
-        self._get(self.service.lb_add.remote(list(ids)), "lb_add")
+        self.call(self.service.lb_add.remote(list(ids)), "lb_add")
 
     def remove_replicas(self, ids: Sequence[str]) -> None:
-        self._get(self.service.lb_remove.remote(list(ids)), "lb_remove")
+        self.call(self.service.lb_remove.remote(list(ids)), "lb_remove")
 
     def clear_sticky(self) -> int:
-        return self._get(self.service.lb_clear_sticky.remote(), "lb_clear_sticky")
+        return self.call(self.service.lb_clear_sticky.remote(), "lb_clear_sticky")
 
     def wait_drained(self, ids: Sequence[str], timeout_s: float) -> int:
-        return self._get(self.service.lb_wait_drained.remote(list(ids), timeout_s), "lb_wait_drained", timeout_s)
+        return self.call(self.service.lb_wait_drained.remote(list(ids), timeout_s), "lb_wait_drained", timeout_s)
 
     def hold(self) -> None:
-        self._get(self.service.lb_hold.remote(), "lb_hold")
+        self.call(self.service.lb_hold.remote(), "lb_hold")
 
     def unhold(self) -> None:
-        self._get(self.service.lb_unhold.remote(), "lb_unhold")
+        self.call(self.service.lb_unhold.remote(), "lb_unhold")
 
 
 class _PoolAdapter:
@@ -379,8 +380,9 @@ class ControllerHost:
         self.policy = policy_factory()
         self.members = Membership(standalone_ids, hybrid_ids)
         self.pool = _PoolAdapter(self.standalone, self.trainer, self.members, self.switch_timeout_s, namespace)
+        self.balancer = _BalancerAdapter(self.service, self.switch_timeout_s)
         self.ctl = DynamicResourceController(
-            self.policy, list(hybrid_ids), _BalancerAdapter(self.service, self.switch_timeout_s), self.pool,
+            self.policy, list(hybrid_ids), self.balancer, self.pool,
             membership=self.members, sizes=sizes, counters=self._counters,
             enable_rebalance=enable_rebalance, only_hybrid=only_hybrid, clock=time.time,
             rebalance_timeout_s=rebalance_timeout_s,
@@ -426,9 +428,7 @@ class ControllerHost:
     def _service(self, ref: Any, what: str, extra_s: float | None = 0.0) -> Any:
         """A rollout service call within the switch deadline (plus ``extra_s``, the call's own wait;
         None: it has none, so neither has this)."""
-        if extra_s is None:
-            return ray.get(ref)
-        return get_within(ref, self.switch_timeout_s + extra_s, f"the rollout service ({what})", self.service)
+        return ray.get(ref) if extra_s is None else self.balancer.call(ref, what, extra_s)
 
     # ------------------------------------------------------------------ step phases
 

@@ -120,6 +120,20 @@ def test_rays_address_file_is_where_ray_cluster_utils_cluster_writes_the_current
     assert "write_ray_address" in inspect.getsource(ray.cluster_utils.Cluster), broke
 
 
+def test_rays_node_keeps_its_processes_where_the_node_loss_fault_kills_them():
+    import ray._private.node as node
+    import ray.cluster_utils
+    from ray._private.services import ProcessInfo
+
+    broke = ("cluster.ray_cluster.LocalMultiNodeCluster.node_pids/kill read a worker Node's all_processes "
+             "(ProcessInfo.process) and call Node.kill_all_processes, then drop it from Cluster.worker_nodes; "
+             "changed, the Ray-node-loss fault (tests/faults/test_fault_ray_node.py) kills nothing or leaks the node")
+    assert "self.all_processes" in inspect.getsource(node.Node.__init__), broke
+    assert "process" in ProcessInfo._fields, broke
+    assert {"check_alive", "allow_graceful", "wait"} <= set(inspect.signature(node.Node.kill_all_processes).parameters), broke
+    assert "self.worker_nodes" in inspect.getsource(ray.cluster_utils.Cluster.__init__), broke
+
+
 # ------------------------------------------------------------------------------------------------
 # what replaced a private name
 # ------------------------------------------------------------------------------------------------

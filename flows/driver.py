@@ -149,9 +149,13 @@ class ApiWatch:
     """
 
     def __init__(self, api_url: str, outage_s: float, *, on_lost: Callable[[float], None],
-                 server: Any = None, interval_s: float = 1.0) -> None:
+                 server: Any = None, interval_s: float = 1.0, probe_s: float = 5.0) -> None:
         self.api_url, self.outage_s, self.on_lost, self.server = api_url, outage_s, on_lost, server
         self.interval_s = interval_s
+        self.probe_s = probe_s
+        """Between two health checks of an API that answered, only the own server's process is
+        looked at (every ``interval_s``, free): an HTTP request a second would cost the server and
+        the driver CPU for nothing, and a user's server has minutes (``outage_s``) to come back."""
         self.restarts = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="tidal-prefect-watch", daemon=True)
@@ -168,8 +172,13 @@ class ApiWatch:
         from flows.prefect_server import api_healthy
 
         down_since: float | None = None
+        probed = -float("inf")
         while not self._stop.wait(self.interval_s):
-            if api_healthy(self.api_url):
+            died = self.server is not None and self.server.exited
+            if not died and down_since is None and time.monotonic() - probed < self.probe_s:
+                continue
+            probed = time.monotonic()
+            if not died and api_healthy(self.api_url):
                 if down_since is not None:
                     _API_QUIET_UNTIL[0] = time.monotonic() + 10.0
                     log.warning("the Prefect API at %s answers again after %.0f s; the run carried on",

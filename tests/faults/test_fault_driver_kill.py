@@ -63,7 +63,9 @@ CI_KILLS = 10  # a plain pytest run: both kinds of moment still come 3 or more t
 # (1-4 min each at a load average of 15-20), its steps took ~11 s there (tiny-cpu: 1.7 s), and 8
 # drivers of 20 kills had run when 20 minutes ran out; so half the kills, and more time. 10 steps were
 # too few for 10 kills there (a campaign at 2.2 s per step finished after 5): 14.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600 if HF else 1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600 if HF else 2400 if os.environ.get(REPORT_ENV) else 1200)]
+# (the campaign's 20 kills on tiny-cpu: 17 had run when 1200 s ran out at a load average of 10-29, a CI
+# rehearsal beside the campaign, each driver 10-97 s; the bound is for a hang, not for a busy machine)
 
 SEED = 20261130
 MIN_KILLS = int(os.environ.get(MOMENTS_ENV) or (CAMPAIGN_KILLS if os.environ.get(REPORT_ENV) else CI_KILLS))

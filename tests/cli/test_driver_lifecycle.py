@@ -216,3 +216,49 @@ def test_a_full_disk_behind_a_task_error_becomes_one_line_with_the_path_and_exit
         "stopped, every checkpoint before it is intact and nothing half-written is kept; free some space there, "
         "then resume with: tidal resume r1 --storage 'sqlite:///t.db'"))
     assert disk_full(OSError(errno.EACCES, "denied", "/r"), uid="r1", storage_arg="x") is None
+
+
+def test_the_api_watch_checks_an_answering_api_every_probe_s_and_its_own_dead_server_at_once():
+    """``flows.driver.ApiWatch``: while the API answers, one HTTP health check per ``probe_s`` (not
+    one per ``interval_s``); Tidal's own server found dead by its process and restarted."""
+    import http.server
+    import threading
+
+    from flows.driver import ApiWatch
+
+    hits: list[float] = []
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            hits.append(time.monotonic())
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/api"
+
+    class OwnServer:
+        exited, restarted, pid = False, 0, 1
+
+        def restart(self, timeout_s):
+            self.restarted += 1
+            self.exited = False
+
+    server = OwnServer()
+    try:
+        with ApiWatch(url, 60.0, on_lost=lambda s: pytest.fail("not lost"), server=server,
+                      interval_s=0.05, probe_s=0.5):
+            time.sleep(1.6)
+            healthy_hits = len(hits)
+            server.exited = True
+            deadline = time.monotonic() + 5
+            while not server.restarted and time.monotonic() < deadline:
+                time.sleep(0.01)
+    finally:
+        httpd.shutdown()
+    assert 1 <= healthy_hits <= 4, hits  # 1.6 s at one check per 0.5 s: 3-4 (~32 at one per tick)
+    assert server.restarted == 1

@@ -67,25 +67,39 @@ def ray_head(env: Mapping[str, str] | None = None, *, reuse: bool = False) -> It
 
 
 @contextmanager
-def attached_to(cluster: Any) -> Iterator[Any]:
-    """Start ``cluster`` (a ``LocalRayCluster`` or ``LocalMultiNodeCluster``) and attach this process
-    to it; this process may be attached to the session's cluster (tests/integration/conftest):
-    leave it for this one, stop this one at the end and attach back."""
+def detached() -> Iterator[None]:
+    """The block runs with this process attached to no Ray cluster: it leaves the one it is attached
+    to (the session's, tests/conftest.py's ``ray_cluster``, once an earlier test attached it), and
+    attaches back after, once the block's own attachment (if any) is ended."""
     import ray
 
     previous = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
     if previous:
         ray.shutdown()
     try:
-        cluster.start()
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-        yield cluster
+        yield
     finally:
         if ray.is_initialized():
             ray.shutdown()
-        cluster.stop()
         if previous:
             ray.init(address=previous, log_to_driver=False, configure_logging=False)
+
+
+@contextmanager
+def attached_to(cluster: Any) -> Iterator[Any]:
+    """Start ``cluster`` (a ``LocalRayCluster`` or ``LocalMultiNodeCluster``) and attach this process
+    to it, :func:`detached` from the one it was attached to; stop it at the end and attach back."""
+    import ray
+
+    with detached():
+        try:
+            cluster.start()
+            ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+            yield cluster
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+            cluster.stop()
 
 
 def pythonpath() -> str:

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_weight_sync  # noqa: E402
+from driver_support import detached  # noqa: E402
 
 SIZES = ("1m", "5m")
 
@@ -31,19 +32,9 @@ def written(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench_weight_sync")
     results, figures, detail = tmp / "RESULTS.md", tmp / "weight_sync.json", tmp / "detail.json"
     results.write_text("# Benchmark results\n\n<!-- multinode -->\nkept\n<!-- /multinode -->\n")
-    # the bench attaches this process to clusters of its own: leave the session's, if an earlier
-    # test attached it there, and attach back afterwards (as driver_support.attached_to does)
-    import ray
-
-    previous = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
-    if previous:
-        ray.shutdown()
-    try:
+    with detached():  # the bench attaches this process to clusters of its own
         code = bench_weight_sync.main(["--quick", "--write", str(results), "--json-out", str(figures),
                                        "--json", str(detail)])
-    finally:
-        if previous and not ray.is_initialized():
-            ray.init(address=previous, log_to_driver=False, configure_logging=False)
     assert code == 0
     return json.loads(figures.read_text()), results.read_text(), json.loads(detail.read_text())
 

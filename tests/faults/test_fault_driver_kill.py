@@ -187,7 +187,6 @@ def _store_steps(url: str) -> tuple[str | None, list[dict]]:
         engine.dispose()
 
 
-
 def _wait_for_first_commit(child: subprocess.Popen, url: str, before: int, timeout: float) -> bool:
     """Until the driver's first step is in the store (True), or the driver is gone or ``timeout``
     passed (False)."""

@@ -37,14 +37,22 @@ def ray_head_cluster(env: Mapping[str, str] | None = None) -> Iterator[Any]:
     yields the ``LocalRayCluster`` and ends it after. ``env`` goes to the head and its workers (e.g.
     PYTHONPATH). The session's one is ``tests/conftest.py``'s ``ray_cluster``. A fault campaign
     with a trainer of N ranks (``TIDAL_FAULT_TRAINER_RANKS``) gets N - 1 more emulated GPUs."""
-    import ray
-
     from cluster.ray_cluster import LocalRayCluster
 
     ranks = os.environ.get("TIDAL_FAULT_TRAINER_RANKS", "").strip()
     gpus = 3 + (int(ranks) if ranks.isdigit() and int(ranks) > 0 else 1)
-    cluster = LocalRayCluster(num_cpus=2, gpus=gpus, memory_gb=4.0, object_store_memory_gb=0.5, env=dict(env or {})).start()
+    with _running_and_attached(LocalRayCluster(num_cpus=2, gpus=gpus, memory_gb=4.0, object_store_memory_gb=0.5,
+                                               env=dict(env or {}))) as cluster:
+        yield cluster
+
+
+@contextmanager
+def _running_and_attached(cluster: Any) -> Iterator[Any]:
+    """Start ``cluster`` and attach this process to it; detach and stop it at the end."""
+    import ray
+
     try:
+        cluster.start()
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
         yield cluster
     finally:
@@ -89,17 +97,8 @@ def detached() -> Iterator[None]:
 def attached_to(cluster: Any) -> Iterator[Any]:
     """Start ``cluster`` (a ``LocalRayCluster`` or ``LocalMultiNodeCluster``) and attach this process
     to it, :func:`detached` from the one it was attached to; stop it at the end and attach back."""
-    import ray
-
-    with detached():
-        try:
-            cluster.start()
-            ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-            yield cluster
-        finally:
-            if ray.is_initialized():
-                ray.shutdown()
-            cluster.stop()
+    with detached(), _running_and_attached(cluster):
+        yield cluster
 
 
 def pythonpath() -> str:

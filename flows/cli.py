@@ -27,7 +27,7 @@ from data.reward import RewardFailed
 from flows.configs import load_checked, summarize_config
 from flows.errors import EXIT_BAD_INPUT, RunError, RunStopped, full_disk
 from policies import UnknownPolicyError
-from storage import StoreError, StoreUnavailable, redact_url
+from storage import RunStatus, StoreError, StoreUnavailable, redact_url
 
 app = typer.Typer(
     name="tidal",
@@ -258,7 +258,7 @@ def _drive(cfg, uid: str, run_dir, signals, *, resume: bool, storage: str | None
     from pydantic import SecretStr
 
     from flows.driver import embedded, resume_hint
-    from flows.lifecycle import interruption
+    from flows.lifecycle import interruption, record_end
     from flows.progress import close_progress, open_progress
 
     _quiet_store_outage_tracebacks()
@@ -287,6 +287,9 @@ def _drive(cfg, uid: str, run_dir, signals, *, resume: bool, storage: str | None
             status, steps = "", 0
         if not status:
             raise RunStopped(f"stopped by {name} before the run started; nothing was written", 128 + signum) from None
+        if status == "running":  # the stop came before the flow could record it (or its write failed)
+            record_end(storage or cfg.storage.url, uid, RunStatus.INTERRUPTED,
+                       busy_timeout_ms=cfg.storage.busy_timeout_ms)
         after = f"after step {steps}" if steps else "before its first step"
         raise RunStopped(f"stopped by {name} {after} (every committed step is intact); "
                          f"resume with: {resume_hint(uid, redact_url(storage or cfg.storage.url))}",

@@ -26,12 +26,14 @@ from typing import Any
 
 from storage import (
     LeaseHolder,
+    RunStatus,
     StoreError,
     acquire_lease,
     open_store,
     release_lease,
     renew_lease,
     session_scope,
+    set_run_status,
 )
 from storage.lease import process_alive, process_started
 
@@ -152,6 +154,25 @@ def claim(url: str, uid: str, lifecycle: dict[str, Any], busy_timeout_ms: int = 
     with session_scope(engine, immediate=True) as session:
         take_lease(session, uid, keys.lease_timeout_s)
     _beat(url, busy_timeout_ms, uid, keys.heartbeat_interval_s)
+
+
+def record_end(url: str, uid: str, status: RunStatus, *, busy_timeout_ms: int = 30_000, attempts: int = 3) -> bool:
+    """Write the status a run ends with (``failed`` or ``interrupted``), trying ``attempts`` times
+    half a second apart (a step's commit may hold the store a moment while a stop arrives). The
+    error that ended the run matters more than this write: a write that still fails is logged,
+    not raised. Whether it was written."""
+    error: Exception | None = None
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(0.5)
+        try:
+            with session_scope(open_store(url, busy_timeout_ms=busy_timeout_ms)) as session:
+                set_run_status(session, uid, status)
+            return True
+        except Exception as exc:  # noqa: BLE001 - the store may be what failed
+            error = exc
+    log.warning("run %s: could not record it %s (%d tries): %s", uid, status.value, attempts, error)
+    return False
 
 
 def let_go(uid: str) -> None:

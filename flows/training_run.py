@@ -174,12 +174,9 @@ def _warm_up(plane: DataPlane, run: RunRef, version: int, was_active: bool, prom
                 result = ray.get(call(plane.controller, ControllerHost.activate, plan, []))
 
 
-def _mark_failed(cfg: TidalConfig, uid: str, status: RunStatus = RunStatus.FAILED) -> None:
-    try:
-        with session_scope(open_store(cfg.storage.url, busy_timeout_ms=cfg.storage.busy_timeout_ms)) as session:
-            set_run_status(session, uid, status)
-    except Exception:  # noqa: BLE001 - the original error matters more (the store may be what failed)
-        pass
+def _mark_failed(cfg: TidalConfig, uid: str, status: RunStatus = RunStatus.FAILED, attempts: int = 3) -> None:
+    lifecycle.record_end(cfg.storage.url, uid, status, busy_timeout_ms=cfg.storage.busy_timeout_ms,
+                         attempts=attempts)
 
 
 def _flow_run_name() -> str:
@@ -278,7 +275,7 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
         progress.done(report)
         return {"run": uid, "steps": step, "output_dir": str(out_dir), "report": report}
     except StoreUnavailable as exc:  # the database went away mid-run: say so in one line, resumably
-        _mark_failed(cfg, uid)
+        _mark_failed(cfg, uid, attempts=1)  # (each try waits out the store's reconnect bound)
         raise StoreLost(store_lost_message(url=redact_url(cfg.storage.url), reason=exc.reason or str(exc), uid=uid,
                                            last_step=committed, storage_arg=redact_url(cfg.storage.url))) from exc
     except BaseException as exc:

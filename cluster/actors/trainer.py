@@ -73,7 +73,7 @@ class TrainerActor(HybridHost):
     async def train_micro_step(self, timeout_s: float | None = None) -> MicroReport:
         """Pull ``required_samples`` from the queue (timed) and run one update (``MicroReport``;
         ``mq_size`` is the queue right after the update)."""
-        rollout = ray.get_actor(ROLLOUT_SERVICE, namespace=self.namespace)
+        rollout = self._rollout_service()
         async with self._train_lock:
             t0 = time.perf_counter()
             pulled: PulledBatch = await rollout.get_batch.remote(self.required_samples, timeout_s)
@@ -106,6 +106,10 @@ class TrainerActor(HybridHost):
                 allocated_s=allocated,
                 queue_size_at_start=at_start,
             )
+
+    def _rollout_service(self) -> Any:
+        """The run's rollout service, looked up by name each time (a replaced one is found)."""
+        return ray.get_actor(ROLLOUT_SERVICE, namespace=self.namespace)
 
     async def weights(self) -> dict[str, Any]:
         """Current weights for the object-store broadcast (Ray puts the return value there)."""

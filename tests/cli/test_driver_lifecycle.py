@@ -22,10 +22,11 @@ from flows.lifecycle import (
     end_leftovers,
     interruption,
     read_records,
+    record_end,
     write_record,
 )
 from flows.progress import LineProgress, LiveProgress
-from storage import create_run, open_store, session_scope, set_run_status, sqlite_url
+from storage import RunStatus, create_run, get_run, migrate, open_store, session_scope, set_run_status, sqlite_url
 from storage.lease import process_alive
 
 
@@ -154,8 +155,6 @@ def test_resuming_a_finished_run_says_so_in_one_line_without_starting_anything(t
     url = sqlite_url(tmp_path / "t.db")
     cfg = load_config("tiny-cpu", [f"storage.url={url}"])
     engine = open_store(url)
-    from storage import migrate
-
     migrate(engine)
     write_resolved(cfg, tmp_path / "r1")
     with session_scope(engine) as s:
@@ -262,3 +261,48 @@ def test_the_api_watch_checks_an_answering_api_every_probe_s_and_its_own_dead_se
         httpd.shutdown()
     assert 1 <= healthy_hits <= 8, hits  # 1.6 s at one check per 0.5 s: 3-4 (~30 at one per tick)
     assert server.restarted == 1
+
+
+def test_a_runs_end_status_is_written_after_a_lock_held_past_the_busy_timeout_and_a_lasting_one_is_logged(tmp_path, caplog):
+    """A stop may arrive while a step's commit holds the SQLite write lock: the end status is still
+    written by a later try; a lock held past every try leaves the row alone and says so in a warning."""
+    import sqlite3
+    import threading
+
+    url = sqlite_url(tmp_path / "t.db")
+    engine = open_store(url)
+    migrate(engine)
+    with session_scope(engine) as s:
+        create_run(s, uid="r1", name="n", project="p", policy="default", seed=0, config={}, output_dir=str(tmp_path))
+        set_run_status(s, "r1", RunStatus.RUNNING)
+
+    def hold_lock(seconds: float) -> threading.Thread:
+        locked = threading.Event()
+
+        def hold() -> None:
+            db = sqlite3.connect(tmp_path / "t.db", isolation_level=None)
+            db.execute("BEGIN EXCLUSIVE")
+            locked.set()
+            time.sleep(seconds)
+            db.execute("COMMIT")
+            db.close()
+
+        thread = threading.Thread(target=hold)
+        thread.start()
+        locked.wait(5)
+        return thread
+
+    def status() -> str:
+        with session_scope(engine) as s:
+            return get_run(s, "r1").status
+
+    holder = hold_lock(3.0)
+    with caplog.at_level(logging.WARNING, logger="tidal.lifecycle"):
+        assert record_end(url, "r1", RunStatus.INTERRUPTED, busy_timeout_ms=100, attempts=1) is False
+    holder.join()
+    assert status() == "running" and "could not record it interrupted (1 tries)" in caplog.text
+
+    holder = hold_lock(0.8)
+    assert record_end(url, "r1", RunStatus.INTERRUPTED, busy_timeout_ms=100, attempts=4) is True
+    holder.join()
+    assert status() == "interrupted"

@@ -51,8 +51,8 @@ class ProducingBackend:
 
 def test_mq_size_is_the_queue_after_the_update_not_after_the_pull(monkeypatch):
     rollout = FakeRollout(size=8)
-    monkeypatch.setattr(actors, "ray", types.SimpleNamespace(get_actor=lambda name, namespace: rollout))
     trainer = Trainer(lambda: ProducingBackend(rollout, produced=5), {}, namespace="unit", required_samples=4)
+    monkeypatch.setattr(trainer, "_rollout_service", lambda: rollout)
     report = asyncio.run(trainer.train_micro_step())
     assert (report.samples, report.prompts, report.queue_size_at_start) == (4, ((0, 0), (0, 1), (0, 2), (0, 3)), 8)
     assert report.mq_size == 8 - 4 + 5  # after the pull alone it would be 4

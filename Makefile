@@ -45,8 +45,12 @@ run-smollm2: $(STAMP)
 simulate: $(STAMP)
 	$(VENV)/bin/tidal simulate sim/qwen35-35b-dynamic --compare --json runs/sim/result.json --plot runs/sim
 
+# The suite in TEST_WORKERS pytest-xdist workers (2: the two cores of CI's machine; most of a whole
+# run's test is waiting on Ray, Prefect and subprocesses). A file's tests stay on one worker, the
+# e2e tests on one (tests/conftest.py); TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

@@ -19,6 +19,38 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 import pytest  # noqa: E402  (after the environment above, before any test imports prefect)
 
 
+HEAVY_FIRST = ("e2e", "faults", "integration")
+"""Under pytest-xdist, the folders whose files run whole runs (minutes each) are handed out first:
+the two workers end together instead of one finishing the long tail alone."""
+
+
+@pytest.hookimpl(optionalhook=True)  # a venv without pytest-xdist (the vLLM one) has no such hook
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` (``-n 2 --dist loadfile``): a file's tests on one worker, as its module fixtures
+    expect, and every e2e test on one worker, which builds the session's embedded run and Prefect
+    server once (tests/e2e/conftest.py), instead of once on each. (Not xdist's ``loadgroup`` with
+    marks: pytest 9.2 no longer lets it put the group into the test ids, and it quietly runs the
+    tests one by one anywhere.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFileE2eTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "tests/e2e" if path.startswith("tests/e2e/") else path
+
+    return ByFileE2eTogether(config, log)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """On an xdist worker, the files of whole runs first, in the order collected (the scheduler
+    hands files out in the workers' order: ``--no-loadscope-reorder``). Otherwise nothing changes."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    items.sort(key=lambda item: item.nodeid.split("/")[1] not in HEAVY_FIRST)  # "tests/<folder>/..."
+
+
 @pytest.fixture(autouse=True)
 def _end_what_drivers_left(request):
     """After a test that ran drivers under its ``tmp_path``: end what their records

@@ -94,19 +94,38 @@ def uninterrupted(tmp_path_factory, ray_address):
     (its store: ``store_url(folder, "straight")``, its outputs: ``folder / "straight"``), made once per
     session for each (steps, extra): the tests that compare a killed-and-resumed run with an
     uninterrupted one of the same config share it (the step-counting policy and the seeded data
-    make its result independent of timing and of which test made it)."""
+    make its result independent of timing and of which test made it). Under pytest-xdist the
+    workers share it too: the first to need it makes it, holding a file lock in the run's common
+    temp folder, and the others read its folder from there (they only read it)."""
+    import fcntl
+    import hashlib
+    from pathlib import Path
+
     from driver_support import config_args, run_tidal
 
-    made: dict[tuple[str, ...], object] = {}
+    made: dict[tuple[str, ...], Path] = {}
+    shared = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else None
 
-    def run(steps: int, *extra: str):
+    def make_for(steps: int, extra: tuple[str, ...]) -> Path:
+        folder = tmp_path_factory.mktemp("uninterrupted")
+        code, log = run_tidal(["run", "tiny-cpu", *config_args(folder, ray_address, "straight", steps), *extra], folder)
+        assert code == 0, log[-3000:]
+        return folder
+
+    def run(steps: int, *extra: str) -> Path:
         key = (str(steps), *extra)
-        if key not in made:
-            folder = tmp_path_factory.mktemp("uninterrupted")
-            code, log = run_tidal(["run", "tiny-cpu", *config_args(folder, ray_address, "straight", steps), *extra],
-                                  folder)
-            assert code == 0, log[-3000:]
-            made[key] = folder
+        if key in made:
+            return made[key]
+        if shared is None:
+            made[key] = make_for(steps, extra)
+            return made[key]
+        name = "uninterrupted-" + hashlib.sha256("\0".join(key).encode()).hexdigest()[:16]
+        with open(shared / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also after a failed run
+            where = shared / f"{name}.folder"
+            if not where.exists():
+                where.write_text(str(make_for(steps, extra)))
+            made[key] = Path(where.read_text())
         return made[key]
 
     return run

@@ -156,22 +156,26 @@ def claim(url: str, uid: str, lifecycle: dict[str, Any], busy_timeout_ms: int = 
     _beat(url, busy_timeout_ms, uid, keys.heartbeat_interval_s)
 
 
-def record_end(url: str, uid: str, status: RunStatus, *, busy_timeout_ms: int = 30_000, attempts: int = 3) -> bool:
-    """Write the status a run ends with (``failed`` or ``interrupted``), trying ``attempts`` times
-    half a second apart (a step's commit may hold the store a moment while a stop arrives). The
-    error that ended the run matters more than this write: a write that still fails is logged,
-    not raised. Whether it was written."""
-    error: Exception | None = None
-    for attempt in range(attempts):
-        if attempt:
-            time.sleep(0.5)
+def record_end(url: str, uid: str, status: RunStatus, *, within_s: float = 5.0, busy_timeout_ms: int = 1000) -> bool:
+    """Write the status a run ends with (``failed`` or ``interrupted``), trying again half a second
+    apart until it is written or ``within_s`` has passed (a step's commit may hold the store a
+    moment while a stop arrives; each try waits at most ``busy_timeout_ms`` for SQLite's lock, so a
+    stop stays quick). The error that ended the run matters more than this write: a write that
+    still fails is logged, not raised. Whether it was written."""
+    deadline = time.monotonic() + within_s
+    tries, error = 0, None
+    while True:
+        tries += 1
         try:
             with session_scope(open_store(url, busy_timeout_ms=busy_timeout_ms)) as session:
                 set_run_status(session, uid, status)
             return True
         except Exception as exc:  # noqa: BLE001 - the store may be what failed
             error = exc
-    log.warning("run %s: could not record it %s (%d tries): %s", uid, status.value, attempts, error)
+        if time.monotonic() + 0.5 >= deadline:
+            break
+        time.sleep(0.5)
+    log.warning("run %s: could not record it %s (%d tries): %s", uid, status.value, tries, error)
     return False
 
 

@@ -174,9 +174,9 @@ def _warm_up(plane: DataPlane, run: RunRef, version: int, was_active: bool, prom
                 result = ray.get(call(plane.controller, ControllerHost.activate, plan, []))
 
 
-def _mark_failed(cfg: TidalConfig, uid: str, status: RunStatus = RunStatus.FAILED, attempts: int = 3) -> None:
-    lifecycle.record_end(cfg.storage.url, uid, status, busy_timeout_ms=cfg.storage.busy_timeout_ms,
-                         attempts=attempts)
+def _mark_failed(cfg: TidalConfig, uid: str, status: RunStatus = RunStatus.FAILED, within_s: float = 5.0) -> None:
+    lifecycle.record_end(cfg.storage.url, uid, status, within_s=within_s,
+                         busy_timeout_ms=min(cfg.storage.busy_timeout_ms, 1000))
 
 
 def _flow_run_name() -> str:
@@ -275,7 +275,7 @@ def training_run(config: str = "tiny-cpu", overrides: list[str] | None = None, r
         progress.done(report)
         return {"run": uid, "steps": step, "output_dir": str(out_dir), "report": report}
     except StoreUnavailable as exc:  # the database went away mid-run: say so in one line, resumably
-        _mark_failed(cfg, uid, attempts=1)  # (each try waits out the store's reconnect bound)
+        _mark_failed(cfg, uid, within_s=0)  # one try (it may wait out the store's reconnect bound)
         raise StoreLost(store_lost_message(url=redact_url(cfg.storage.url), reason=exc.reason or str(exc), uid=uid,
                                            last_step=committed, storage_arg=redact_url(cfg.storage.url))) from exc
     except BaseException as exc:

@@ -298,11 +298,13 @@ def test_a_runs_end_status_is_written_after_a_lock_held_past_the_busy_timeout_an
 
     holder = hold_lock(3.0)
     with caplog.at_level(logging.WARNING, logger="tidal.lifecycle"):
-        assert record_end(url, "r1", RunStatus.INTERRUPTED, busy_timeout_ms=100, attempts=1) is False
+        assert record_end(url, "r1", RunStatus.INTERRUPTED, within_s=0, busy_timeout_ms=100) is False
     holder.join()
     assert status() == "running" and "could not record it interrupted (1 tries)" in caplog.text
 
     holder = hold_lock(0.8)
-    assert record_end(url, "r1", RunStatus.INTERRUPTED, busy_timeout_ms=100, attempts=4) is True
+    started = time.monotonic()
+    assert record_end(url, "r1", RunStatus.INTERRUPTED, within_s=5, busy_timeout_ms=100) is True
+    assert time.monotonic() - started < 5
     holder.join()
     assert status() == "interrupted"

@@ -289,7 +289,7 @@ def _drive(cfg, uid: str, run_dir, signals, *, resume: bool, storage: str | None
             raise RunStopped(f"stopped by {name} before the run started; nothing was written", 128 + signum) from None
         if status == "running":  # the stop came before the flow could record it (or its write failed)
             record_end(storage or cfg.storage.url, uid, RunStatus.INTERRUPTED,
-                       busy_timeout_ms=min(cfg.storage.busy_timeout_ms, 1000))
+                       busy_timeout_ms=cfg.storage.busy_timeout_ms)
         after = f"after step {steps}" if steps else "before its first step"
         raise RunStopped(f"stopped by {name} {after} (every committed step is intact); "
                          f"resume with: {resume_hint(uid, redact_url(storage or cfg.storage.url))}",

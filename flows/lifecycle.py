@@ -156,12 +156,18 @@ def claim(url: str, uid: str, lifecycle: dict[str, Any], busy_timeout_ms: int = 
     _beat(url, busy_timeout_ms, uid, keys.heartbeat_interval_s)
 
 
-def record_end(url: str, uid: str, status: RunStatus, *, within_s: float = 5.0, busy_timeout_ms: int = 1000) -> bool:
+END_LOCK_WAIT_MS = 1000
+"""The most one try of ``record_end`` waits for SQLite's lock, whatever the store's busy timeout."""
+
+
+def record_end(url: str, uid: str, status: RunStatus, *, busy_timeout_ms: int, within_s: float = 5.0) -> bool:
     """Write the status a run ends with (``failed`` or ``interrupted``), trying again half a second
     apart until it is written or ``within_s`` has passed (a step's commit may hold the store a
-    moment while a stop arrives; each try waits at most ``busy_timeout_ms`` for SQLite's lock, so a
-    stop stays quick). The error that ended the run matters more than this write: a write that
-    still fails is logged, not raised. Whether it was written."""
+    moment while a stop arrives; each try waits for SQLite's lock at most the store's
+    ``busy_timeout_ms``, and never over ``END_LOCK_WAIT_MS``, so a stop stays quick). The error that
+    ended the run matters more than this write: a write that still fails is logged, not raised.
+    Whether it was written."""
+    busy_timeout_ms = min(busy_timeout_ms, END_LOCK_WAIT_MS)
     deadline = time.monotonic() + within_s
     tries, error = 0, None
     while True:

@@ -175,8 +175,8 @@ def _warm_up(plane: DataPlane, run: RunRef, version: int, was_active: bool, prom
 
 
 def _mark_failed(cfg: TidalConfig, uid: str, status: RunStatus = RunStatus.FAILED, within_s: float = 5.0) -> None:
-    lifecycle.record_end(cfg.storage.url, uid, status, within_s=within_s,
-                         busy_timeout_ms=min(cfg.storage.busy_timeout_ms, 1000))
+    lifecycle.record_end(cfg.storage.url, uid, status, busy_timeout_ms=cfg.storage.busy_timeout_ms,
+                         within_s=within_s)
 
 
 def _flow_run_name() -> str:

@@ -112,20 +112,19 @@ def uninterrupted(tmp_path_factory, ray_address):
         assert code == 0, log[-3000:]
         return folder
 
-    def run(steps: int, *extra: str) -> Path:
-        key = (str(steps), *extra)
-        if key in made:
-            return made[key]
-        if shared is None:
-            made[key] = make_for(steps, extra)
-            return made[key]
+    def made_by_a_worker(key: tuple[str, ...], steps: int, extra: tuple[str, ...]) -> Path:
         name = "uninterrupted-" + hashlib.sha256("\0".join(key).encode()).hexdigest()[:16]
         with open(shared / f"{name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also after a failed run
             where = shared / f"{name}.folder"
             if not where.exists():
                 where.write_text(str(make_for(steps, extra)))
-            made[key] = Path(where.read_text())
+            return Path(where.read_text())
+
+    def run(steps: int, *extra: str) -> Path:
+        key = (str(steps), *extra)
+        if key not in made:
+            made[key] = make_for(steps, extra) if shared is None else made_by_a_worker(key, steps, extra)
         return made[key]
 
     return run

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -99,25 +101,48 @@ def _last_complete_step(session: Any, uid: str) -> Any:
     return state
 
 
+RAY_START_TRIES = 2
+"""A local cluster whose start timed out is started once more: Ray gives its raylet a fixed 30 s to
+register with the GCS (``ray/_private/node.py``), which a loaded 2-core machine can miss."""
+
+
 def _start_ray(cfg: TidalConfig, uid: str, out_dir: Path) -> str | None:
     """Attach to ``ray.address`` or start the run's own local cluster; a cluster started here is
     recorded in the run's folder (its processes and temp dir: a resume after a SIGKILL ends them)
-    and, when its start fails half-way, ended at once. Ray's own processes block SIGINT, so a
-    terminal's Ctrl-C reaches only the driver. Returns the temp dir of a cluster started here."""
-    before = lifecycle.children()
-    try:
-        temp_dir = init_ray(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus,
-                            gpus=cfg.trainer_gpus + cfg.standalone_gpus, memory_gb=cfg.ray.memory_gb,
-                            object_store_memory_gb=cfg.ray.object_store_memory_gb, temp_dir=cfg.ray.temp_dir,
-                            namespace=uid, ray_gpus=0 if cfg.engines.device == "cpu" else None)
-    except BaseException:
-        if not cfg.ray.address:  # what the failed start left running is this process's children
-            lifecycle.end_record(lifecycle.Record("ray-head", tuple((pid, 0) for pid in lifecycle.children() - before)))
-        raise
-    if not cfg.ray.address:
-        lifecycle.write_record(out_dir, "ray-head", tuple(sorted(lifecycle.children() - before)),
-                               dirs=(temp_dir,) if temp_dir else ())
-    return temp_dir
+    and, when its start fails half-way, ended at once (and started once more when Ray's own start-up
+    wait ran out: ``RAY_START_TRIES``). Ray's own processes block SIGINT, so a terminal's Ctrl-C
+    reaches only the driver. Returns the temp dir of a cluster started here."""
+    attempt = 1
+    while True:
+        before = lifecycle.children()
+        owned = None if cfg.ray.address or cfg.ray.temp_dir else tempfile.mkdtemp(prefix="tidal-ray-", dir="/tmp")
+        try:
+            init_ray(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus,
+                     gpus=cfg.trainer_gpus + cfg.standalone_gpus, memory_gb=cfg.ray.memory_gb,
+                     object_store_memory_gb=cfg.ray.object_store_memory_gb, temp_dir=cfg.ray.temp_dir or owned,
+                     namespace=uid, ray_gpus=0 if cfg.engines.device == "cpu" else None)
+        except BaseException as exc:
+            if cfg.ray.address:
+                raise
+            # what the failed start left running is this process's children
+            lifecycle.end_record(lifecycle.Record("ray-head", tuple((pid, 0) for pid in lifecycle.children() - before),
+                                                  dirs=(owned,) if owned else ()))
+            if attempt == RAY_START_TRIES or not _ray_start_timed_out(exc):
+                raise
+            logging.getLogger("tidal").warning("run %s: Ray's local node did not start in time (%s); starting it "
+                                               "once more", uid, exc)
+            ray.shutdown()
+            attempt += 1
+            continue
+        if not cfg.ray.address:
+            lifecycle.write_record(out_dir, "ray-head", tuple(sorted(lifecycle.children() - before)),
+                                   dirs=(owned,) if owned else ())
+        return owned
+
+
+def _ray_start_timed_out(exc: BaseException) -> bool:
+    """Ray's own words when its raylet did not register in time (it raises a bare ``Exception``)."""
+    return "timed out during startup" in str(exc)
 
 
 def _kill_actors(plane: DataPlane) -> None:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import io
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -308,3 +310,71 @@ def test_a_runs_end_status_is_written_after_a_lock_held_past_the_busy_timeout_an
     assert time.monotonic() - started < 5
     holder.join()
     assert status() == "interrupted"
+
+
+class _TimedOutOnce:
+    """``init_ray`` as ``training_run._start_ray`` calls it: the first ``fail`` calls start a child
+    process and a file in the temp dir, then raise ``error`` (Ray's start-up timeout by default); the
+    next one "starts" (a child left running, as Ray's head would be)."""
+
+    def __init__(self, fail: int = 1, error: str = "The current node timed out during startup. This could happen "
+                                                   "because some of the raylet failed to startup or the GCS has "
+                                                   "become overloaded."):
+        self.fail, self.error = fail, error
+        self.dirs: list[str] = []
+        self.started: list[subprocess.Popen] = []
+        self.succeeded = False
+
+    def __call__(self, *, temp_dir, **_):
+        self.dirs.append(temp_dir)
+        (Path(temp_dir) / "session_latest").write_text("a node")
+        self.started.append(subprocess.Popen(["sleep", "120"]))
+        if len(self.dirs) <= self.fail:
+            raise Exception(self.error)  # noqa: TRY002 - what Ray raises
+        self.succeeded = True
+
+
+@pytest.fixture
+def start_ray(monkeypatch, tmp_path):
+    from flows import training_run
+
+    cfg = load_config("tiny-cpu", [f"trainer.default_local_dir={tmp_path}"])
+    assert cfg.ray.address is None and cfg.ray.temp_dir is None
+
+    def start(fake: _TimedOutOnce) -> str | None:
+        monkeypatch.setattr(training_run, "init_ray", fake)
+        try:
+            return training_run._start_ray(cfg, "u1", tmp_path / "run")
+        finally:
+            for proc in fake.started[:len(fake.started) - fake.succeeded]:  # the failed starts'
+                assert proc.wait(timeout=15) is not None  # ended by _start_ray (reaped here)
+    yield start
+
+
+def test_a_local_ray_whose_start_timed_out_is_ended_and_started_once_more(start_ray, tmp_path, caplog):
+    fake = _TimedOutOnce()
+    caplog.set_level(logging.WARNING, logger="tidal")
+    try:
+        owned = start_ray(fake)
+        assert owned == fake.dirs[1] and Path(owned).is_dir()
+        assert not Path(fake.dirs[0]).exists()  # the failed start's folder is gone with its processes
+        assert fake.started[1].poll() is None  # the second start's processes are the run's
+        [record] = read_records(tmp_path / "run")
+        assert (record.kind, record.dirs, [pid for pid, _ in record.procs]) == (
+            "ray-head", (owned,), [fake.started[1].pid])
+        assert "u1: Ray's local node did not start in time (The current node timed out during startup" in caplog.text
+    finally:
+        fake.started[-1].kill()
+        fake.started[-1].wait()
+        shutil.rmtree(fake.dirs[-1], ignore_errors=True)
+
+
+@pytest.mark.parametrize("how", [dict(fail=2), dict(error="the object store is too small")],
+                         ids=["timed-out-twice", "another-error"])
+def test_a_local_ray_start_is_tried_again_only_once_and_only_when_it_timed_out(start_ray, how, tmp_path):
+    fake = _TimedOutOnce(**how)
+    with pytest.raises(Exception, match=fake.error.split(".")[0]):
+        start_ray(fake)
+    assert len(fake.dirs) == min(fake.fail, 2)
+    assert not any(Path(d).exists() for d in fake.dirs)
+    assert read_records(tmp_path / "run") == []

@@ -27,24 +27,34 @@ import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:  # torch itself is imported where a tensor is made or moved: the controller and the
+    # rollout service use the wire format (plan, Manifest) only, and start ~2 s sooner without it
+    import torch
+    import torch.distributed as dist
 
 COLLECTIVE, IN_RANK, OBJECT_STORE = "collective", "in_rank", "object_store"
 TRANSPORTS = (COLLECTIVE, IN_RANK, OBJECT_STORE)
 STANDALONE_TRANSPORTS = (COLLECTIVE, OBJECT_STORE)
 HYBRID_TRANSPORTS = (IN_RANK, OBJECT_STORE)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def itemsize(name: str) -> int:
+    """Bytes per element of the weight-sync dtype ``name``."""
+    try:
+        return _ITEMSIZE[name]
+    except KeyError:
+        raise ValueError(f"weight-sync dtype {name!r}: expected one of {sorted(_ITEMSIZE)}") from None
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise ValueError(f"weight-sync dtype {name!r}: expected one of {sorted(_DTYPES)}") from None
+    import torch
+
+    itemsize(name)  # an unknown name fails here, in the same words
+    return getattr(torch, name)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -82,7 +92,7 @@ class Manifest:
 
     @property
     def nbytes(self) -> int:
-        return sum(e.numel for e in self.entries) * torch_dtype(self.dtype).itemsize
+        return sum(e.numel for e in self.entries) * itemsize(self.dtype)
 
 
 def plan(shapes: Mapping[str, Sequence[int]] | Iterable[tuple[str, Sequence[int]]], *, dtype: str,
@@ -91,14 +101,14 @@ def plan(shapes: Mapping[str, Sequence[int]] | Iterable[tuple[str, Sequence[int]
     bucket of its own)."""
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
-    itemsize = torch_dtype(dtype).itemsize
+    size_of = itemsize(dtype)
     items = shapes.items() if isinstance(shapes, Mapping) else shapes
     buckets: list[tuple[Entry, ...]] = []
     current: list[Entry] = []
     size = 0
     for name, shape in items:
         entry = Entry(str(name), tuple(int(d) for d in shape))
-        nbytes = entry.numel * itemsize
+        nbytes = entry.numel * size_of
         if current and size + nbytes > bucket_bytes:
             buckets.append(tuple(current))
             current, size = [], 0
@@ -145,6 +155,8 @@ class GroupSpec:
 
 
 def backend_for(device: torch.device | str) -> str:
+    import torch
+
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
 
@@ -168,6 +180,8 @@ def host_store(address: str, port: int, timeout_s: float = 300.0) -> dist.TCPSto
     """The sender's store, kept for the whole run; each generation uses a prefix of it. It listens
     on ``address`` only: a server ``TCPStore`` binds every interface otherwise, and a local run
     must not listen beyond loopback."""
+    import torch.distributed as dist
+
     from cluster.ports import listen_on
 
     return dist.TCPStore(address, port, None, True, datetime.timedelta(seconds=timeout_s),
@@ -180,6 +194,9 @@ class SyncGroup:
 
     def __init__(self, spec: GroupSpec, rank: int, *, store: dist.Store | None = None,
                  device: torch.device | str = "cpu"):
+        import torch
+        import torch.distributed as dist
+
         if not 0 <= rank < spec.world:
             raise ValueError(f"rank {rank} outside a weight-sync group of {spec.world}")
         self.spec, self.rank, self.device = spec, rank, torch.device(device)
@@ -198,6 +215,8 @@ class SyncGroup:
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Rank 0's ``tensor`` into every member's (in place); raises when a member is lost
         (at the latest after ``timeout_s``)."""
+        import torch.distributed as dist
+
         opts = dist.BroadcastOptions()
         opts.rootRank, opts.rootTensor = 0, 0
         opts.timeout = datetime.timedelta(seconds=self.spec.timeout_s)
@@ -241,6 +260,8 @@ def send(group: SyncGroup | None, manifest: Manifest, tensor_of: Callable[[str],
     """Pack and broadcast every bucket of ``manifest``. ``tensor_of(name)`` gives one tensor at a
     time (a sharded trainer gathers it there: every rank calls ``send``, only the sender passes a
     group; the others gather and drop), so the peak is one bucket plus one tensor."""
+    import torch
+
     t0 = time.perf_counter()
     dtype = torch_dtype(manifest.dtype)
     device = group.device if group is not None else torch.device("cpu")
@@ -264,6 +285,8 @@ def receive(group: SyncGroup, manifest: Manifest) -> Iterator[list[tuple[str, to
     group's device in the manifest's dtype. Every bucket gets a buffer of its own, so the views
     stay valid while the caller holds them (vLLM's layerwise loader keeps a layer's tensors until
     the layer is whole, which may straddle two buckets)."""
+    import torch
+
     dtype = torch_dtype(manifest.dtype)
     for bucket in manifest.buckets:
         flat = torch.empty(sum(e.numel for e in bucket), dtype=dtype, device=group.device)
@@ -278,6 +301,8 @@ def receive(group: SyncGroup, manifest: Manifest) -> Iterator[list[tuple[str, to
 def copy_into(targets: Mapping[str, torch.Tensor], named: Iterable[tuple[str, torch.Tensor]]) -> int:
     """The in-rank transport: copy each tensor into the engine's own (same device: an in-place
     copy; another dtype: cast on the way). Returns bytes written."""
+    import torch
+
     written = 0
     with torch.no_grad():
         for name, tensor in named:
@@ -292,6 +317,8 @@ class Receiver:
     sync names another one (a replaced peer, a lost node)."""
 
     def __init__(self, device: torch.device | str = "cpu"):
+        import torch
+
         self.device = torch.device(device)
         self.group: SyncGroup | None = None
 
@@ -314,6 +341,8 @@ class Sender:
 
     def __init__(self, address: str, port: int, device: torch.device | str = "cpu", *,
                  manifest: Manifest | None = None):
+        import torch
+
         self.address, self.port, self.device = address, port, torch.device(device)
         self.manifest = manifest
         self.store = host_store(address, port)

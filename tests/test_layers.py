@@ -199,3 +199,17 @@ def test_a_private_name_imported_across_packages_is_found(tmp_path):
     (tmp_path / "low" / "user.py").write_text("from low.engine import _parse\n")  # inside its own package: fine
     (tmp_path / "high" / "cli.py").write_text("def f():\n    from low.engine import _parse, public\n")
     assert private_imports(tmp_path, {"low", "high"}) == {"high/cli.py": ["low.engine._parse"]}
+
+
+@pytest.mark.parametrize("module", ["cluster.actors.controller_actor", "cluster.actors.rollout_service"])
+def test_the_control_actors_start_without_torch(module):
+    """The controller and the rollout service move no tensor: their Ray workers import their
+    modules without torch (~2 s of CPU each, in every run; cluster/weight_sync.py imports it where
+    a tensor is made)."""
+    import subprocess
+    import sys
+
+    probe = f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

@@ -45,11 +45,9 @@ run-smollm2: $(STAMP)
 simulate: $(STAMP)
 	$(VENV)/bin/tidal simulate sim/qwen35-35b-dynamic --compare --json runs/sim/result.json --plot runs/sim
 
-# The suite in one process (TEST_WORKERS=0, what CI runs), or in TEST_WORKERS pytest-xdist workers:
-# a file's tests stay on one worker, the e2e tests on one (tests/conftest.py; docs/layout.md). Two
-# workers on CI's 2 cores took 2323-2587 s instead of ~3000 s, but once a local Ray start timed out
-# under that load (Ray waits 30 s for its raylet): not the default until that is handled.
-TEST_WORKERS ?= 0
+# The suite in TEST_WORKERS pytest-xdist workers (2, what CI runs), or in one process (TEST_WORKERS=0):
+# a file's tests stay on one worker, the e2e tests on one (tests/conftest.py; docs/layout.md).
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 

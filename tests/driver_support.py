@@ -174,6 +174,15 @@ def end_group(proc: subprocess.Popen) -> int:
     return proc.wait()
 
 
+def ray_driver_log(temp_dir: str | Path, pid: int, chars: int = 3000) -> str:
+    """The end of Ray's own log of the driver process ``pid`` in a cluster's ``temp_dir`` (its core
+    worker's: why Ray ended a driver that left no Python traceback), or a line saying there is none."""
+    logs = sorted(Path(temp_dir).glob(f"session_*/logs/python-core-driver-*_{pid}.log"))
+    if not logs:
+        return f"(no Ray driver log of pid {pid} under {temp_dir})"
+    return f"{logs[-1]}:\n" + logs[-1].read_text(errors="replace")[-chars:]
+
+
 def run_tidal(args: list[str], tmp_path: Path, crash: str | None = None, timeout: float = 240,
               extra: Mapping[str, str] | None = None) -> tuple[int, str]:
     """Run `tidal ARGS` to its end (or ``timeout``); afterwards end what it left behind. Returns

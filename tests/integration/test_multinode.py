@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import ray
-from driver_support import (POLICY, actor_nodes, attached_to, end_group, final_state, next_log, pythonpath, start,
-                            steps_committed, store_url)
+from driver_support import (POLICY, actor_nodes, attached_to, end_group, final_state, next_log, pythonpath,
+                            ray_driver_log, start, steps_committed, store_url)
 
 from cluster.actors import CONTROLLER, ROLLOUT_SERVICE, TRAINER, replica_name
 from cluster.builders import prompts_for
@@ -142,7 +142,7 @@ def test_a_run_places_its_actors_by_node_role_and_survives_losing_a_rollout_node
         finally:
             end_group(proc)
     text = log.read_text()
-    assert code == 0, text[-3000:]
+    assert code == 0, f"{text[-3000:]}\n{ray_driver_log(cluster.temp_dir, proc.pid)}"
 
     # placement: the trainer (and its hybrid) on the trainer node, one standalone replica on each
     # rollout node, the control actors on the head (where the driver is)

@@ -10,6 +10,11 @@ import tempfile
 # Before anything imports prefect: never share (or lock) the developer's own Prefect database.
 os.environ["PREFECT_HOME"] = os.environ.get("TIDAL_TEST_PREFECT_HOME") or tempfile.mkdtemp(prefix="tidal-test-prefect-")
 os.environ.pop("PREFECT_API_URL", None)  # tests that want a server start their own
+# A migrated Prefect database copied into each new Prefect home (driver_support.seed_prefect_home), made
+# once per suite: under pytest-xdist the workers inherit the folder the controller set here.
+_MADE_TEMPLATE = "TIDAL_TEST_PREFECT_TEMPLATE" not in os.environ  # this process owns it (removes it at the end)
+if _MADE_TEMPLATE:
+    os.environ["TIDAL_TEST_PREFECT_TEMPLATE"] = tempfile.mkdtemp(prefix="tidal-test-prefect-template-")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -49,6 +54,15 @@ def pytest_collection_modifyitems(config, items) -> None:
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     items.sort(key=lambda item: item.nodeid.split("/")[1] not in HEAVY_FIRST)  # "tests/<folder>/..."
+
+
+def pytest_unconfigure(config) -> None:
+    """The suite's Prefect template folder goes with the process that made it (xdist's controller,
+    not its workers nor a pytest a test starts)."""
+    import shutil
+
+    if _MADE_TEMPLATE:
+        shutil.rmtree(os.environ["TIDAL_TEST_PREFECT_TEMPLATE"], ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

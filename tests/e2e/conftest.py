@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from e2e_support import EMBEDDED_OVERLAP, EMBEDDED_STEPS, TIDAL, client_env, kill_processes_mentioning, run_cmd, run_overrides
 
-from driver_support import pythonpath
+from driver_support import pythonpath, seed_prefect_home
 
 from flows.prefect_server import LocalPrefectServer
 
@@ -48,7 +48,7 @@ def embedded_run(tmp_path_factory, short_tmp) -> EmbeddedRun:
     """`tidal run tiny-cpu` for a few steps with no Prefect server, in its own PREFECT_HOME, with
     the hybrid sync overlapped with the broadcast (the deployed run keeps the reference's order)
     and the step-counting policy, which lends after odd steps whatever the machine's speed."""
-    home = tmp_path_factory.mktemp("prefect-home")
+    home = seed_prefect_home(tmp_path_factory.mktemp("prefect-home"))
     out = short_tmp / "embedded"
     out.mkdir()
     sets = [arg for o in [*run_overrides(out, EMBEDDED_STEPS), *EMBEDDED_OVERLAP] for arg in ("--set", o)]

@@ -19,6 +19,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlo
 from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.asyncutils import run_coro_as_sync
+from driver_support import seed_prefect_home
 
 from flows.runners import on_data_plane_phase, run_phase, step_flow_client
 from flows.step_runs import StepRuns
@@ -36,7 +37,7 @@ def _server(tmp_path_factory):
 
     from prefect.logging.handlers import APILogWorker
 
-    with LocalPrefectServer(home=str(tmp_path_factory.mktemp("prefect-home"))) as server, \
+    with LocalPrefectServer(home=str(seed_prefect_home(tmp_path_factory.mktemp("prefect-home")))) as server, \
             temporary_settings(updates={PREFECT_API_URL: server.api_url}):
         yield server
         APILogWorker.drain_all(timeout=5)  # while the server still answers

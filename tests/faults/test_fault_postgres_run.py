@@ -38,6 +38,7 @@ import sqlalchemy as sa
 from cluster.ray_cluster import LocalRayCluster
 from config import load_config
 from fault_report import record
+from driver_support import seed_prefect_home
 from pg_support import committed_steps, rows_per_step
 from flows.prefect_server import LocalPrefectServer
 from storage import load_resume_state, make_engine, run_summaries, session_scope
@@ -68,7 +69,7 @@ def cluster(ray_cluster):
 @pytest.fixture(scope="module")
 def prefect_server(tmp_path_factory):
     """A real Prefect server on a free loopback port (own home); stopped by its pid."""
-    server = LocalPrefectServer(home=str(tmp_path_factory.mktemp("prefect-home")))
+    server = LocalPrefectServer(home=str(seed_prefect_home(tmp_path_factory.mktemp("prefect-home"))))
     server.start(timeout_s=120)
     try:
         yield server

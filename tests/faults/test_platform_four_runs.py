@@ -34,6 +34,7 @@ from cluster.ray_cluster import LocalRayCluster
 from config import load_config
 from fault_preset import RANKS_ENV
 from fault_report import record
+from driver_support import seed_prefect_home
 from flows.prefect_server import LocalPrefectServer
 from storage import load_resume_state, make_engine, run_summaries, session_scope
 from storage.store import consumed_prompts, read_step_metrics
@@ -65,7 +66,7 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def prefect_server(tmp_path_factory):
-    server = LocalPrefectServer(home=str(tmp_path_factory.mktemp("prefect-home")))
+    server = LocalPrefectServer(home=str(seed_prefect_home(tmp_path_factory.mktemp("prefect-home"))))
     server.start(timeout_s=180)
     try:
         yield server

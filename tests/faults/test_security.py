@@ -44,6 +44,7 @@ from pg_support import running_postgres
 from cluster.backends import CheckpointError, TorchBackend, UnsafeCheckpointError
 from data.problems import CharTokenizer, make_problems
 from flows.prefect_server import LocalPrefectServer
+from driver_support import seed_prefect_home
 from models.model import TinyLMConfig
 
 PASSWORD = "Tidal-s3cret-7f3a9e"
@@ -164,8 +165,8 @@ def test_a_local_ray_head_its_workers_and_a_driver_listen_on_loopback_only(tmp_p
 
 
 @pytest.mark.slow
-def test_a_local_prefect_server_listens_on_loopback_only():
-    with LocalPrefectServer() as server:
+def test_a_local_prefect_server_listens_on_loopback_only(tmp_path):
+    with LocalPrefectServer(home=str(seed_prefect_home(tmp_path / "prefect-home"))) as server:
         seen = _listeners([server.pid])
     assert server.port in {port for _, _, port in seen}, seen
     assert _not_loopback(seen) == [], f"listening beyond loopback: {_not_loopback(seen)}"
@@ -188,7 +189,7 @@ def secret_run(tmp_path_factory):
             anonymous.connect().close()
         anonymous.dispose()
 
-        prefect_home, ray_tmp = tmp / "prefect-home", Path(tempfile.mkdtemp(prefix="tidal-ray-", dir="/tmp"))
+        prefect_home, ray_tmp = seed_prefect_home(tmp / "prefect-home"), Path(tempfile.mkdtemp(prefix="tidal-ray-", dir="/tmp"))
         # INFO: the run's log lines go to the Prefect database too, and are searched with the rest
         env = {**os.environ, "PREFECT_HOME": str(prefect_home), "PYTHONUNBUFFERED": "1", "PREFECT_LOGGING_LEVEL": "INFO"}
         env.pop("PREFECT_API_URL", None)

@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from driver_support import seed_prefect_home
 
 from flows.prefect_server import BATCHED_WRITES, LocalPrefectServer
 
@@ -90,7 +91,7 @@ def test_batched_task_runs_are_all_written_by_a_clean_stop(tmp_path, monkeypatch
     """Every task run reaches the database although the recorder writes in batches: the ones still
     queued when the server stops are flushed on the way down (read back by a second server). The
     first server's periodic flush is set beyond the test's length, so only the final one writes."""
-    home = tmp_path / "home"
+    home = seed_prefect_home(tmp_path / "home")
     monkeypatch.setenv("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL", "3600")
     with LocalPrefectServer(home=str(home)) as server:
         subprocess.run([sys.executable, "-c", FLOW], cwd=ROOT, env={**server.env(), "PYTHONPATH": str(ROOT)},

@@ -30,7 +30,7 @@ Usage:
         [--warmup 1] [--threads 1] [--timeout-s 600] [--quick] [--json PATH] [--write benchmarks/RESULTS.md]
         [--json-out FILE]
 
-``--quick``: sizes 1m,5m, 1 repeat, no warm-up, no sweep (the smoke test). ``--write PATH``
+``--quick``: size 1m, 1 repeat, no warm-up, no sweep (the smoke test). ``--write PATH``
 replaces this script's section of PATH (RESULTS.md) and writes ``benchmarks/results/weight_sync.json``
 (``--json-out`` elsewhere); ``run_all.py`` merges it into ``benchmarks/results.json``.
 """
@@ -68,7 +68,7 @@ TRANSPORTS = ("object_store", "collective", "in_rank")
 DEFAULTS: dict[str, Any] = {"sizes": "10m,100m,500m", "replicas": 2, "dtype": "bfloat16", "bucket_mb": 512,
                             "sweep_mb": "32,128", "sweep_size": "100m", "repeats": 3, "warmup": 1, "threads": 1,
                             "quick": False}
-QUICK = {"sizes": "1m,5m", "repeats": 1, "warmup": 0, "sweep_mb": ""}
+QUICK = {"sizes": "1m", "repeats": 1, "warmup": 0, "sweep_mb": ""}
 
 
 # ------------------------------------------------------------------------------------------------

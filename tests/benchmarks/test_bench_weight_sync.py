@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_weight_sync  # noqa: E402
 from driver_support import detached  # noqa: E402
 
-SIZES = ("1m", "5m")
+SIZES = ("1m",)
 
 
 def positive(x) -> bool:
@@ -53,8 +53,8 @@ def test_every_transport_is_timed_for_every_size_and_topology(written):
             assert figures[f"speedup_collective_vs_object_store_{size}"] == pytest.approx(
                 figures[f"object_store_s_{size}"] / figures[f"collective_s_{size}"], rel=0.01)
         assert f"in_rank_s_{size}" not in data["two_nodes"]  # a hybrid lives in its trainer rank
-    assert data["params"] == {"1m": 1_000_000, "5m": 5_000_000}
-    assert data["wire_bytes"] == {"1m": 2_000_000, "5m": 10_000_000}  # bf16 on the wire
+    assert data["params"] == {"1m": 1_000_000}
+    assert data["wire_bytes"] == {"1m": 2_000_000}  # bf16 on the wire
     assert data["dtype"] == "bfloat16" and data["replicas"] == 2
     assert "--quick" in data["command"] and data["date"]
 

@@ -204,8 +204,9 @@ def seed_prefect_home(home: str | Path) -> Path:
             _, env = LocalPrefectServer(home=str(Path(folder) / "making")).command()
             made = Path(env["PREFECT_API_DATABASE_CONNECTION_URL"].split(":///", 1)[1])
             made.parent.mkdir(parents=True, exist_ok=True)
-            subprocess.run([sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"], env=env,
-                           check=True, capture_output=True, timeout=600)
+            done = subprocess.run([sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"], env=env,
+                                  capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, f"prefect server database upgrade failed:\n{(done.stdout + done.stderr)[-3000:]}"
             part = Path(folder) / "prefect.db.part"
             with closing(sqlite3.connect(made)) as src, closing(sqlite3.connect(part)) as dst:
                 src.backup(dst)  # one consistent file, whatever is still in the WAL

@@ -121,8 +121,14 @@ def test_placement_groups_that_cannot_be_placed_in_time_fail_in_one_line_and_are
                     "pg-timeout:standalone-1": "REMOVED"}
 
 
+SYNC_TIMEOUT_S = 20
+"""The weight sync's deadline in the node-loss run. A broadcast the removed node's replica was a
+member of waits for it until the deadline, then goes again without it: one rehearsal (load average
+~10) saw that step's param_sync take 60.75 s under the default 60 s deadline."""
+
+
 def test_a_run_places_its_actors_by_node_role_and_survives_losing_a_rollout_node(cluster, tmp_path):
-    overrides = _overrides(tmp_path, cluster.address)
+    overrides = _overrides(tmp_path, cluster.address, f"actor_rollout_ref.rollout.weight_sync.timeout_s={SYNC_TIMEOUT_S}")
     url = store_url(tmp_path, "mn")
     trainer_node, rollout_a, rollout_b = cluster.workers
     head_id = cluster.cluster.head_node.node_id
@@ -163,7 +169,7 @@ def test_a_run_places_its_actors_by_node_role_and_survives_losing_a_rollout_node
     # every step broadcast the trainer's weights (trainer node → rollout nodes) and timed it
     assert [r["param_version"] for r in rows] == list(range(1, STEPS + 1))
     sync_s = [r["timing_s/param_sync"] for r in rows]
-    assert all(0 < s < 30 for s in sync_s), sync_s
+    assert all(0 < s < SYNC_TIMEOUT_S + 30 for s in sync_s), sync_s  # a lost member costs the deadline at most
     print("cross-node param_sync s per step:", [round(s, 4) for s in sync_s])
     # the removed node's replica counted as lost (as a replica death), the other one went on
     standalone = [r["fully_async/rollouter/standalone_replicas"] for r in rows]

@@ -99,7 +99,7 @@ class LocalRayCluster:
 
     def start(self, timeout_s: float = 90.0) -> LocalRayCluster:
         if self.temp_dir is None:
-            self.temp_dir = tempfile.mkdtemp(prefix="tidal-ray-", dir="/tmp")
+            self.temp_dir = new_temp_dir()
             self._owns_temp = True
         ports = [free_port() for _ in range(6)]
         use_loopback_ray()  # so that this process can connect to it (ray.init(address=self.address))
@@ -161,6 +161,12 @@ class LocalRayCluster:
         self.stop()
 
 
+def new_temp_dir() -> str:
+    """A new temp dir for a local Ray cluster, directly under /tmp: Ray's unix sockets live in it,
+    and their paths have a length limit."""
+    return tempfile.mkdtemp(prefix="tidal-ray-", dir="/tmp")
+
+
 def init_ray(*, address: str | None, num_cpus: int | None, gpus: int, memory_gb: float,
              object_store_memory_gb: float, temp_dir: str | None, namespace: str,
              ray_gpus: int | None = None) -> str | None:
@@ -183,7 +189,7 @@ def init_ray(*, address: str | None, num_cpus: int | None, gpus: int, memory_gb:
         return None
     use_loopback_ray()
     os.environ[AUTOSCALER_PORT_ENV] = str(free_port())  # read by the monitor this init starts
-    owned = temp_dir or tempfile.mkdtemp(prefix="tidal-ray-", dir="/tmp")
+    owned = temp_dir or new_temp_dir()
     with _keeping_sigterm_handler():
         ray.init(
             address="local",  # a new cluster even where /tmp/ray/ray_current_cluster names another (or a dead) one

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import math
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from pydantic import SecretStr
 from cluster.actors import ControllerHost, call
 from cluster.backends import CheckpointError, checkpoint_complete
 from cluster.builders import DataPlane, prompts_for
-from cluster.ray_cluster import init_ray
+from cluster.ray_cluster import init_ray, new_temp_dir
 from config import TidalConfig, to_plain, write_resolved
 from flows import lifecycle
 from flows.configs import load_checked  # the same validation as the CLI
@@ -115,7 +114,7 @@ def _start_ray(cfg: TidalConfig, uid: str, out_dir: Path) -> str | None:
     attempt = 1
     while True:
         before = lifecycle.children()
-        owned = None if cfg.ray.address or cfg.ray.temp_dir else tempfile.mkdtemp(prefix="tidal-ray-", dir="/tmp")
+        owned = None if cfg.ray.address or cfg.ray.temp_dir else new_temp_dir()
         try:
             init_ray(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus,
                      gpus=cfg.trainer_gpus + cfg.standalone_gpus, memory_gb=cfg.ray.memory_gb,

@@ -31,7 +31,7 @@ the two workers end together instead of one finishing the long tail alone."""
 
 @pytest.hookimpl(optionalhook=True)  # a venv without pytest-xdist (the vLLM one) has no such hook
 def pytest_xdist_make_scheduler(config, log):
-    """`make test TEST_WORKERS=2` (``-n 2 --dist loadfile``): a file's tests on one worker, as its module fixtures
+    """`make test` (``-n 2 --dist loadfile``): a file's tests on one worker, as its module fixtures
     expect, and every e2e test on one worker, which builds the session's embedded run and Prefect
     server once (tests/e2e/conftest.py), instead of once on each. (Not xdist's ``loadgroup`` with
     marks: pytest 9.2 no longer lets it put the group into the test ids, and it quietly runs the

@@ -29,7 +29,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from contextlib import closing
@@ -43,6 +42,7 @@ from pg_support import running_postgres
 
 from cluster.backends import CheckpointError, TorchBackend, UnsafeCheckpointError
 from data.problems import CharTokenizer, make_problems
+from cluster.ray_cluster import new_temp_dir
 from flows.prefect_server import LocalPrefectServer
 from driver_support import seed_prefect_home
 from models.model import TinyLMConfig
@@ -189,7 +189,7 @@ def secret_run(tmp_path_factory):
             anonymous.connect().close()
         anonymous.dispose()
 
-        prefect_home, ray_tmp = seed_prefect_home(tmp / "prefect-home"), Path(tempfile.mkdtemp(prefix="tidal-ray-", dir="/tmp"))
+        prefect_home, ray_tmp = seed_prefect_home(tmp / "prefect-home"), Path(new_temp_dir())
         # INFO: the run's log lines go to the Prefect database too, and are searched with the rest
         env = {**os.environ, "PREFECT_HOME": str(prefect_home), "PYTHONUNBUFFERED": "1", "PREFECT_LOGGING_LEVEL": "INFO"}
         env.pop("PREFECT_API_URL", None)

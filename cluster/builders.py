@@ -29,7 +29,7 @@ from cluster.actors import (
 from cluster.actors.controller_actor import HANG_TRAINER_AT_ENV
 from cluster.actors.replica import KILL_IN_SYNC_ENV
 from cluster.actors.trainer_rank import RankGroup, TrainRankActor, hybrid_hosts, rank_name
-from models.model import TinyLMConfig
+from models.tiny_config import TinyLMConfig
 from cluster.data_builders import dataset_for, prompt_length, response_length, scorer_factory, tokenizer_for
 from data.problems import CharTokenizer, Problem, make_problems
 from cluster.placement import ReplicaPlacement, place, release_placement
@@ -211,10 +211,12 @@ def engine_factory(cfg: TidalConfig, tokenizer: CharTokenizer, *, hybrid: bool, 
 
 def backend_factory(cfg: TidalConfig) -> Callable[[], Any]:
     """A zero-argument callable that builds the train backend where it is called (the trainer
-    actor): on the HF folder's model (float32, trained in place) when ``model.path`` is set."""
-    from cluster.backends import build_backend
+    actor): on the HF folder's model (float32, trained in place) when ``model.path`` is set.
+    Imports the backends (and torch) only there, not in the driver that makes it."""
 
     def make() -> Any:
+        from cluster.backends import build_backend
+
         tokenizer, problems = tokenizer_and_problems(cfg)
         return build_backend(cfg, tokenizer, problems, model=_hf_train_model(cfg))
 

@@ -13,7 +13,7 @@ from prefect import flow, get_run_logger
 from pydantic import SecretStr
 
 from cluster.actors import ControllerHost, call
-from cluster.backends import CheckpointError, checkpoint_complete
+from cluster.checkpoint_file import CheckpointError, checkpoint_complete
 from cluster.builders import DataPlane, prompts_for
 from cluster.ray_cluster import init_ray, new_temp_dir
 from config import TidalConfig, to_plain, write_resolved

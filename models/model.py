@@ -11,24 +11,12 @@ Three entry points share the same weights:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass(frozen=True)
-class TinyLMConfig:
-    vocab_size: int
-    n_layer: int = 2
-    n_head: int = 4
-    n_embd: int = 64
-    max_seq_len: int = 128
-
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+from models.tiny_config import TinyLMConfig  # here, and importable without torch from models.tiny_config
 
 
 class TinyLM(nn.Module):

@@ -213,3 +213,21 @@ def test_the_control_actors_start_without_torch(module):
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+def test_the_driver_builds_a_tiny_lm_run_without_torch():
+    """A run's driver moves no tensor either: ``flows.training_run`` and the actor factories it
+    makes for the built-in tiny LM import no torch (~2 s of CPU in every run; the backends, the
+    model and the checkpoint's tensors are imported where they are used, in the actors)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, flows.training_run\n"
+             "from cluster.builders import backend_factory, model_config, tokenizer_and_problems\n"
+             "from flows.configs import load_checked\n"
+             "cfg = load_checked('tiny-cpu', [])\n"
+             "backend_factory(cfg); model_config(cfg, tokenizer_and_problems(cfg)[0])\n"
+             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

@@ -54,8 +54,6 @@ class UnsafeCheckpointError(CheckpointError, pickle.UnpicklingError):
     run arbitrary code, so it is refused (``torch.load(weights_only=True)`` stopped at it)."""
 
 
-
-
 def checkpoint_complete(path: str | os.PathLike[str]) -> bool:
     """Whether a checkpoint recorded at ``path`` is whole on disk: a single file appears only by
     an atomic rename, a sharded one's commit marker only once every shard is written."""

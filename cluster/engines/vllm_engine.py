@@ -153,8 +153,6 @@ class TidalWorkerExtension:
                     method.process_weights_after_loading(head)
 
 
-
-
 def checkpoint_named(named: Iterable[tuple[str, Any]], *, gpt2_names: bool,
                      drop: frozenset[str] = frozenset()) -> Iterator[tuple[str, Any]]:
     """The trainer's (name, tensor) pairs as the checkpoint vLLM loads, lazily and without copies:

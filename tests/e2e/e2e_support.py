@@ -85,8 +85,6 @@ def kill_processes_mentioning(marker: str) -> list[int]:
     return killed
 
 
-
-
 def client_env(server: LocalPrefectServer | None, home: Path | None = None) -> dict[str, str]:
     """Environment for a CLI/worker/flow process: the server (or ephemeral on ``home``), quiet, CPU-safe."""
     env = server.env() if server is not None else {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}

@@ -80,8 +80,6 @@ def _args(command: list[str], overrides: list[str]) -> list[str]:
     return [*command, *(a for o in overrides for a in ("--set", o))]
 
 
-
-
 def _run_and_lose(nodes: LocalMultiNodeCluster, args: list[str], tmp_path, url: str, actors: list[str], *,
                   after_step: int, timeout: float = 600) -> tuple[int, str, dict]:
     """Start `tidal ARGS`; once ``after_step`` is committed, kill the worker node the first of

@@ -76,8 +76,6 @@ def _run(overrides: list[str], tmp_path, *, timeout: float) -> tuple[int, str]:
     return code, log.read_text()
 
 
-
-
 def test_a_cluster_too_small_for_the_config_fails_at_start_in_one_line(cluster, tmp_path):
     overrides = _overrides(tmp_path, cluster.address, "rollout.nnodes=3")
     t0 = time.monotonic()
@@ -182,7 +180,6 @@ def test_a_run_places_its_actors_by_node_role_and_survives_losing_a_rollout_node
     want = sorted((e, i) for e, i, _ in prompts_for(cfg))
     assert len(prompts) == len(set(prompts)) == STEPS * cfg.step_required_samples
     assert sorted(prompts) == want
-
 
 
 def test_a_trainer_of_two_nodes_trains_as_one_rank_group_across_them(cluster, tmp_path):

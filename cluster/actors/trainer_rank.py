@@ -39,7 +39,8 @@ from data.types import GenerationRequest, GenerationResult, Sample
 
 if TYPE_CHECKING:  # torch is imported where a backend runs, not where the actors are named
     from cluster import weight_sync as ws
-    from cluster.backends.base import CheckpointInfo, StepResult
+    from cluster.backends.base import StepResult
+    from cluster.checkpoint_file import CheckpointInfo
 
 RANK_PREFIX = "trainer-rank-"
 ENGINE_BUILD_TIMEOUT_S = 1800.0

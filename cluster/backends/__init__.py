@@ -11,21 +11,19 @@ import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from cluster.backends.base import (
+from cluster.backends.base import TIMING_KEYS, StepResult, TrainBackend
+from cluster.backends.deepspeed_backend import DeepSpeedBackend, deepspeed_available, shutdown_distributed
+from cluster.backends.simulated import SimulatedBackend
+from cluster.backends.torch_backend import TorchBackend, TrainBatch, build_batch
+from cluster.checkpoint_file import (
     CHECKPOINT_FORMAT,
-    TIMING_KEYS,
     CheckpointError,
     CheckpointInfo,
-    StepResult,
-    TrainBackend,
     UnsafeCheckpointError,
     checkpoint_complete,
     read_checkpoint,
     write_checkpoint,
 )
-from cluster.backends.deepspeed_backend import DeepSpeedBackend, deepspeed_available, shutdown_distributed
-from cluster.backends.simulated import SimulatedBackend
-from cluster.backends.torch_backend import TorchBackend, TrainBatch, build_batch
 
 if TYPE_CHECKING:
     from config import TidalConfig

@@ -4,8 +4,8 @@ A backend is a plain object that the trainer actor drives: one ``train_step`` pe
 ``required_samples`` samples, ``state_dict_for_rollout`` for weight sync, checkpoints for resume.
 It knows nothing of Ray, the queue or param versions (the caller owns the version).
 
-The checkpoint file and its helpers are ``cluster.checkpoint_file``'s (torch-free to import, for
-the driver); this module re-exports them for the backends.
+The checkpoint file every backend writes, and its helpers, are ``cluster.checkpoint_file``'s
+(torch-free to import, for the driver).
 """
 
 from __future__ import annotations
@@ -17,23 +17,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from cluster.checkpoint_file import (  # noqa: F401 - re-exported for the backends
-    CHECKPOINT_FORMAT,
-    DISK_FULL,
-    HF_DIRNAME,
-    CheckpointError,
-    CheckpointInfo,
-    UnsafeCheckpointError,
-    as_disk_full,
-    checkpoint_complete,
-    read_checkpoint,
-    rng_state,
-    set_rng_state,
-    sha256_file,
-    write_atomically,
-    write_checkpoint,
-    write_hf_folder,
-)
+from cluster.checkpoint_file import CheckpointInfo
 from data.types import Sample
 
 TIMING_KEYS = ("reward", "old_log_prob", "ref", "adv", "update_actor")

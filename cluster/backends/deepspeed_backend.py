@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-from cluster.backends.base import CheckpointError
 from cluster.backends.torch_backend import _ADAM_KEYS, TorchBackend
+from cluster.checkpoint_file import CheckpointError
 from cluster.ports import free_port
 from data.problems import Problem
 from models.model import TinyLMConfig

@@ -289,7 +289,7 @@ def shard_sizes(folder: str | os.PathLike[str]) -> dict[str, int]:
 
 def write_marker(folder: str | os.PathLike[str], info: Mapping[str, Any]) -> Path:
     """Write the commit marker atomically: the checkpoint is complete from here on."""
-    from cluster.backends.base import write_atomically
+    from cluster.checkpoint_file import write_atomically
 
     body = json.dumps(dict(info), indent=1, sort_keys=True).encode()
     return write_atomically(Path(folder) / COMMIT_MARKER, lambda fh: fh.write(body))

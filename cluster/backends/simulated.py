@@ -17,15 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from cluster.backends import distributed as dp
-from cluster.backends.base import (
-    CHECKPOINT_FORMAT,
-    TIMING_KEYS,
-    CheckpointError,
-    CheckpointInfo,
-    StepResult,
-    read_checkpoint,
-    write_checkpoint,
-)
+from cluster.backends.base import TIMING_KEYS, StepResult
+from cluster.checkpoint_file import CHECKPOINT_FORMAT, CheckpointError, CheckpointInfo, read_checkpoint, write_checkpoint
 from data.problems import CharTokenizer, Problem, reward
 from data.types import Sample
 

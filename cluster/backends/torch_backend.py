@@ -26,19 +26,7 @@ from typing import Any
 
 import torch
 
-from cluster.backends.base import (
-    CHECKPOINT_FORMAT,
-    CheckpointError,
-    HF_DIRNAME,
-    CheckpointInfo,
-    StepResult,
-    UnsafeCheckpointError,
-    write_hf_folder,
-    read_checkpoint,
-    rng_state,
-    set_rng_state,
-    write_checkpoint,
-)
+from cluster.backends.base import StepResult
 from cluster.backends import distributed as dp
 from cluster.backends.grpo import (
     ISWeights,
@@ -51,6 +39,18 @@ from cluster.backends.grpo import (
     masked_mean,
     policy_loss,
     rollout_is_weights,
+)
+from cluster.checkpoint_file import (
+    CHECKPOINT_FORMAT,
+    HF_DIRNAME,
+    CheckpointError,
+    CheckpointInfo,
+    UnsafeCheckpointError,
+    read_checkpoint,
+    rng_state,
+    set_rng_state,
+    write_checkpoint,
+    write_hf_folder,
 )
 from models.model import TinyLM, TinyLMConfig
 from data.problems import Problem, reward

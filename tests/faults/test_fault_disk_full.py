@@ -23,7 +23,7 @@ from driver_support import assert_resumed_exactly, config_args, final_state, run
 from fault_report import record
 
 from cluster.backends import checkpoint_complete
-from cluster.backends.base import read_checkpoint, sha256_file
+from cluster.checkpoint_file import read_checkpoint, sha256_file
 from flows.errors import EXIT_DISK_FULL
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -51,7 +51,7 @@ from fault_report import ENV as REPORT_ENV
 from fault_report import record
 
 from cluster.actors import CONTROLLER, ROLLOUT_SERVICE, TRAINER, replica_name
-from cluster.backends.base import sha256_file
+from cluster.checkpoint_file import sha256_file
 from cluster.backends.distributed import read_marker, verify_shards
 
 HF = preset_name() == "tiny-hf"
